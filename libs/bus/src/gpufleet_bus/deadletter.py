@@ -1,0 +1,131 @@
+"""The ack policy of every gpufleet consumer, and the dead-letter path.
+
+FastStream's NATS default (`REJECT_ON_ERROR`) terminates a message on any exception, which
+would silently lose an event when, say, the database is briefly down. gpufleet subscribers
+run with `AckPolicy.MANUAL` and this middleware decides:
+
+- handled                        -> ack
+- the body does not validate     -> copy to the DLQ with a structured error, then term
+  (redelivery cannot fix it); a request gets an `ErrorReply` naming each field and rule
+- any other exception            -> nak with a growing delay, so a transient fault retries;
+  after MAX_DELIVER attempts the message is dead-lettered as poison and termed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from faststream import BaseMiddleware, StreamMessage
+from gpufleet_contracts import ErrorBody, ErrorReply, field_errors, subjects
+from pydantic import ValidationError
+
+from .streams import STREAMS
+
+log = logging.getLogger("gpufleet.bus")
+
+MAX_DELIVER = 20
+
+
+def _retry_delay(attempt: int) -> float:
+    return float(min(0.2 * 2 ** max(attempt - 1, 0), 15.0))
+
+
+def dead_letter_record(
+    service: str, msg: StreamMessage[Any], reason: str, errors: list[dict[str, Any]]
+) -> bytes:
+    raw: bytes = msg.body if isinstance(msg.body, bytes) else bytes(msg.body)
+    try:
+        payload: Any = raw.decode()
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(raw).decode(), "base64"
+    return json.dumps(
+        {
+            "service": service,
+            "subject": getattr(msg.raw_message, "subject", None),
+            "reason": reason,
+            "errors": errors,
+            "headers": {k: v for k, v in (msg.headers or {}).items() if k.startswith("ce-")},
+            "payload": payload,
+            "payload_encoding": encoding,
+            "at": datetime.now(UTC).isoformat(),
+        }
+    ).encode()
+
+
+def _is_jetstream(msg: StreamMessage[Any]) -> bool:
+    raw = msg.raw_message
+    return bool(getattr(raw, "reply", "") and str(raw.reply).startswith("$JS.ACK"))
+
+
+def _attempt(msg: StreamMessage[Any]) -> int:
+    try:
+        return int(msg.raw_message.metadata.num_delivered)
+    except Exception:  # core NATS message: no metadata
+        return 1
+
+
+def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
+    dlq_subject = subjects.dead_letter(service)
+    dlq_stream = next(s.name for s in STREAMS if s.name == subjects.STREAM_DLQ)
+
+    class DeadLetterMiddleware(BaseMiddleware):
+        async def _dead_letter(
+            self, msg: StreamMessage[Any], reason: str, errors: list[dict[str, Any]]
+        ) -> None:
+            broker = self.context.get("broker")
+            await broker.publish(
+                dead_letter_record(service, msg, reason, errors), dlq_subject,
+                stream=dlq_stream, timeout=5.0,
+            )
+
+        async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
+            jetstream = _is_jetstream(msg)
+            try:
+                result = await call_next(msg)
+            except ValidationError as exc:
+                errors = [e.model_dump() for e in field_errors(exc)]
+                log.warning(
+                    "rejected invalid message",
+                    extra={"subject": getattr(msg.raw_message, "subject", None),
+                           "errors": errors},
+                )
+                await self._dead_letter(msg, "invalid", errors)
+                if jetstream:
+                    await msg.reject()
+                    return None
+                return ErrorReply(
+                    error=ErrorBody(
+                        code="invalid", message="the request is not valid",
+                        fields=field_errors(exc),
+                    )
+                ).model_dump(mode="json")
+            except Exception as exc:
+                attempt = _attempt(msg)
+                if not jetstream:
+                    log.exception("request failed")
+                    return ErrorReply(
+                        error=ErrorBody(code="internal", message=f"{type(exc).__name__}")
+                    ).model_dump(mode="json")
+                if attempt >= MAX_DELIVER:
+                    log.exception("poison message after %d attempts", attempt)
+                    await self._dead_letter(
+                        msg, "poison", [{"error": f"{type(exc).__name__}: {exc}"}]
+                    )
+                    await msg.reject()
+                    return None
+                delay = _retry_delay(attempt)
+                log.warning(
+                    "handler failed (attempt %d), retrying in %.1fs: %s", attempt, delay, exc
+                )
+                await msg.nack(delay=delay)
+                return None
+            if jetstream:
+                await msg.ack()
+            return result
+
+    return DeadLetterMiddleware

@@ -1,0 +1,47 @@
+"""Publishing a gpufleet message: JSON body, CloudEvents headers, JetStream ack awaited."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gpufleet_contracts import Message, envelope_for
+
+from .streams import stream_for
+
+
+class Publisher(Protocol):
+    async def publish(
+        self, message: bytes, subject: str, headers: dict[str, str] | None = ...,
+        stream: str | None = ..., timeout: float | None = ...,
+    ) -> object: ...
+
+
+async def publish_raw(
+    broker: Publisher, subject: str, payload: bytes, *, type_: str, source: str, msg_id: str
+) -> None:
+    """Publish bytes; to JetStream (waiting for its ack) when a stream holds the subject."""
+    from gpufleet_contracts import Envelope
+
+    env = Envelope(type=type_, source=source, subject=subject, id=msg_id)
+    await broker.publish(
+        payload, subject, headers=env.headers(), stream=stream_for(subject), timeout=5.0
+    )
+
+
+async def publish(
+    broker: Publisher, msg: Message, *, source: str, msg_id: str | None = None
+) -> str:
+    env = envelope_for(msg, source=source, id=msg_id)
+    await broker.publish(
+        msg.to_bytes(), env.subject, headers=env.headers(), stream=stream_for(env.subject),
+        timeout=5.0,
+    )
+    return env.id
+
+
+def emit(tx: object, msg: Message, msg_id: str | None = None) -> str:
+    """Queue `msg` in a store transaction's outbox (see gpufleet_store.Transaction.emit)."""
+    from gpufleet_store import Transaction
+
+    assert isinstance(tx, Transaction)
+    return tx.emit(msg.subject(), msg.TYPE, msg.to_bytes(), msg_id)

@@ -1,0 +1,184 @@
+"""What every gpufleet service process shares: broker, streams, store, outbox relay, health.
+
+A service's composition root (`app.py`) builds a `ServiceRuntime` from its ports and then
+declares, in one readable block, which subject goes to which handler:
+
+    rt = ServiceRuntime("billing", broker, store, indexes=INDEXES)
+    rt.on_event(WorkerFinished, "on-worker-finished")(handler)
+    rt.on_request("balance")(handler)
+    app = rt.app
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import nats
+from faststream import AsyncAPI, FastStream
+from faststream.middlewares import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from gpufleet_contracts import Message, subjects
+from gpufleet_contracts.health import Health
+from gpufleet_store import IndexSpec, Store
+from gpufleet_telemetry import configure
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .deadletter import dead_letter_middleware
+from .outbox import OutboxRelay
+from .streams import ensure_streams, stream_for
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+VERSION = "0.1.0"
+ACCOUNT_HEADER = "gpufleet-account"
+
+
+class BusSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
+    nats_url: str = "nats://127.0.0.1:4333"
+    stream_replicas: int = 1
+
+    @property
+    def servers(self) -> list[str]:
+        return [s.strip() for s in self.nats_url.split(",") if s.strip()]
+
+
+def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker:
+    settings = settings or BusSettings()
+    tracer_provider, meter_provider = configure(service)
+    return NatsBroker(
+        settings.servers,
+        name=f"gpufleet-{service}",
+        middlewares=[
+            NatsTelemetryMiddleware(
+                tracer_provider=tracer_provider, meter_provider=meter_provider
+            ),
+            dead_letter_middleware(service),
+        ],
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
+
+
+class ServiceRuntime:
+    def __init__(
+        self,
+        service: str,
+        broker: NatsBroker,
+        store: Store | None,
+        *,
+        indexes: IndexSpec | None = None,
+        bus: BusSettings | None = None,
+    ) -> None:
+        self.service = service
+        self.broker = broker
+        self.store = store
+        self.indexes = indexes or {}
+        self.bus = bus or BusSettings()
+        self.source = f"gpufleet/{service}"
+        self.relay = OutboxRelay(store, broker, self.source) if store is not None else None
+        self.app = FastStream(
+            broker,
+            logger=logging.getLogger(f"gpufleet.{service}"),
+            specification=AsyncAPI(
+                broker, title=f"gpufleet {service}", version=VERSION,
+                description=f"Subjects the gpufleet {service} handles and publishes.",
+            ),
+        )
+        self.app.on_startup(self._prepare)
+        self.app.after_startup(self._started)
+        self.app.on_shutdown(self._stopping)
+        self.on_request("health")(self._health)
+
+    async def _prepare(self) -> None:
+        nc = await nats.connect(servers=self.bus.servers, name=f"gpufleet-{self.service}-admin")
+        try:
+            await ensure_streams(nc.jetstream(), replicas=self.bus.stream_replicas)
+        finally:
+            await nc.close()
+        if self.store is not None:
+            await self.store.ensure_indexes(self.indexes)
+
+    async def _started(self) -> None:
+        if self.relay is not None:
+            self.relay.start()
+
+    async def _stopping(self) -> None:
+        if self.relay is not None:
+            await self.relay.stop()
+
+    async def _health(self) -> dict[str, Any]:
+        collections = await self.store.collections() if self.store is not None else []
+        return Health(
+            service=self.service, status="ok", version=VERSION, collections=collections
+        ).model_dump()
+
+    # --- wiring ---------------------------------------------------------------------
+
+    def on_event(
+        self,
+        message: type[Message],
+        durable: str,
+        *,
+        subject: str | None = None,
+        max_workers: int = 1,
+    ) -> Callable[[F], F]:
+        """A durable JetStream pull consumer for `message`, acked by the dead-letter policy.
+
+        FastStream handles the messages of one pull batch concurrently, so the batch is one
+        message: each consumer sees its subject in stream order, one at a time.
+        """
+        subject = subject or message.SUBJECT
+        stream = stream_for(subject.replace("{", "").replace("}", ""))
+        if stream is None:
+            raise ValueError(f"no stream holds {subject}")
+        name = f"{self.service}-{durable}"
+        return self.broker.subscriber(
+            subject,
+            stream=JStream(stream, declare=False),
+            durable=name,
+            pull_sub=PullSub(batch_size=1, timeout=1.0),
+            config=ConsumerConfig(
+                durable_name=name, ack_wait=60, max_deliver=-1,
+                deliver_policy=DeliverPolicy.ALL,
+            ),
+            ack_policy=AckPolicy.MANUAL,
+            max_workers=max_workers,
+            title=f"{self.service}:{durable}",
+            description=message.__doc__,
+        )
+
+    def on_request(self, verb: str, *, description: str | None = None) -> Callable[[F], F]:
+        """Core NATS request/reply on `gpufleet.v1.rpc.<service>.<verb>` (queue-grouped)."""
+        return self.broker.subscriber(
+            subjects.rpc(self.service, verb),
+            queue=f"{self.service}-rpc",
+            ack_policy=AckPolicy.MANUAL,
+            title=f"{self.service}:{verb}",
+            description=description,
+        )
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    v = os.environ.get(name)
+    return default if v is None else v.lower() in {"1", "true", "yes", "on"}
+
+
+__all__: Sequence[str] = [
+    "ACCOUNT_HEADER", "BusSettings", "ServiceRuntime", "account_of", "env_flag", "make_broker",
+]
+
+
+def account_of(headers: dict[str, Any] | None, default: str = "local") -> str:
+    """The acting account, from the connection's credentials header (R-TEN-2).
+
+    Never from the payload. In this release the CLI sets it from its configured identity;
+    NATS user permissions restricting who may send which account are the production control.
+    """
+    value = (headers or {}).get(ACCOUNT_HEADER)
+    return str(value) if value else default

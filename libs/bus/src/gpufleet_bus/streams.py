@@ -1,0 +1,74 @@
+"""The JetStream streams of gpufleet, declared in this one place.
+
+Every service declares them at start-up (`ensure_streams`); declaring is idempotent, so the
+first process up creates them and the others find them. Replicas follow the cluster size:
+1 on a single development server, 3 in the compose cluster (GPUFLEET_STREAM_REPLICAS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet_contracts import subjects
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+DAY = 24 * 3600
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: list[str]
+    max_age_s: float
+    duplicate_window_s: float = 600
+    description: str = ""
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(
+        subjects.STREAM_EVENTS, [f"{subjects.EVENTS}.>"], 30 * DAY,
+        description="Every domain event; the history billing can be rebuilt from.",
+    ),
+    StreamSpec(
+        subjects.STREAM_COMMANDS, [f"{subjects.COMMANDS}.>"], 7 * DAY,
+        description="Durable commands to one receiver (a node, the provisioner).",
+    ),
+    StreamSpec(
+        subjects.STREAM_LOGS, [f"{subjects.LOGS}.>"], 14 * DAY, duplicate_window_s=120,
+        description="Worker stdout/stderr in chunks, read by `gpufleet job logs`.",
+    ),
+    StreamSpec(
+        subjects.STREAM_DLQ, [f"{subjects.DLQ}.>"], 90 * DAY,
+        description="Messages a service refused, with the reason, kept for inspection.",
+    ),
+)
+
+
+def stream_for(subject: str) -> str | None:
+    for spec in STREAMS:
+        prefix = spec.subjects[0].removesuffix(">")
+        if subject.startswith(prefix):
+            return spec.name
+    return None
+
+
+async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
+    for spec in STREAMS:
+        config = StreamConfig(
+            name=spec.name,
+            description=spec.description,
+            subjects=spec.subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=spec.max_age_s,
+            duplicate_window=spec.duplicate_window_s,
+            discard=DiscardPolicy.OLD,
+            num_replicas=replicas,
+        )
+        try:
+            await js.stream_info(spec.name)
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)

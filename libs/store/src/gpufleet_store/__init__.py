@@ -1,0 +1,12 @@
+"""MongoDB access for gpufleet services through PyMongo's AsyncMongoClient.
+
+Each service owns one database, `<prefix>_<service>`, and only its own collections in it.
+State changes and the events they cause are written in one transaction (`Store.transaction`),
+the events into the `outbox` collection; `gpufleet_bus.OutboxRelay` publishes them after the
+commit. A crash between the two loses nothing: the relay publishes what is left on restart,
+and JetStream drops the duplicate because the outbox id is the message id.
+"""
+
+from .store import IndexSpec, Store, StoreSettings, Transaction, utcnow
+
+__all__ = ["IndexSpec", "Store", "StoreSettings", "Transaction", "utcnow"]

@@ -1,0 +1,46 @@
+"""Exact fee arithmetic (R-BILL-1, R-BILL-4, R-BILL-5)."""
+
+from decimal import Decimal
+
+import pytest
+from gpufleet_billing.fees import PLATFORM, from_micro, usage_micro, usage_postings
+
+
+def test_one_rtx_3090_for_an_hour_costs_the_development_fee() -> None:
+    assert usage_micro(Decimal("0.05"), 1, 3_600_000) == 50_000
+
+
+def test_rounding_is_half_even_to_the_micro_credit() -> None:
+    # 0.05 credits/h for 1 ms = 0.0138888... micro-credits -> 0
+    assert usage_micro(Decimal("0.05"), 1, 1) == 0
+    # 0.25 x 1 GPU for 18 ms = 1.25 micro -> 1 (half-even); 54 ms = 3.75 -> 4
+    assert usage_micro(Decimal("0.25"), 1, 18) == 1
+    assert usage_micro(Decimal("0.25"), 1, 54) == 4
+    # 0.18 x 1 GPU for 50 ms = 2.5 micro -> 2 (half to even)
+    assert usage_micro(Decimal("0.18"), 1, 50) == 2
+
+
+def test_usage_postings_sum_to_zero() -> None:
+    ps = usage_postings(charge="usage", payer="acme", node_owner="acme", gpu_model="RTX 3090",
+                        rate=Decimal("0.05"), gpu_count=2, duration_ms=72_000)
+    assert [(p.account, p.amount_micro) for p in ps] == [("acme", -2000), (PLATFORM, 2000)]
+
+
+def test_market_run_a100_example_of_r_bill_4() -> None:
+    # A100 at 2.78 per GPU-hour for one hour: the owner earns (2.78 - 0.25) / 2 = 1.265
+    ps = usage_postings(charge="market", payer="buyer", node_owner="seller",
+                        gpu_model="A100 80GB", rate=Decimal("2.78"), gpu_count=1,
+                        duration_ms=3_600_000)
+    by = {p.account: p.amount_micro for p in ps}
+    assert by == {"buyer": -2_780_000, "seller": 1_265_000, PLATFORM: 1_515_000}
+    assert sum(by.values()) == 0
+
+
+def test_nothing_to_post_for_a_zero_length_run() -> None:
+    assert usage_postings(charge="usage", payer="a", node_owner="a", gpu_model="T4",
+                          rate=Decimal("0.25"), gpu_count=1, duration_ms=0) == []
+
+
+@pytest.mark.parametrize("micro,text", [(-1000, "-0.001000"), (1, "0.000001"), (0, "0.000000")])
+def test_from_micro(micro: int, text: str) -> None:
+    assert str(from_micro(micro)) == text
