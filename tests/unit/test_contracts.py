@@ -45,22 +45,41 @@ def test_unknown_fields_in_a_spec_are_refused_but_messages_tolerate_them() -> No
     errs = errors_of(**{**BASE, "gpu_typo": ["x"]})
     assert "spec.gpu_typo" in errs
     # A newer producer may add fields to an event: an older consumer still reads it.
-    evt = JobQueued(job_id="j", owner="a", creator="a", spec=JobSpec.model_validate(BASE),
-                    queued_at=datetime.now(UTC))
+    evt = JobQueued(
+        job_id="j",
+        owner="a",
+        creator="a",
+        spec=JobSpec.model_validate(BASE),
+        queued_at=datetime.now(UTC),
+    )
     data = json.loads(evt.to_bytes())
     data["added_in_v2"] = {"x": 1}
     assert JobQueued.from_bytes(json.dumps(data)).job_id == "j"
 
 
 def test_subjects_fill_their_placeholders() -> None:
-    cmd = StartWorker(minion_id="gpu-7", job_id="j", job_name="n", worker=0, command=["x"],
-                      gpu_indices=[0], placement_id="p")
+    cmd = StartWorker(
+        minion_id="gpu-7",
+        job_id="j",
+        job_name="n",
+        worker=0,
+        command=["x"],
+        gpu_indices=[0],
+        placement_id="p",
+    )
     assert cmd.subject() == "gpufleet.v1.cmd.node.gpu-7.start_worker"
 
 
 def test_cloudevents_headers_round_trip_and_id_is_the_dedup_key() -> None:
-    cmd = StartWorker(minion_id="m", job_id="j", job_name="n", worker=0, command=["x"],
-                      gpu_indices=[0], placement_id="p")
+    cmd = StartWorker(
+        minion_id="m",
+        job_id="j",
+        job_name="n",
+        worker=0,
+        command=["x"],
+        gpu_indices=[0],
+        placement_id="p",
+    )
     env = envelope_for(cmd, source="gpufleet/test", id="abc")
     h = env.headers()
     assert h["ce-id"] == h["Nats-Msg-Id"] == "abc"
@@ -69,11 +88,19 @@ def test_cloudevents_headers_round_trip_and_id_is_the_dedup_key() -> None:
     assert back is not None and back.id == "abc" and back.subject == cmd.subject()
 
 
-@pytest.mark.parametrize("nvml,model", [
-    ("NVIDIA GeForce RTX 3090", "RTX 3090"), ("Tesla T4", "T4"), ("Tesla V100-SXM2-16GB", "V100"),
-    ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
-    ("NVIDIA H100 80GB HBM3", "H100 80GB"), ("NVIDIA H200", "H200"), ("NVIDIA RTX A6000", "RTX A6000"),
-    ("Some Other GPU", None),
-])
+@pytest.mark.parametrize(
+    "nvml,model",
+    [
+        ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+        ("Tesla T4", "T4"),
+        ("Tesla V100-SXM2-16GB", "V100"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA RTX A6000", "RTX A6000"),
+        ("Some Other GPU", None),
+    ],
+)
 def test_catalogue_maps_nvml_names(nvml: str, model: str | None) -> None:
     assert catalog().from_nvml_name(nvml) == model

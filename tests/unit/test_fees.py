@@ -21,24 +21,47 @@ def test_rounding_is_half_even_to_the_micro_credit() -> None:
 
 
 def test_usage_postings_sum_to_zero() -> None:
-    ps = usage_postings(charge="usage", payer="acme", node_owner="acme", gpu_model="RTX 3090",
-                        rate=Decimal("0.05"), gpu_count=2, duration_ms=72_000)
+    ps = usage_postings(
+        charge="usage",
+        payer="acme",
+        node_owner="acme",
+        gpu_model="RTX 3090",
+        rate=Decimal("0.05"),
+        gpu_count=2,
+        duration_ms=72_000,
+    )
     assert [(p.account, p.amount_micro) for p in ps] == [("acme", -2000), (PLATFORM, 2000)]
 
 
 def test_market_run_a100_example_of_r_bill_4() -> None:
     # A100 at 2.78 per GPU-hour for one hour: the owner earns (2.78 - 0.25) / 2 = 1.265
-    ps = usage_postings(charge="market", payer="buyer", node_owner="seller",
-                        gpu_model="A100 80GB", rate=Decimal("2.78"), gpu_count=1,
-                        duration_ms=3_600_000)
+    ps = usage_postings(
+        charge="market",
+        payer="buyer",
+        node_owner="seller",
+        gpu_model="A100 80GB",
+        rate=Decimal("2.78"),
+        gpu_count=1,
+        duration_ms=3_600_000,
+    )
     by = {p.account: p.amount_micro for p in ps}
     assert by == {"buyer": -2_780_000, "seller": 1_265_000, PLATFORM: 1_515_000}
     assert sum(by.values()) == 0
 
 
 def test_nothing_to_post_for_a_zero_length_run() -> None:
-    assert usage_postings(charge="usage", payer="a", node_owner="a", gpu_model="T4",
-                          rate=Decimal("0.25"), gpu_count=1, duration_ms=0) == []
+    assert (
+        usage_postings(
+            charge="usage",
+            payer="a",
+            node_owner="a",
+            gpu_model="T4",
+            rate=Decimal("0.25"),
+            gpu_count=1,
+            duration_ms=0,
+        )
+        == []
+    )
 
 
 @pytest.mark.parametrize("micro,text", [(-1000, "-0.001000"), (1, "0.000001"), (0, "0.000000")])

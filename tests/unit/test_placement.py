@@ -6,21 +6,44 @@ from gpufleet_scheduler.placement import NodeView, NoPlacement, Placement, Worke
 
 
 def node(
-    nid: str, model: str = "RTX 3090", gpus: int = 2, free: int | None = None,
-    owner: str = "acme", state: str = "active", price: str | None = None, public: bool = False,
+    nid: str,
+    model: str = "RTX 3090",
+    gpus: int = 2,
+    free: int | None = None,
+    owner: str = "acme",
+    state: str = "active",
+    price: str | None = None,
+    public: bool = False,
 ) -> NodeView:
     idx = tuple(range(gpus))
     return NodeView(
-        node_id=nid, minion_id=nid, region="local", owner=owner, state=state, gpu_model=model,
-        gpu_indices=idx, free_indices=idx[: gpus if free is None else free],
-        price_per_gpu_hour=None if price is None else Decimal(price), allow_public_jobs=public,
+        node_id=nid,
+        minion_id=nid,
+        region="local",
+        owner=owner,
+        state=state,
+        gpu_model=model,
+        gpu_indices=idx,
+        free_indices=idx[: gpus if free is None else free],
+        price_per_gpu_hour=None if price is None else Decimal(price),
+        allow_public_jobs=public,
     )
 
 
-def req(types: tuple[str, ...] = ("RTX 3090",), count: int = 1, max_price: str | None = "1.0",
-        owner: str = "acme") -> WorkerRequest:
-    return WorkerRequest(job_id="j", worker=0, owner=owner, gpu_types=types, gpu_count=count,
-                         max_price=None if max_price is None else Decimal(max_price))
+def req(
+    types: tuple[str, ...] = ("RTX 3090",),
+    count: int = 1,
+    max_price: str | None = "1.0",
+    owner: str = "acme",
+) -> WorkerRequest:
+    return WorkerRequest(
+        job_id="j",
+        worker=0,
+        owner=owner,
+        gpu_types=types,
+        gpu_count=count,
+        max_price=None if max_price is None else Decimal(max_price),
+    )
 
 
 def test_own_node_is_charged_the_usage_fee_of_its_class() -> None:
@@ -61,8 +84,12 @@ def test_max_price_rules_out_expensive_nodes() -> None:
 
 
 def test_reasons_are_counted_per_cause() -> None:
-    nodes = [node("a", model="T4"), node("b", model="T4"), node("c", free=0),
-             node("d", state="maintenance")]
+    nodes = [
+        node("a", model="T4"),
+        node("b", model="T4"),
+        node("c", free=0),
+        node("d", state="maintenance"),
+    ]
     d = place(req(), nodes)
     assert isinstance(d, NoPlacement)
     text = d.explain()
@@ -87,7 +114,15 @@ def test_fullest_node_is_preferred_at_equal_cost() -> None:
 
 
 def test_lowest_free_indices_are_given() -> None:
-    n = NodeView(node_id="a", minion_id="a", region="r", owner="acme", state="active",
-                 gpu_model="RTX 3090", gpu_indices=(0, 1, 2, 3), free_indices=(3, 1, 2))
+    n = NodeView(
+        node_id="a",
+        minion_id="a",
+        region="r",
+        owner="acme",
+        state="active",
+        gpu_model="RTX 3090",
+        gpu_indices=(0, 1, 2, 3),
+        free_indices=(3, 1, 2),
+    )
     d = place(req(count=2), [n])
     assert isinstance(d, Placement) and d.gpu_indices == (1, 2)

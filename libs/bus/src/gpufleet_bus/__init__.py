@@ -17,6 +17,7 @@ __all__ = [
     "dead_letter_middleware",
     "emit",
     "ensure_streams",
+    "env_flag",
     "make_broker",
     "publish",
     "publish_raw",

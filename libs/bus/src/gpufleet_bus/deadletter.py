@@ -79,8 +79,10 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
         ) -> None:
             broker = self.context.get("broker")
             await broker.publish(
-                dead_letter_record(service, msg, reason, errors), dlq_subject,
-                stream=dlq_stream, timeout=5.0,
+                dead_letter_record(service, msg, reason, errors),
+                dlq_subject,
+                stream=dlq_stream,
+                timeout=5.0,
             )
 
         async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
@@ -91,8 +93,7 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
                 errors = [e.model_dump() for e in field_errors(exc)]
                 log.warning(
                     "rejected invalid message",
-                    extra={"subject": getattr(msg.raw_message, "subject", None),
-                           "errors": errors},
+                    extra={"subject": getattr(msg.raw_message, "subject", None), "errors": errors},
                 )
                 await self._dead_letter(msg, "invalid", errors)
                 if jetstream:
@@ -100,7 +101,8 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
                     return None
                 return ErrorReply(
                     error=ErrorBody(
-                        code="invalid", message="the request is not valid",
+                        code="invalid",
+                        message="the request is not valid",
                         fields=field_errors(exc),
                     )
                 ).model_dump(mode="json")
@@ -122,7 +124,7 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
                 log.warning(
                     "handler failed (attempt %d), retrying in %.1fs: %s", attempt, delay, exc
                 )
-                await msg.nack(delay=delay)
+                await msg.raw_message.nak(delay=delay)  # JetStream: redeliver after delay
                 return None
             if jetstream:
                 await msg.ack()

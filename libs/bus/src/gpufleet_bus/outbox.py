@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -16,7 +17,11 @@ log = logging.getLogger("gpufleet.outbox")
 
 class OutboxRelay:
     def __init__(
-        self, store: Store, broker: Publisher, source: str, poll_s: float = 1.0,
+        self,
+        store: Store,
+        broker: Publisher,
+        source: str,
+        poll_s: float = 1.0,
         keep: timedelta = timedelta(hours=1),
     ) -> None:
         self.store = store
@@ -38,8 +43,12 @@ class OutboxRelay:
                 return sent
             for doc in batch:
                 await publish_raw(
-                    self.broker, doc["subject"], bytes(doc["payload"]), type_=doc["type"],
-                    source=self.source, msg_id=doc["_id"],
+                    self.broker,
+                    doc["subject"],
+                    bytes(doc["payload"]),
+                    type_=doc["type"],
+                    source=self.source,
+                    msg_id=doc["_id"],
                 )
                 await coll.update_one(
                     {"_id": doc["_id"]}, {"$set": {"published": True, "published_at": utcnow()}}
@@ -62,10 +71,8 @@ class OutboxRelay:
                 log.exception("outbox relay failed; retrying")
                 await asyncio.sleep(1.0)
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
-            except TimeoutError:
-                pass
 
     def start(self) -> None:
         if self._task is None:
@@ -74,8 +81,6 @@ class OutboxRelay:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None

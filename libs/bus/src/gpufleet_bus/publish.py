@@ -11,8 +11,12 @@ from .streams import stream_for
 
 class Publisher(Protocol):
     async def publish(
-        self, message: bytes, subject: str, headers: dict[str, str] | None = ...,
-        stream: str | None = ..., timeout: float | None = ...,
+        self,
+        message: bytes,
+        subject: str,
+        headers: dict[str, str] | None = ...,
+        stream: str | None = ...,
+        timeout: float | None = ...,  # noqa: ASYNC109
     ) -> object: ...
 
 
@@ -33,7 +37,10 @@ async def publish(
 ) -> str:
     env = envelope_for(msg, source=source, id=msg_id)
     await broker.publish(
-        msg.to_bytes(), env.subject, headers=env.headers(), stream=stream_for(env.subject),
+        msg.to_bytes(),
+        env.subject,
+        headers=env.headers(),
+        stream=stream_for(env.subject),
         timeout=5.0,
     )
     return env.id

@@ -14,9 +14,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-import nats
 from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
@@ -30,6 +29,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .deadletter import dead_letter_middleware
 from .outbox import OutboxRelay
+from .publish import Publisher
 from .streams import ensure_streams, stream_for
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -54,14 +54,15 @@ def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker
     return NatsBroker(
         settings.servers,
         name=f"gpufleet-{service}",
+        # FastStream's per-message access log goes through our log format, at DEBUG.
+        logger=logging.getLogger(f"gpufleet.{service}.bus"),
+        log_level=logging.DEBUG,
         middlewares=[
-            NatsTelemetryMiddleware(
-                tracer_provider=tracer_provider, meter_provider=meter_provider
-            ),
+            NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider),
             dead_letter_middleware(service),
         ],
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        reconnect_time_wait=1,
     )
 
 
@@ -81,12 +82,16 @@ class ServiceRuntime:
         self.indexes = indexes or {}
         self.bus = bus or BusSettings()
         self.source = f"gpufleet/{service}"
-        self.relay = OutboxRelay(store, broker, self.source) if store is not None else None
+        self.relay = (
+            OutboxRelay(store, cast(Publisher, broker), self.source) if store is not None else None
+        )
         self.app = FastStream(
             broker,
             logger=logging.getLogger(f"gpufleet.{service}"),
             specification=AsyncAPI(
-                broker, title=f"gpufleet {service}", version=VERSION,
+                broker,
+                title=f"gpufleet {service}",
+                version=VERSION,
                 description=f"Subjects the gpufleet {service} handles and publishes.",
             ),
         )
@@ -96,11 +101,9 @@ class ServiceRuntime:
         self.on_request("health")(self._health)
 
     async def _prepare(self) -> None:
-        nc = await nats.connect(servers=self.bus.servers, name=f"gpufleet-{self.service}-admin")
-        try:
-            await ensure_streams(nc.jetstream(), replicas=self.bus.stream_replicas)
-        finally:
-            await nc.close()
+        # The broker's own connection (connect() is idempotent; start() reuses it).
+        nc = await self.broker.connect()
+        await ensure_streams(nc.jetstream(), replicas=self.bus.stream_replicas)
         if self.store is not None:
             await self.store.ensure_indexes(self.indexes)
 
@@ -138,30 +141,62 @@ class ServiceRuntime:
         if stream is None:
             raise ValueError(f"no stream holds {subject}")
         name = f"{self.service}-{durable}"
-        return self.broker.subscriber(
-            subject,
-            stream=JStream(stream, declare=False),
-            durable=name,
-            pull_sub=PullSub(batch_size=1, timeout=1.0),
-            config=ConsumerConfig(
-                durable_name=name, ack_wait=60, max_deliver=-1,
-                deliver_policy=DeliverPolicy.ALL,
-            ),
-            ack_policy=AckPolicy.MANUAL,
-            max_workers=max_workers,
-            title=f"{self.service}:{durable}",
-            description=message.__doc__,
+        return self._decorator(
+            self.broker.subscriber(
+                subject,
+                stream=JStream(stream, declare=False),
+                durable=name,
+                pull_sub=PullSub(batch_size=1, timeout=1.0),
+                config=ConsumerConfig(
+                    durable_name=name,
+                    ack_wait=60,
+                    max_deliver=-1,
+                    deliver_policy=DeliverPolicy.ALL,
+                ),
+                ack_policy=AckPolicy.MANUAL,
+                max_workers=max_workers,
+                title=f"{self.service}:{durable}",
+                description=message.__doc__,
+            )
         )
+
+    def publishes(self, *messages: type[Message]) -> None:
+        """Declare what this service publishes (through its outbox), for the AsyncAPI document.
+
+        The outbox relay does the publishing; these publishers exist so the generated
+        document lists every subject a service emits, with its payload schema.
+        """
+        for message in messages:
+            stream = stream_for(message.SUBJECT.replace("{", "").replace("}", ""))
+            self.broker.publisher(
+                message.SUBJECT,
+                stream=JStream(stream, declare=False) if stream else None,
+                title=f"{self.service}:{message.__name__}",
+                description=message.__doc__,
+                schema=message,
+            )
 
     def on_request(self, verb: str, *, description: str | None = None) -> Callable[[F], F]:
         """Core NATS request/reply on `gpufleet.v1.rpc.<service>.<verb>` (queue-grouped)."""
-        return self.broker.subscriber(
-            subjects.rpc(self.service, verb),
-            queue=f"{self.service}-rpc",
-            ack_policy=AckPolicy.MANUAL,
-            title=f"{self.service}:{verb}",
-            description=description,
+        return self._decorator(
+            self.broker.subscriber(
+                subjects.rpc(self.service, verb),
+                queue=f"{self.service}-rpc",
+                ack_policy=AckPolicy.MANUAL,
+                title=f"{self.service}:{verb}",
+                description=description,
+            )
         )
+
+    @staticmethod
+    def _decorator(subscriber: Any) -> Callable[[F], F]:
+        """A FastStream subscriber used as a plain decorator that keeps the handler's type."""
+
+        def register(fn: F) -> F:
+            subscriber(fn)
+            return fn
+
+        return register
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -170,7 +205,12 @@ def env_flag(name: str, default: bool = False) -> bool:
 
 
 __all__: Sequence[str] = [
-    "ACCOUNT_HEADER", "BusSettings", "ServiceRuntime", "account_of", "env_flag", "make_broker",
+    "ACCOUNT_HEADER",
+    "BusSettings",
+    "ServiceRuntime",
+    "account_of",
+    "env_flag",
+    "make_broker",
 ]
 
 

@@ -28,19 +28,28 @@ class StreamSpec:
 
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(
-        subjects.STREAM_EVENTS, [f"{subjects.EVENTS}.>"], 30 * DAY,
+        subjects.STREAM_EVENTS,
+        [f"{subjects.EVENTS}.>"],
+        30 * DAY,
         description="Every domain event; the history billing can be rebuilt from.",
     ),
     StreamSpec(
-        subjects.STREAM_COMMANDS, [f"{subjects.COMMANDS}.>"], 7 * DAY,
+        subjects.STREAM_COMMANDS,
+        [f"{subjects.COMMANDS}.>"],
+        7 * DAY,
         description="Durable commands to one receiver (a node, the provisioner).",
     ),
     StreamSpec(
-        subjects.STREAM_LOGS, [f"{subjects.LOGS}.>"], 14 * DAY, duplicate_window_s=120,
+        subjects.STREAM_LOGS,
+        [f"{subjects.LOGS}.>"],
+        14 * DAY,
+        duplicate_window_s=120,
         description="Worker stdout/stderr in chunks, read by `gpufleet job logs`.",
     ),
     StreamSpec(
-        subjects.STREAM_DLQ, [f"{subjects.DLQ}.>"], 90 * DAY,
+        subjects.STREAM_DLQ,
+        [f"{subjects.DLQ}.>"],
+        90 * DAY,
         description="Messages a service refused, with the reason, kept for inspection.",
     ),
 )

@@ -5,6 +5,16 @@ from .base import Command, Envelope, Event, Message, envelope_for
 from .errors import ErrorBody, ErrorReply, FieldError, error, field_errors, invalid
 
 __all__ = [
-    "Command", "Envelope", "ErrorBody", "ErrorReply", "Event", "FieldError", "Message",
-    "envelope_for", "error", "field_errors", "invalid", "subjects",
+    "Command",
+    "Envelope",
+    "ErrorBody",
+    "ErrorReply",
+    "Event",
+    "FieldError",
+    "Message",
+    "envelope_for",
+    "error",
+    "field_errors",
+    "invalid",
+    "subjects",
 ]

@@ -62,23 +62,30 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(
-        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "1-128 letters, digits, space, _ . -"}),
     )
     type: JobType = Field(default=JobType.training, json_schema_extra=rule("R-JOB-1"))
     project: str = Field(default="default", min_length=1, max_length=64)
     gpu_types: list[str] = Field(min_length=1, json_schema_extra=rule("R-JOB-2"))
     gpu_count: int = Field(
-        default=1, ge=0, le=16,
+        default=1,
+        ge=0,
+        le=16,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "0..16 GPUs per worker"}),
     )
     cpu_count: int | None = Field(default=None, ge=4, le=256, json_schema_extra=rule("R-JOB-2"))
     max_price: Money | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "credits per GPU-hour, >= 0"}),
     )
     disk_size_gb: int = Field(
-        default=10, ge=10, le=1000,
+        default=10,
+        ge=10,
+        le=1000,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "10..1000 GB per worker"}),
     )
     workers: int = Field(default=1, ge=1, le=64, json_schema_extra=rule("R-JOB-5"))
@@ -117,7 +124,8 @@ class JobSpec(BaseModel):
         bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
         if bad:
             raise PydanticCustomError(
-                "env_name", "invalid environment variable name(s): {bad}",
+                "env_name",
+                "invalid environment variable name(s): {bad}",
                 {"bad": ", ".join(bad), "rule": "R-JOB-7", "valid": "[A-Za-z_][A-Za-z0-9_]*"},
             )
         return value

@@ -63,7 +63,9 @@ class Store:
     def connect(cls, service: str, settings: StoreSettings | None = None) -> Store:
         settings = settings or StoreSettings()
         client: AsyncMongoClient[Doc] = AsyncMongoClient(
-            settings.mongo_url, tz_aware=True, uuidRepresentation="standard",
+            settings.mongo_url,
+            tz_aware=True,
+            uuidRepresentation="standard",
             serverSelectionTimeoutMS=10_000,
         )
         return cls(client, client[f"{settings.db_prefix}_{service.replace('-', '_')}"])

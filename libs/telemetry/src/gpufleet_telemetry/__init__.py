@@ -57,11 +57,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure(service: str, settings: TelemetrySettings | None = None) -> tuple[
-    TracerProvider, MeterProvider
-]:
-    if service in _configured:
-        return _configured[service]
+def configure(
+    service: str, settings: TelemetrySettings | None = None
+) -> tuple[TracerProvider, MeterProvider]:
+    if _configured:  # one process, one set of providers (tests run several apps in one)
+        return next(iter(_configured.values()))
     settings = settings or TelemetrySettings()
     handler = logging.StreamHandler(sys.stderr)
     if settings.log_format == "json":

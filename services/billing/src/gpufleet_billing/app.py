@@ -9,6 +9,7 @@ from typing import Any
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsMessage
 from gpufleet_bus import ServiceRuntime, account_of
+from gpufleet_contracts.billing import UsageCharged
 from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced
 from gpufleet_store import Store, utcnow
 from pydantic import BaseModel, Field
@@ -31,6 +32,7 @@ def build_app(
 ) -> tuple[FastStream, Billing]:
     rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES)
     billing = Billing(store, clock)
+    rt.publishes(UsageCharged)
 
     @rt.on_event(WorkerPlaced, "worker-placed")
     async def on_worker_placed(body: WorkerPlaced) -> None:

@@ -39,8 +39,14 @@ class Posting:
 
 
 def usage_postings(
-    *, charge: str, payer: str, node_owner: str, gpu_model: str, rate: Decimal,
-    gpu_count: int, duration_ms: int,
+    *,
+    charge: str,
+    payer: str,
+    node_owner: str,
+    gpu_model: str,
+    rate: Decimal,
+    gpu_count: int,
+    duration_ms: int,
 ) -> list[Posting]:
     """The postings for one worker run.
 

@@ -49,11 +49,19 @@ class Billing:
     async def worker_placed(self, evt: WorkerPlaced) -> None:
         await self.db.placements.update_one(
             {"_id": evt.placement_id},
-            {"$setOnInsert": {
-                "job_id": evt.job_id, "worker": evt.worker, "rate": str(evt.rate),
-                "gpu_count": evt.gpu_count, "gpu_model": evt.gpu_model, "charge": evt.charge,
-                "payer": evt.payer, "node_owner": evt.node_owner, "placed_at": evt.placed_at,
-            }},
+            {
+                "$setOnInsert": {
+                    "job_id": evt.job_id,
+                    "worker": evt.worker,
+                    "rate": str(evt.rate),
+                    "gpu_count": evt.gpu_count,
+                    "gpu_model": evt.gpu_model,
+                    "charge": evt.charge,
+                    "payer": evt.payer,
+                    "node_owner": evt.node_owner,
+                    "placed_at": evt.placed_at,
+                }
+            },
             upsert=True,
         )
 
@@ -67,9 +75,13 @@ class Billing:
         duration_ms = max(0, int((evt.ended_at - evt.started_at).total_seconds() * 1000))
         rate = Decimal(placement["rate"])
         postings = usage_postings(
-            charge=placement["charge"], payer=placement["payer"],
-            node_owner=placement["node_owner"], gpu_model=placement["gpu_model"],
-            rate=rate, gpu_count=placement["gpu_count"], duration_ms=duration_ms,
+            charge=placement["charge"],
+            payer=placement["payer"],
+            node_owner=placement["node_owner"],
+            gpu_model=placement["gpu_model"],
+            rate=rate,
+            gpu_count=placement["gpu_count"],
+            duration_ms=duration_ms,
         )
         if not postings:
             return 0
@@ -78,12 +90,19 @@ class Billing:
             {
                 "_id": f"usage:{evt.placement_id}:{p.account}",
                 "key": f"usage:{evt.placement_id}:{p.account}",
-                "account": p.account, "kind": p.kind, "amount_micro": p.amount_micro,
-                "job_id": evt.job_id, "worker": evt.worker, "placement_id": evt.placement_id,
-                "rate": str(rate), "gpu_count": placement["gpu_count"],
-                "duration_ms": duration_ms, "at": evt.ended_at, "recorded_at": now,
+                "account": p.account,
+                "kind": p.kind,
+                "amount_micro": p.amount_micro,
+                "job_id": evt.job_id,
+                "worker": evt.worker,
+                "placement_id": evt.placement_id,
+                "rate": str(rate),
+                "gpu_count": placement["gpu_count"],
+                "duration_ms": duration_ms,
+                "at": evt.ended_at,
+                "recorded_at": now,
                 "memo": f"{placement['gpu_count']} x {placement['gpu_model']} for "
-                        f"{duration_ms / 1000:.3f}s at {rate}/GPU-hour",
+                f"{duration_ms / 1000:.3f}s at {rate}/GPU-hour",
             }
             for p in postings
         ]
@@ -91,12 +110,21 @@ class Billing:
         async def body(tx: Transaction) -> None:
             await self.db.ledger.insert_many(entries, session=tx.session)
             for e in entries:
-                emit(tx, UsageCharged(
-                    entry_key=e["key"], account=e["account"], job_id=evt.job_id,
-                    worker=evt.worker, gpu_count=placement["gpu_count"], rate=rate,
-                    seconds=duration_ms // 1000, amount_micro=e["amount_micro"],
-                    at=evt.ended_at,
-                ), msg_id=e["key"])
+                emit(
+                    tx,
+                    UsageCharged(
+                        entry_key=e["key"],
+                        account=e["account"],
+                        job_id=evt.job_id,
+                        worker=evt.worker,
+                        gpu_count=placement["gpu_count"],
+                        rate=rate,
+                        seconds=duration_ms // 1000,
+                        amount_micro=e["amount_micro"],
+                        at=evt.ended_at,
+                    ),
+                    msg_id=e["key"],
+                )
 
         try:
             await self.store.transaction(body)
@@ -115,8 +143,12 @@ class Billing:
         async for e in self.db.ledger.find({"account": account}, {"amount_micro": 1}):
             total += int(e["amount_micro"])
             count += 1
-        return {"account": account, "balance": str(from_micro(total)), "balance_micro": total,
-                "entries": count}
+        return {
+            "account": account,
+            "balance": str(from_micro(total)),
+            "balance_micro": total,
+            "entries": count,
+        }
 
     async def entries(self, account: str, limit: int) -> list[Doc]:
         docs = await self.db.ledger.find({"account": account}).sort("at", -1).to_list(limit)
@@ -125,14 +157,23 @@ class Billing:
     async def job_cost(self, job_id: str, account: str) -> Doc:
         docs = await self.db.ledger.find({"job_id": job_id, "account": account}).to_list(None)
         micro = -sum(int(e["amount_micro"]) for e in docs)
-        return {"job_id": job_id, "cost": str(from_micro(micro)), "cost_micro": micro,
-                "entries": [self._entry(e) for e in docs]}
+        return {
+            "job_id": job_id,
+            "cost": str(from_micro(micro)),
+            "cost_micro": micro,
+            "entries": [self._entry(e) for e in docs],
+        }
 
     @staticmethod
     def _entry(e: Doc) -> Doc:
         return {
-            "key": e["key"], "account": e["account"], "kind": e["kind"],
+            "key": e["key"],
+            "account": e["account"],
+            "kind": e["kind"],
             "amount": str(from_micro(int(e["amount_micro"]))),
-            "amount_micro": int(e["amount_micro"]), "job_id": e.get("job_id"),
-            "worker": e.get("worker"), "at": e["at"].isoformat(), "memo": e.get("memo"),
+            "amount_micro": int(e["amount_micro"]),
+            "job_id": e.get("job_id"),
+            "worker": e.get("worker"),
+            "at": e["at"].isoformat(),
+            "memo": e.get("memo"),
         }

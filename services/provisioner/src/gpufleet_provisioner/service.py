@@ -54,9 +54,13 @@ class Provisioner:
             )
             if region is None:
                 region = {
-                    "_id": f"{cmd.owner}/{cmd.region}", "owner": cmd.owner, "name": cmd.region,
-                    "provider": "physical", "storage_mode": "local",
-                    "allow_public_jobs": False, "created_at": now,
+                    "_id": f"{cmd.owner}/{cmd.region}",
+                    "owner": cmd.owner,
+                    "name": cmd.region,
+                    "provider": "physical",
+                    "storage_mode": "local",
+                    "allow_public_jobs": False,
+                    "created_at": now,
                 }
                 await self.db.regions.insert_one(region, session=s)
             existing = await self.db.nodes.find_one({"_id": node_id}, session=s)
@@ -66,32 +70,53 @@ class Provisioner:
             else:
                 state = NodeState(existing["state"])
             doc = {
-                "_id": node_id, "minion_id": cmd.minion_id, "name": cmd.name,
-                "region": cmd.region, "owner": cmd.owner, "kind": "compute",
-                "state": state.value, "gpus": [g.model_dump(mode="json") for g in cmd.gpus],
-                "simulated": cmd.simulated, "inventory_source": cmd.inventory_source,
-                "driver_version": cmd.driver_version, "hostname": cmd.hostname,
-                "price_per_gpu_hour": None if cmd.price_per_gpu_hour is None
+                "_id": node_id,
+                "minion_id": cmd.minion_id,
+                "name": cmd.name,
+                "region": cmd.region,
+                "owner": cmd.owner,
+                "kind": "compute",
+                "state": state.value,
+                "gpus": [g.model_dump(mode="json") for g in cmd.gpus],
+                "simulated": cmd.simulated,
+                "inventory_source": cmd.inventory_source,
+                "driver_version": cmd.driver_version,
+                "hostname": cmd.hostname,
+                "price_per_gpu_hour": None
+                if cmd.price_per_gpu_hour is None
                 else str(cmd.price_per_gpu_hour),
                 "registered_at": existing["registered_at"] if existing else now,
-                "agent_started_at": cmd.agent_started_at, "last_seen": now,
+                "agent_started_at": cmd.agent_started_at,
+                "last_seen": now,
             }
             await self.db.nodes.replace_one({"_id": node_id}, doc, upsert=True, session=s)
             emit(
                 tx,
                 NodeRegistered(
-                    node_id=node_id, minion_id=cmd.minion_id, name=cmd.name, region=cmd.region,
-                    owner=cmd.owner, state=state, gpus=cmd.gpus, simulated=cmd.simulated,
+                    node_id=node_id,
+                    minion_id=cmd.minion_id,
+                    name=cmd.name,
+                    region=cmd.region,
+                    owner=cmd.owner,
+                    state=state,
+                    gpus=cmd.gpus,
+                    simulated=cmd.simulated,
                     price_per_gpu_hour=cmd.price_per_gpu_hour,
-                    allow_public_jobs=bool(region.get("allow_public_jobs")), at=now,
+                    allow_public_jobs=bool(region.get("allow_public_jobs")),
+                    at=now,
                 ),
                 # The same RegisterNode delivered twice yields one NodeRegistered.
                 msg_id=f"registered:{command_id}" if command_id else None,
             )
 
         await self.store.transaction(body)
-        log.info("node %s registered in region %s (%d GPUs%s)", cmd.minion_id, cmd.region,
-                 len(cmd.gpus), ", simulated" if cmd.simulated else "")
+        log.info(
+            "node %s registered in region %s (%d GPUs%s)",
+            cmd.minion_id,
+            cmd.region,
+            len(cmd.gpus),
+            ", simulated" if cmd.simulated else "",
+        )
 
     async def heartbeat(self, hb: NodeHeartbeat) -> None:
         await self.db.nodes.update_one(
@@ -103,9 +128,15 @@ class Provisioner:
         nodes = await self.db.nodes.find({"owner": account}).sort("name", 1).to_list(None)
         return [
             {
-                "node_id": n["_id"], "minion_id": n["minion_id"], "name": n["name"],
-                "region": n["region"], "owner": n["owner"], "state": n["state"],
-                "kind": n.get("kind", "compute"), "gpus": n["gpus"], "simulated": n["simulated"],
+                "node_id": n["_id"],
+                "minion_id": n["minion_id"],
+                "name": n["name"],
+                "region": n["region"],
+                "owner": n["owner"],
+                "state": n["state"],
+                "kind": n.get("kind", "compute"),
+                "gpus": n["gpus"],
+                "simulated": n["simulated"],
                 "inventory_source": n.get("inventory_source"),
                 "last_seen": n["last_seen"].isoformat() if n.get("last_seen") else None,
                 "telemetry": n.get("telemetry"),

@@ -13,9 +13,14 @@ from gpufleet_contracts import error
 from gpufleet_contracts.jobs import (
     CancelJob,
     GetJob,
+    JobQueued,
+    JobStateChanged,
     ListJobs,
+    StartWorker,
+    StopWorker,
     SubmitJob,
     WorkerFinished,
+    WorkerPlaced,
     WorkerStarted,
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
@@ -31,6 +36,7 @@ def build_app(
 ) -> tuple[FastStream, Scheduler]:
     rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES)
     sched = Scheduler(store, clock)
+    rt.publishes(JobQueued, JobStateChanged, WorkerPlaced, StartWorker, StopWorker)
 
     async def guarded(fn: Any) -> dict[str, Any]:
         try:

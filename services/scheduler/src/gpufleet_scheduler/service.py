@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from gpufleet_bus import emit
 from gpufleet_contracts.jobs import (
@@ -91,8 +91,10 @@ class Scheduler:
 
         async def body(tx: Transaction) -> None:
             await self.db.jobs.insert_one(doc, session=tx.session)
-            emit(tx, JobQueued(job_id=job_id, owner=account, creator=account, spec=spec,
-                               queued_at=now))
+            emit(
+                tx,
+                JobQueued(job_id=job_id, owner=account, creator=account, spec=spec, queued_at=now),
+            )
             emit(tx, JobStateChanged(job_id=job_id, state=JobState.queued, at=now))
 
         async with self.lock:
@@ -113,10 +115,16 @@ class Scheduler:
                         w["state"] = WorkerState.stopped.value
                         w["reason"] = "cancelled while waiting"
                     elif w["state"] in (WorkerState.placed.value, WorkerState.running.value):
-                        emit(tx, StopWorker(
-                            minion_id=w["minion_id"], job_id=job_id, worker=w["index"],
-                            placement_id=w["placement_id"], reason="cancelled by user",
-                        ))
+                        emit(
+                            tx,
+                            StopWorker(
+                                minion_id=w["minion_id"],
+                                job_id=job_id,
+                                worker=w["index"],
+                                placement_id=w["placement_id"],
+                                reason="cancelled by user",
+                            ),
+                        )
                 job["cancel_requested"] = True
                 await self._save(tx, job, now, "cancelled by user")
 
@@ -131,15 +139,22 @@ class Scheduler:
                 models = {g.model for g in evt.gpus}
                 await self.db.nodes.update_one(
                     {"_id": evt.node_id},
-                    {"$set": {
-                        "minion_id": evt.minion_id, "region": evt.region, "owner": evt.owner,
-                        "state": evt.state.value, "name": evt.name,
-                        "gpu_model": models.pop() if len(models) == 1 else None,
-                        "gpu_indices": [g.index for g in evt.gpus],
-                        "price_per_gpu_hour": None if evt.price_per_gpu_hour is None
-                        else str(evt.price_per_gpu_hour),
-                        "allow_public_jobs": evt.allow_public_jobs, "updated_at": evt.at,
-                    }},
+                    {
+                        "$set": {
+                            "minion_id": evt.minion_id,
+                            "region": evt.region,
+                            "owner": evt.owner,
+                            "state": evt.state.value,
+                            "name": evt.name,
+                            "gpu_model": models.pop() if len(models) == 1 else None,
+                            "gpu_indices": [g.index for g in evt.gpus],
+                            "price_per_gpu_hour": None
+                            if evt.price_per_gpu_hour is None
+                            else str(evt.price_per_gpu_hour),
+                            "allow_public_jobs": evt.allow_public_jobs,
+                            "updated_at": evt.at,
+                        }
+                    },
                     upsert=True,
                 )
             else:
@@ -174,13 +189,17 @@ class Scheduler:
                 w["started_at"] = evt.started_at
                 self._record_state(job, evt.started_at, None)
             w.update(
-                state=evt.state.value, exit_code=evt.exit_code, reason=evt.reason,
-                ended_at=evt.ended_at, started_at=w.get("started_at") or evt.started_at,
+                state=evt.state.value,
+                exit_code=evt.exit_code,
+                reason=evt.reason,
+                ended_at=evt.ended_at,
+                started_at=w.get("started_at") or evt.started_at,
                 log_tail=evt.log_tail[-4000:],
             )
             reason = evt.reason or (
                 f"worker {evt.worker} exited with code {evt.exit_code}"
-                if evt.state is WorkerState.failed else None
+                if evt.state is WorkerState.failed
+                else None
             )
 
             async def body(tx: Transaction) -> None:
@@ -200,20 +219,26 @@ class Scheduler:
         placed = 0
         async with self.lock:
             nodes = await self._fleet()
-            jobs = await self.db.jobs.find(
-                {"state": {"$in": OPEN_STATES}}
-            ).sort("queued_at", ASCENDING).to_list(None)
+            jobs = (
+                await self.db.jobs.find({"state": {"$in": OPEN_STATES}})
+                .sort("queued_at", ASCENDING)
+                .to_list(None)
+            )
             for job in jobs:
-                waiting = [w["index"] for w in job["workers"]
-                           if w["state"] == WorkerState.waiting.value]
+                waiting = [
+                    w["index"] for w in job["workers"] if w["state"] == WorkerState.waiting.value
+                ]
                 if not waiting or job.get("cancel_requested"):
                     continue
                 spec = JobSpec.model_validate(job["spec"])
                 reason = None
                 for index in waiting:
                     req = WorkerRequest(
-                        job_id=job["_id"], worker=index, owner=job["owner"],
-                        gpu_types=tuple(spec.gpu_types), gpu_count=spec.gpu_count,
+                        job_id=job["_id"],
+                        worker=index,
+                        owner=job["owner"],
+                        gpu_types=tuple(spec.gpu_types),
+                        gpu_count=spec.gpu_count,
                         max_price=spec.max_price,
                     )
                     decision = place(req, list(nodes.values()))
@@ -223,9 +248,12 @@ class Scheduler:
                     if await self._commit_placement(job, index, spec, decision):
                         placed += 1
                         node = decision.node
-                        nodes[node.node_id] = replace(node, free_indices=tuple(
-                            i for i in node.free_indices if i not in decision.gpu_indices
-                        ))
+                        nodes[node.node_id] = replace(
+                            node,
+                            free_indices=tuple(
+                                i for i in node.free_indices if i not in decision.gpu_indices
+                            ),
+                        )
                     # Re-read: the commit (or the race that beat it) changed the job.
                     job = await self.db.jobs.find_one({"_id": job["_id"]}) or job
                 if reason != job.get("queue_reason"):
@@ -244,32 +272,64 @@ class Scheduler:
         async def body(tx: Transaction) -> None:
             await self.db.claims.insert_many(
                 [
-                    {"_id": f"{node.node_id}:{i}", "node_id": node.node_id, "gpu_index": i,
-                     "job_id": job["_id"], "worker": w["index"], "placement_id": placement_id}
+                    {
+                        "_id": f"{node.node_id}:{i}",
+                        "node_id": node.node_id,
+                        "gpu_index": i,
+                        "job_id": job["_id"],
+                        "worker": w["index"],
+                        "placement_id": placement_id,
+                    }
                     for i in d.gpu_indices
                 ],
                 session=tx.session,
             )
             w.update(
-                state=WorkerState.placed.value, placement_id=placement_id, node_id=node.node_id,
-                minion_id=node.minion_id, region=node.region, gpu_model=node.gpu_model,
-                gpu_indices=list(d.gpu_indices), rate=str(d.rate), charge=d.charge,
+                state=WorkerState.placed.value,
+                placement_id=placement_id,
+                node_id=node.node_id,
+                minion_id=node.minion_id,
+                region=node.region,
+                gpu_model=node.gpu_model,
+                gpu_indices=list(d.gpu_indices),
+                rate=str(d.rate),
+                charge=d.charge,
                 placed_at=now,
             )
             job["queue_reason"] = None
             await self._save(tx, job, now)
-            emit(tx, WorkerPlaced(
-                job_id=job["_id"], worker=w["index"], placement_id=placement_id,
-                node_id=node.node_id, minion_id=node.minion_id, region=node.region,
-                gpu_model=node.gpu_model or "", gpu_indices=list(d.gpu_indices),
-                gpu_count=len(d.gpu_indices), rate=d.rate, charge=d.charge,
-                payer=job["owner"], node_owner=node.owner, placed_at=now,
-            ))
-            emit(tx, StartWorker(
-                minion_id=node.minion_id, job_id=job["_id"], job_name=job["name"],
-                worker=w["index"], command=spec.command, env=spec.env,
-                gpu_indices=list(d.gpu_indices), placement_id=placement_id,
-            ))
+            emit(
+                tx,
+                WorkerPlaced(
+                    job_id=job["_id"],
+                    worker=w["index"],
+                    placement_id=placement_id,
+                    node_id=node.node_id,
+                    minion_id=node.minion_id,
+                    region=node.region,
+                    gpu_model=node.gpu_model or "",
+                    gpu_indices=list(d.gpu_indices),
+                    gpu_count=len(d.gpu_indices),
+                    rate=d.rate,
+                    charge=d.charge,
+                    payer=job["owner"],
+                    node_owner=node.owner,
+                    placed_at=now,
+                ),
+            )
+            emit(
+                tx,
+                StartWorker(
+                    minion_id=node.minion_id,
+                    job_id=job["_id"],
+                    job_name=job["name"],
+                    worker=w["index"],
+                    command=spec.command,
+                    env=spec.env,
+                    gpu_indices=list(d.gpu_indices),
+                    placement_id=placement_id,
+                ),
+            )
 
         try:
             await self.store.transaction(body)
@@ -284,9 +344,7 @@ class Scheduler:
         return self.view(await self._job(job_id, account))
 
     async def list(self, account: str, limit: int = 100) -> list[Doc]:
-        jobs = await self.db.jobs.find({"owner": account}).sort(
-            "queued_at", -1
-        ).to_list(limit)
+        jobs = await self.db.jobs.find({"owner": account}).sort("queued_at", -1).to_list(limit)
         return [self.view(j) for j in jobs]
 
     @staticmethod
@@ -308,13 +366,20 @@ class Scheduler:
             ],
             "workers": [
                 {
-                    "index": w["index"], "state": w["state"], "node": w.get("minion_id"),
-                    "node_id": w.get("node_id"), "region": w.get("region"),
-                    "gpu_model": w.get("gpu_model"), "gpu_indices": w.get("gpu_indices"),
-                    "rate": w.get("rate"), "charge": w.get("charge"),
-                    "started_at": _iso(w.get("started_at")), "ended_at": _iso(w.get("ended_at")),
+                    "index": w["index"],
+                    "state": w["state"],
+                    "node": w.get("minion_id"),
+                    "node_id": w.get("node_id"),
+                    "region": w.get("region"),
+                    "gpu_model": w.get("gpu_model"),
+                    "gpu_indices": w.get("gpu_indices"),
+                    "rate": w.get("rate"),
+                    "charge": w.get("charge"),
+                    "started_at": _iso(w.get("started_at")),
+                    "ended_at": _iso(w.get("ended_at")),
                     "run_seconds": _seconds(w.get("started_at"), w.get("ended_at")),
-                    "exit_code": w.get("exit_code"), "reason": w.get("reason"),
+                    "exit_code": w.get("exit_code"),
+                    "reason": w.get("reason"),
                     "log_tail": w.get("log_tail", ""),
                 }
                 for w in job["workers"]
@@ -336,7 +401,7 @@ class Scheduler:
             return None
         for w in job["workers"]:
             if w["index"] == index and w.get("placement_id") == placement_id:
-                return w
+                return cast(Doc, w)
         return None
 
     def _record_state(self, job: Doc, at: datetime, reason: str | None) -> JobState | None:
@@ -351,14 +416,21 @@ class Scheduler:
         job["history"].append({"state": new.value, "at": at, "reason": reason})
         return JobState(previous)
 
-    async def _save(self, tx: Transaction, job: Doc, at: datetime, reason: str | None = None
-                    ) -> None:
+    async def _save(
+        self, tx: Transaction, job: Doc, at: datetime, reason: str | None = None
+    ) -> None:
         previous = self._record_state(job, at, reason)
         if previous is not None:
-            emit(tx, JobStateChanged(
-                job_id=job["_id"], state=JobState(job["state"]), previous=previous,
-                reason=reason, at=at,
-            ))
+            emit(
+                tx,
+                JobStateChanged(
+                    job_id=job["_id"],
+                    state=JobState(job["state"]),
+                    previous=previous,
+                    reason=reason,
+                    at=at,
+                ),
+            )
         version = job["version"]
         job["version"] = version + 1
         job["updated_at"] = self.clock()
@@ -377,12 +449,17 @@ class Scheduler:
         async for n in self.db.nodes.find({}):
             indices = tuple(n.get("gpu_indices", []))
             nodes[n["_id"]] = NodeView(
-                node_id=n["_id"], minion_id=n["minion_id"], region=n["region"],
-                owner=n["owner"], state=n["state"], gpu_model=n.get("gpu_model"),
+                node_id=n["_id"],
+                minion_id=n["minion_id"],
+                region=n["region"],
+                owner=n["owner"],
+                state=n["state"],
+                gpu_model=n.get("gpu_model"),
                 gpu_indices=indices,
                 free_indices=tuple(i for i in indices if i not in claimed.get(n["_id"], set())),
                 price_per_gpu_hour=Decimal(n["price_per_gpu_hour"])
-                if n.get("price_per_gpu_hour") else None,
+                if n.get("price_per_gpu_hour")
+                else None,
                 allow_public_jobs=bool(n.get("allow_public_jobs")),
             )
         return nodes

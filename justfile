@@ -1,0 +1,56 @@
+# gpufleet: every task of the project. `just --list` shows them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+set positional-arguments
+
+# uv must never try to download a Python: only the package registry is reachable here.
+export UV_PYTHON_DOWNLOADS := "never"
+
+# Start the whole system locally: NATS, the embedded MongoDB, every service and a node agent.
+up *args: setup
+    uv run python -m gpufleet_devstack.up {{args}}
+
+# The whole suite: lint, types, docs freshness, then unit, integration and e2e tests.
+test *args: setup check
+    uv run pytest {{args}}
+
+# Only one layer: `just test-layer unit` (or integration, e2e).
+test-layer layer *args: setup
+    uv run pytest -m {{layer}} {{args}}
+
+# Lint, strict type checking and the AsyncAPI/event-catalogue freshness check.
+check: lint typecheck docs-check
+
+lint: setup
+    uv run ruff check .
+    uv run ruff format --check .
+
+fmt: setup
+    uv run ruff format .
+    uv run ruff check --fix .
+
+typecheck: setup
+    uv run mypy libs/*/src services/*/src cli/src
+
+# Regenerate docs/asyncapi/*.json and docs/events.md from the services' apps.
+docs: setup
+    uv run python -m gpufleet_devstack.docs
+
+docs-check: setup
+    uv run python -m gpufleet_devstack.docs --check
+
+# Install what the project needs: uv (from PyPI), the workspace, and nats-server (Debian).
+setup:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if ! command -v uv >/dev/null 2>&1; then
+        echo "installing uv from PyPI"
+        python3 -m pip install --quiet uv || python3 -m pip install --quiet --user uv
+        export PATH="$HOME/.local/bin:$PATH"
+    fi
+    uv sync --quiet --all-packages --group dev
+    uv run python -c "from gpufleet_devstack import ensure_nats_server as e; e()"
+
+# Remove the local run directory (NATS and database data, logs) of `just up`.
+clean:
+    rm -rf .run

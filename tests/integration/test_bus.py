@@ -1,0 +1,127 @@
+"""The ack policy and the dead-letter path, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+from faststream.nats import NatsMessage
+from gpufleet_bus import ServiceRuntime, publish
+from gpufleet_contracts import Event, subjects
+from gpufleet_devstack import NatsServer, wait_for_async
+from nats.js.api import DeliverPolicy
+
+from .conftest import broker_for, running
+
+
+class Pinged(Event):
+    TYPE = "gpufleet.test.pinged.v1"
+    SUBJECT = subjects.event("test", "pinged")
+    n: int
+
+
+async def read_stream(url: str, subject: str) -> list[nats.aio.msg.Msg]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        out = []
+        while True:
+            try:
+                out.append(await sub.next_msg(timeout=0.5))
+            except TimeoutError:
+                return out
+    finally:
+        await nc.close()
+
+
+async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
+    fresh_nats: NatsServer,
+) -> None:
+    broker = broker_for("svc", fresh_nats.url)
+    rt = ServiceRuntime("svc", broker, None)
+    seen: list[int] = []
+
+    @rt.on_event(Pinged, "pinged")
+    async def on_pinged(body: Pinged) -> None:
+        seen.append(body.n)
+
+    async with running(rt.app):
+        nc = await nats.connect(fresh_nats.url)
+        js = nc.jetstream()
+        await js.publish(Pinged.SUBJECT, b'{"n": "not a number"}')
+        await js.publish(Pinged.SUBJECT, b"\xff\xfe not json")
+        await publish(broker, Pinged(n=7), source="test")
+        await wait_for_async(lambda: seen == [7], timeout=10)
+        info = await js.consumer_info(subjects.STREAM_EVENTS, "svc-pinged")
+        await nc.close()
+    assert info.num_ack_pending == 0 and info.num_pending == 0  # termed, not redelivered
+    dead = await read_stream(fresh_nats.url, subjects.dead_letter("svc"))
+    records = [json.loads(m.data) for m in dead]
+    assert [r["reason"] for r in records] == ["invalid", "invalid"]
+    assert records[0]["errors"][0]["field"] == "n"
+    assert records[0]["payload"] == '{"n": "not a number"}'
+    assert records[1]["payload_encoding"] == "base64"  # kept byte for byte
+
+
+async def test_a_failing_handler_is_retried_until_it_succeeds(fresh_nats: NatsServer) -> None:
+    broker = broker_for("svc", fresh_nats.url)
+    rt = ServiceRuntime("svc", broker, None)
+    attempts: list[int] = []
+
+    @rt.on_event(Pinged, "flaky")
+    async def flaky(body: Pinged, msg: NatsMessage) -> None:
+        attempts.append(body.n)
+        if len(attempts) < 3:
+            raise ConnectionError("database briefly away")
+
+    async with running(rt.app):
+        await publish(broker, Pinged(n=1), source="test")
+        await wait_for_async(lambda: len(attempts) >= 3, timeout=15)
+        await asyncio.sleep(1.0)
+    assert attempts == [1, 1, 1]  # redelivered after each failure, never lost, then done
+    assert await read_stream(fresh_nats.url, subjects.dead_letter("svc")) == []
+
+
+async def test_duplicate_publish_is_dropped_by_message_id(fresh_nats: NatsServer) -> None:
+    broker = broker_for("svc", fresh_nats.url)
+    async with running(ServiceRuntime("svc", broker, None).app):
+        for _ in range(3):
+            await publish(broker, Pinged(n=1), source="test", msg_id="same-event")
+    msgs = await read_stream(fresh_nats.url, Pinged.SUBJECT)
+    assert len(msgs) == 1
+    assert msgs[0].headers is not None and msgs[0].headers["ce-id"] == "same-event"
+
+
+async def test_invalid_request_gets_a_structured_error_and_is_kept(
+    fresh_nats: NatsServer,
+) -> None:
+    from gpufleet_contracts.jobs import SubmitJob
+
+    broker = broker_for("svc", fresh_nats.url)
+    rt = ServiceRuntime("svc", broker, None)
+
+    @rt.on_request("submit")
+    async def submit(body: SubmitJob) -> dict[str, str]:
+        raise AssertionError("an invalid request must not reach the handler")
+
+    async with running(rt.app):
+        nc = await nats.connect(fresh_nats.url)
+        bad = {
+            "spec": {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"], "disk_size_gb": 5}
+        }
+        reply = await nc.request(subjects.rpc("svc", "submit"), json.dumps(bad).encode(), timeout=5)
+        await nc.close()
+    body = json.loads(reply.data)
+    assert body["ok"] is False and body["error"]["code"] == "invalid"
+    assert body["error"]["fields"] == [
+        {
+            "field": "spec.disk_size_gb",
+            "rule": "R-JOB-2",
+            "message": "Input should be greater than or equal to 10",
+            "valid": "10..1000 GB per worker",
+        }
+    ]
+    dead = await read_stream(fresh_nats.url, subjects.dead_letter("svc"))
+    assert len(dead) == 1

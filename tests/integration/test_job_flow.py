@@ -1,0 +1,245 @@
+"""A job's path through provisioner, scheduler and billing over the real bus and database.
+
+The node agent's side (StartWorker in, WorkerStarted/WorkerFinished out) is played by the test,
+so each service's behaviour, including duplicates and reordering, is checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats
+import pytest
+from gpufleet_billing.app import build_app as billing_app
+from gpufleet_bus import publish
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import (
+    CancelJob,
+    GetJob,
+    JobSpec,
+    StartWorker,
+    StopWorker,
+    SubmitJob,
+    WorkerFinished,
+    WorkerStarted,
+    WorkerState,
+)
+from gpufleet_contracts.nodes import GpuInfo, RegisterNode
+from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_provisioner.app import build_app as provisioner_app
+from gpufleet_scheduler.app import build_app as scheduler_app
+
+from .conftest import broker_for, running, store_for
+from .test_bus import read_stream
+
+MINION = "m1"
+
+
+def register(gpus: int = 2) -> RegisterNode:
+    return RegisterNode(
+        minion_id=MINION,
+        name=MINION,
+        region="local",
+        owner="local",
+        hostname="h",
+        gpus=[
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{i}",
+                model="RTX 3090",
+                nvml_name="NVIDIA GeForce RTX 3090",
+                memory_mb=24576,
+            )
+            for i in range(gpus)
+        ],
+        simulated=True,
+        inventory_source="test",
+        agent_started_at=datetime.now(UTC),
+    )
+
+
+class Client:
+    def __init__(self, nc: nats.NATS) -> None:
+        self.nc = nc
+
+    async def call(self, subject: str, payload: bytes) -> dict[str, Any]:
+        reply = await self.nc.request(
+            subject, payload, timeout=10, headers={"gpufleet-account": "local"}
+        )
+        data: dict[str, Any] = json.loads(reply.data)
+        return data
+
+    async def submit(self, name: str, **kw: Any) -> dict[str, Any]:
+        spec = JobSpec.model_validate(
+            {"name": name, "gpu_types": ["RTX 3090"], "max_price": "1.0", "command": ["true"], **kw}
+        )
+        return await self.call(SubmitJob.SUBJECT, SubmitJob(spec=spec).to_bytes())
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return await self.call(GetJob.SUBJECT, GetJob(job_id=job_id).to_bytes())
+
+
+@pytest.fixture
+async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
+    apps = []
+    for name, factory in (
+        ("provisioner", provisioner_app),
+        ("scheduler", scheduler_app),
+        ("billing", billing_app),
+    ):
+        app, _ = factory(
+            store_for(name, mongo_server.url, db_prefix), broker_for(name, fresh_nats.url)
+        )
+        apps.append(app)
+    async with running(*apps):
+        nc = await nats.connect(fresh_nats.url)
+        await publish(apps[0].broker, register(), source="test")
+        client = Client(nc)
+
+        async def node_known() -> bool:
+            nodes = await client.call(subjects.rpc("provisioner", "list_nodes"), b"{}")
+            return bool(nodes["nodes"])
+
+        await wait_for_async(node_known, timeout=10)
+        yield client, apps[0].broker, fresh_nats.url
+        await nc.close()
+
+
+async def start_commands(url: str) -> list[StartWorker]:
+    msgs = await read_stream(url, StartWorker.SUBJECT.format(minion_id=MINION))
+    return [StartWorker.from_bytes(m.data) for m in msgs]
+
+
+async def test_jobs_fill_the_gpus_queue_with_a_reason_and_start_when_one_frees(
+    system: Any,
+) -> None:
+    client, broker, url = system
+    a = await client.submit("a")
+    b = await client.submit("b")
+
+    async def two_placed() -> bool:
+        states = [(await client.job(j["id"]))["state"] for j in (a, b)]
+        return states == ["starting", "starting"]
+
+    await wait_for_async(two_placed, timeout=10)
+    c = await client.submit("c")
+    assert c["state"] == "queued"
+    assert c["queue_reason"] == "1 node: busy (0 of 2 GPUs free, needs 1)"
+
+    starts = await start_commands(url)
+    assert sorted(s.gpu_indices[0] for s in starts) == [0, 1]  # no GPU given twice
+    first = next(s for s in starts if s.job_id == a["id"])
+
+    t0 = datetime.now(UTC) - timedelta(seconds=100)
+    started = WorkerStarted(
+        job_id=first.job_id,
+        worker=0,
+        placement_id=first.placement_id,
+        minion_id=MINION,
+        started_at=t0,
+    )
+    finished = WorkerFinished(
+        job_id=first.job_id,
+        worker=0,
+        placement_id=first.placement_id,
+        minion_id=MINION,
+        state=WorkerState.finished,
+        exit_code=0,
+        started_at=t0,
+        ended_at=t0 + timedelta(seconds=72),
+    )
+    # Out of order and duplicated, as at-least-once delivery may hand them over.
+    for evt in (finished, started, finished, started):
+        await publish(broker, evt, source="test")
+
+    async def c_started() -> bool:
+        return (await client.job(c["id"]))["state"] == "starting"
+
+    await wait_for_async(c_started, timeout=10)
+    job_a = await client.job(a["id"])
+    assert job_a["state"] == "finished"
+    assert [h["state"] for h in job_a["history"]] == ["queued", "starting", "running", "finished"]
+    assert job_a["workers"][0]["run_seconds"] == 72.0
+    assert job_a["rate"] == "0.05"  # R-BILL-1 development class, locked at placement
+
+    cost_subject = subjects.rpc("billing", "job_cost")
+
+    async def charged() -> bool:
+        cost = await client.call(cost_subject, json.dumps({"job_id": a["id"]}).encode())
+        return bool(cost["cost_micro"])
+
+    await wait_for_async(charged, timeout=10)
+    cost = await client.call(cost_subject, json.dumps({"job_id": a["id"]}).encode())
+    # 1 GPU x 72 s x 0.05 credits/GPU-hour = 0.001 credits, charged once despite duplicates.
+    assert cost["cost"] == "0.001000"
+    balance = await client.call(subjects.rpc("billing", "balance"), b"{}")
+    assert balance["balance_micro"] == -1000 and balance["entries"] == 1
+
+
+async def test_cancel_stops_running_workers_and_waiting_ones(system: Any) -> None:
+    client, broker, url = system
+    a = await client.submit("a", gpu_count=2)
+    b = await client.submit("b", gpu_count=2)
+    assert b["state"] == "queued"
+    stopped_b = await client.call(CancelJob.SUBJECT, CancelJob(job_id=b["id"]).to_bytes())
+    assert stopped_b["state"] == "stopped"  # it never held GPUs
+
+    await client.call(CancelJob.SUBJECT, CancelJob(job_id=a["id"]).to_bytes())
+    stops = await read_stream(url, StopWorker.SUBJECT.format(minion_id=MINION))
+    assert [StopWorker.from_bytes(m.data).job_id for m in stops] == [a["id"]]
+    start = (await start_commands(url))[0]
+    await publish(
+        broker,
+        WorkerFinished(
+            job_id=a["id"],
+            worker=0,
+            placement_id=start.placement_id,
+            minion_id=MINION,
+            state=WorkerState.stopped,
+            reason="stopped by request",
+            ended_at=datetime.now(UTC),
+        ),
+        source="test",
+    )
+
+    async def a_stopped() -> bool:
+        return (await client.job(a["id"]))["state"] == "stopped"
+
+    await wait_for_async(a_stopped, timeout=10)
+
+
+async def test_other_accounts_jobs_are_not_found(system: Any) -> None:
+    client, _, _ = system
+    a = await client.submit("mine")
+    reply = await client.nc.request(
+        GetJob.SUBJECT,
+        GetJob(job_id=a["id"]).to_bytes(),
+        timeout=5,
+        headers={"gpufleet-account": "someone-else"},
+    )
+    body = json.loads(reply.data)
+    assert body["ok"] is False and body["error"]["code"] == "not_found"
+
+
+async def test_invalid_submission_stores_nothing(system: Any) -> None:
+    client, _, _ = system
+    bad = {
+        "spec": {
+            "name": "x",
+            "gpu_types": ["RTX 9999"],
+            "max_price": "-1",
+            "disk_size_gb": 5,
+            "command": ["true"],
+        }
+    }
+    reply = await client.call(SubmitJob.SUBJECT, json.dumps(bad).encode())
+    fields = {f["field"]: f["rule"] for f in reply["error"]["fields"]}
+    assert fields == {
+        "spec.gpu_types": "R-JOB-2",
+        "spec.max_price": "R-JOB-2",
+        "spec.disk_size_gb": "R-JOB-2",
+    }
+    jobs = await client.call(subjects.rpc("scheduler", "list_jobs"), b"{}")
+    assert jobs["jobs"] == []
