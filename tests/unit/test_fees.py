@@ -49,19 +49,17 @@ def test_market_run_a100_example_of_r_bill_4() -> None:
     assert sum(by.values()) == 0
 
 
-def test_nothing_to_post_for_a_zero_length_run() -> None:
-    assert (
-        usage_postings(
-            charge="usage",
-            payer="a",
-            node_owner="a",
-            gpu_model="T4",
-            rate=Decimal("0.25"),
-            gpu_count=1,
-            duration_ms=0,
-        )
-        == []
+def test_a_run_too_short_to_cost_anything_still_posts_zero_entries() -> None:
+    ps = usage_postings(
+        charge="usage",
+        payer="a",
+        node_owner="a",
+        gpu_model="T4",
+        rate=Decimal("0.25"),
+        gpu_count=1,
+        duration_ms=3,
     )
+    assert [(p.account, p.amount_micro) for p in ps] == [("a", 0), (PLATFORM, 0)]
 
 
 @pytest.mark.parametrize("micro,text", [(-1000, "-0.001000"), (1, "0.000001"), (0, "0.000000")])

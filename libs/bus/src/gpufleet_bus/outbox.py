@@ -7,7 +7,7 @@ import contextlib
 import logging
 from datetime import timedelta
 
-from gpufleet_store import Store, utcnow
+from gpufleet_store import Store, now_ms, utcnow
 from gpufleet_store.store import OUTBOX
 
 from .publish import Publisher, publish_raw
@@ -51,7 +51,7 @@ class OutboxRelay:
                     msg_id=doc["_id"],
                 )
                 await coll.update_one(
-                    {"_id": doc["_id"]}, {"$set": {"published": True, "published_at": utcnow()}}
+                    {"_id": doc["_id"]}, {"$set": {"published": True, "published_ms": now_ms()}}
                 )
                 sent += 1
 
@@ -62,7 +62,12 @@ class OutboxRelay:
                 await self.drain()
                 if utcnow() - last_purge > timedelta(minutes=5):
                     await self.store.db[OUTBOX].delete_many(
-                        {"published": True, "published_at": {"$lt": utcnow() - self.keep}}
+                        {
+                            "published": True,
+                            "published_ms": {
+                                "$lt": now_ms() - int(self.keep.total_seconds() * 1000)
+                            },
+                        }
                     )
                     last_purge = utcnow()
             except asyncio.CancelledError:

@@ -14,6 +14,7 @@ class Publisher(Protocol):
         self,
         message: bytes,
         subject: str,
+        *,
         headers: dict[str, str] | None = ...,
         stream: str | None = ...,
         timeout: float | None = ...,  # noqa: ASYNC109

@@ -46,12 +46,16 @@ def _apps() -> dict[str, Callable[[], FastStream]]:
         "device-fleet": svc("device-fleet", device_fleet),
         "datastore": svc("datastore", datastore),
     }
-    try:
-        from gpufleet_node_agent.docs import build_for_docs
-    except ImportError:  # pragma: no cover - the agent always ships it
-        pass
-    else:
-        apps["node-agent"] = build_for_docs
+
+    def node_agent() -> FastStream:
+        from gpufleet_node_agent.app import build_app as agent
+        from gpufleet_node_agent.settings import AgentSettings
+
+        # A placeholder minion id: each agent subscribes to its own node's command subjects.
+        settings = AgentSettings(minion_id="MINION_ID", force_simulated=True)
+        return agent(settings, make_broker("node-agent"))[0]
+
+    apps["node-agent"] = node_agent
     return apps
 
 
@@ -70,7 +74,7 @@ def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
         for op in doc.get("operations", {}).values():
             channel_ref = op["channel"]["$ref"].rsplit("/", 1)[-1]
             channel = doc["channels"][channel_ref]
-            address = channel["address"]
+            address = _normalise(channel["address"])
             row = rows.setdefault(address, {"send": set(), "receive": set(), "messages": set()})
             row["send" if op["action"] == "send" else "receive"].add(service)
             for m in channel.get("messages", {}).values():
@@ -102,6 +106,20 @@ def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
             f"{', '.join(sorted(row['receive'])) or '(other systems)'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _normalise(address: str) -> str:
+    """One row per subject: a node's own subjects and the wildcard forms name `{minion_id}`."""
+    address = address.replace("MINION_ID", "{minion_id}")
+    if address == f"{_hb()}.*":
+        return f"{_hb()}.{{minion_id}}"
+    return address
+
+
+def _hb() -> str:
+    from gpufleet_contracts import subjects
+
+    return subjects.HEARTBEATS
 
 
 def _all_messages(base: type[Any]) -> list[type[Any]]:

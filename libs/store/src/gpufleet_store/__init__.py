@@ -7,6 +7,14 @@ commit. A crash between the two loses nothing: the relay publishes what is left 
 and JetStream drops the duplicate because the outbox id is the message id.
 """
 
-from .store import IndexSpec, Store, StoreSettings, Transaction, utcnow
+from .store import IndexSpec, Store, StoreSettings, Transaction, from_ms, now_ms, utcnow
 
-__all__ = ["IndexSpec", "Store", "StoreSettings", "Transaction", "utcnow"]
+__all__ = [
+    "IndexSpec",
+    "Store",
+    "StoreSettings",
+    "Transaction",
+    "from_ms",
+    "now_ms",
+    "utcnow",
+]

@@ -22,6 +22,17 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def now_ms(at: datetime | None = None) -> int:
+    """Epoch milliseconds. Times written with `$set` and compared in queries are stored this
+    way: the embedded nx-27017 stores a datetime given to `$set` as a string
+    (docs/nx-27017-gaps.md), and an integer means the same on both servers."""
+    return int((at or utcnow()).timestamp() * 1000)
+
+
+def from_ms(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
 class StoreSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
     mongo_url: str = "mongodb://127.0.0.1:27027/?directConnection=true"

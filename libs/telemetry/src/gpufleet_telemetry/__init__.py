@@ -1,9 +1,9 @@
 """OpenTelemetry traces and metrics plus structured logs, configured once per process.
 
 `configure("scheduler")` sets a tracer and a meter provider named after the service and
-JSON (or text) logs on stderr. With `OTEL_EXPORTER_OTLP_ENDPOINT` set and the OTLP exporter
-installed (the container image has it), spans and metrics go there; otherwise they stay in
-process and nothing is printed, so a developer's terminal stays readable.
+JSON (or text) logs on stderr. With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans and metrics go
+there over OTLP/gRPC; otherwise they stay in process and nothing is printed, so a developer's
+terminal stays readable.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def configure(
     tracer_provider = TracerProvider(resource=resource)
     readers: list[Any] = []
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        try:  # the exporter is an optional extra, present in the container image
+        try:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader

@@ -55,12 +55,12 @@ def usage_postings(
     fee and splits the rest evenly with the node's owner.
     """
     total = usage_micro(rate, gpu_count, duration_ms)
-    if total == 0:
-        return []
+    # A run too short to cost a micro-credit still gets its (zero) entries: every run leaves
+    # its trace in the ledger.
     if charge == "usage":
         return [Posting(payer, -total, "usage_fee"), Posting(PLATFORM, total, "usage_fee")]
     fee = usage_micro(catalog().usage_fee_per_gpu_hour(gpu_model), gpu_count, duration_ms)
-    fee = min(fee, total)
+    fee = min(fee, total)  # a price below the usage fee: the platform takes all of it
     earning = (total - fee) // 2
     return [
         Posting(payer, -total, "market_price"),

@@ -83,8 +83,6 @@ class Billing:
             gpu_count=placement["gpu_count"],
             duration_ms=duration_ms,
         )
-        if not postings:
-            return 0
         now = self.clock()
         entries = [
             {

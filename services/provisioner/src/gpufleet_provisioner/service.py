@@ -16,7 +16,7 @@ from typing import Any
 
 from gpufleet_bus import emit
 from gpufleet_contracts.nodes import NodeHeartbeat, NodeRegistered, NodeState, RegisterNode
-from gpufleet_store import Store, Transaction
+from gpufleet_store import Store, Transaction, from_ms, now_ms
 from pymongo import ASCENDING, IndexModel
 
 log = logging.getLogger("gpufleet.provisioner")
@@ -121,7 +121,12 @@ class Provisioner:
     async def heartbeat(self, hb: NodeHeartbeat) -> None:
         await self.db.nodes.update_one(
             {"minion_id": hb.minion_id},
-            {"$set": {"last_seen": self.clock(), "telemetry": hb.model_dump(mode="json")}},
+            {
+                "$set": {
+                    "last_seen_ms": now_ms(self.clock()),
+                    "telemetry": hb.model_dump(mode="json"),
+                }
+            },
         )
 
     async def list_nodes(self, account: str) -> list[Doc]:
@@ -138,8 +143,12 @@ class Provisioner:
                 "gpus": n["gpus"],
                 "simulated": n["simulated"],
                 "inventory_source": n.get("inventory_source"),
-                "last_seen": n["last_seen"].isoformat() if n.get("last_seen") else None,
+                "last_seen": _iso(from_ms(n.get("last_seen_ms"))),
                 "telemetry": n.get("telemetry"),
             }
             for n in nodes
         ]
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at else None

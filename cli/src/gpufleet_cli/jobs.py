@@ -1,0 +1,246 @@
+"""`gpufleet job ...`: submit, show, list, logs, cancel."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListJobs, SubmitJob
+
+from . import client, logs, render, spec, views
+from .client import CliError, StreamRecord
+
+app = typer.Typer(help="Submit, inspect, follow and cancel jobs.", no_args_is_help=True)
+
+BILLING_JOB_COST = subjects.rpc("billing", "job_cost")
+
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
+]
+JobId = Annotated[
+    str, typer.Argument(metavar="ID", help="The job id (as printed by `job submit`).")
+]
+
+
+def _terminal(value: Any) -> bool:
+    try:
+        return JobState(str(value)).terminal
+    except ValueError:
+        return False
+
+
+def get_job(job_id: str) -> dict[str, Any]:
+    """The scheduler's job object (not_found for another account's job too)."""
+    msg = GetJob(job_id=job_id)
+    return client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+
+
+def job_cost(job_id: str) -> dict[str, Any]:
+    """`cost` and `cost_micro` from billing; null with a `cost_note` when it does not answer."""
+    try:
+        reply = client.request(BILLING_JOB_COST, json.dumps({"job_id": job_id}).encode())
+    except CliError as exc:
+        return {"cost": None, "cost_micro": None, "cost_note": f"billing: {exc.message}"}
+    return {"cost": reply.get("cost"), "cost_micro": reply.get("cost_micro")}
+
+
+def read_logs(job_id: str) -> list[StreamRecord]:
+    """Every log chunk of the job; none when the stream cannot be read."""
+    try:
+        return client.read_stream(subjects.STREAM_LOGS, logs.subject_for(job_id))
+    except CliError as exc:
+        if exc.code == "invalid":
+            raise
+        return []
+
+
+@app.command(
+    context_settings={"allow_interspersed_args": False},
+    epilog="Example: gpufleet job submit --name train-1 --gpu-type 'RTX 3090' --gpu-count 2 "
+    "-- python train.py --epochs 3",
+)
+def submit(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="-- COMMAND",
+            help="What each worker runs; put it after `--`.",
+            show_default=False,
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", metavar="NAME", help="Job name.")
+    ] = None,
+    gpu_type: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gpu-type",
+            "-g",
+            metavar="MODEL",
+            help="Acceptable GPU model, e.g. 'RTX 3090' (repeatable).",
+        ),
+    ] = None,
+    gpu_count: Annotated[
+        str | None, typer.Option("--gpu-count", metavar="N", help="GPUs per worker (0..16).")
+    ] = None,
+    cpu_count: Annotated[
+        str | None, typer.Option("--cpu-count", metavar="N", help="CPUs (multiple of 4).")
+    ] = None,
+    max_price: Annotated[
+        str | None,
+        typer.Option("--max-price", metavar="CREDITS", help="Highest rate per GPU-hour."),
+    ] = None,
+    disk_size: Annotated[
+        str | None,
+        typer.Option("--disk-size", metavar="GB", help="Disk per worker (10..1000 GB)."),
+    ] = None,
+    workers: Annotated[
+        str | None, typer.Option("--workers", metavar="N", help="Number of workers (1..64).")
+    ] = None,
+    job_type: Annotated[
+        str | None,
+        typer.Option("--type", metavar="TYPE", help="training|notebook|inference|endpoint."),
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option("--project", metavar="NAME", help="Project.")
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Environment (repeatable)."),
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            metavar="FILE",
+            help="Spec as YAML or JSON; flags override its fields.",
+        ),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Submit a job. The spec is validated here first; nothing is sent if it is not valid."""
+    with render.reported(as_json, spec.FLAGS):
+        base = spec.load_file(file) if file is not None else {}
+        flags = {
+            "name": name,
+            "gpu_types": gpu_type,
+            "gpu_count": gpu_count,
+            "cpu_count": cpu_count,
+            "max_price": max_price,
+            "disk_size_gb": disk_size,
+            "workers": workers,
+            "type": job_type,
+            "project": project,
+            "command": command,
+        }
+        job_spec = spec.build(base, flags, env or [])
+        msg = SubmitJob(spec=job_spec)
+        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+    if as_json:
+        render.emit_json(reply)
+        return
+    sys.stdout.write(f"{reply.get('id')}\n")
+    if reply.get("state") == "queued":
+        note = f"waiting for GPUs: {render.text(reply.get('queue_reason'))}"
+    else:
+        note = render.state(reply.get("state"))
+    render.err().print(f"submitted; {note}")
+
+
+@app.command()
+def show(job_id: JobId, as_json: JsonFlag = False) -> None:
+    """A job: state, history, node(s), locked rate, run time, cost and its log tail."""
+    with render.reported(as_json):
+        logs.subject_for(job_id)
+        job = get_job(job_id)
+    merged: dict[str, Any] = {**job, **job_cost(job_id)}
+    workers = logs.group(read_logs(job_id)) or logs.from_job(job)
+    merged["log_tail"] = logs.join(workers, logs.several(job, workers), tail=logs.TAIL_LINES)
+    if as_json:
+        render.emit_json(merged)
+    else:
+        views.job_detail(merged)
+
+
+@app.command("list")
+def list_(
+    limit: Annotated[
+        int, typer.Option("--limit", metavar="N", min=1, max=1000, help="At most N jobs.")
+    ] = 100,
+    as_json: JsonFlag = False,
+) -> None:
+    """Your jobs, newest first."""
+    with render.reported(as_json):
+        msg = ListJobs(limit=limit)
+        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+    if as_json:
+        render.emit_json(reply)
+    else:
+        views.job_table([j for j in reply.get("jobs") or [] if isinstance(j, dict)])
+
+
+def _follow(job_id: str, on_msg: Callable[[StreamRecord], None]) -> None:
+    poll = GetJob(job_id=job_id)
+    client.follow_stream(
+        subjects.STREAM_LOGS,
+        logs.subject_for(job_id),
+        on_msg,
+        poll=(poll.SUBJECT, poll.to_bytes(), poll.TYPE),
+        done=lambda reply: _terminal(reply.get("state")),
+    )
+
+
+@app.command("logs")
+def logs_(
+    job_id: JobId,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-F", help="Keep printing until the job ends (or Ctrl-C).")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """A job's output, per worker (lines prefixed with the worker when it has several)."""
+    with render.reported(as_json):
+        logs.subject_for(job_id)
+        job = get_job(job_id)
+        following = follow and not _terminal(job.get("state"))
+        if following and not as_json:
+            printer = logs.LinePrinter(prefix=logs.several(job, {}))
+            try:
+                _follow(job_id, printer)
+            except KeyboardInterrupt:
+                raise typer.Exit(130) from None
+            finally:
+                printer.close()
+            return
+        if following:
+            records: list[StreamRecord] = []
+            with contextlib.suppress(KeyboardInterrupt):  # print what was read so far
+                _follow(job_id, records.append)
+        else:
+            records = read_logs(job_id)
+    workers = logs.group(records) or logs.from_job(job)
+    if as_json:
+        render.emit_json({"job_id": job_id, "workers": workers})
+    else:
+        sys.stdout.write(logs.join(workers, logs.several(job, workers)))
+
+
+@app.command()
+def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
+    """Cancel a job: waiting workers are dropped, running ones stopped."""
+    with render.reported(as_json):
+        msg = CancelJob(job_id=job_id)
+        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+    if as_json:
+        render.emit_json(reply)
+    else:
+        render.out().print(
+            f"job {render.text(reply.get('id', job_id))}: {render.state(reply.get('state'))}"
+        )

@@ -1,0 +1,30 @@
+"""The `gpufleet` command: wires the command groups into one typer app."""
+
+from __future__ import annotations
+
+import typer
+
+from . import billing, jobs, nodes, ops
+
+app = typer.Typer(
+    name="gpufleet",
+    help=(
+        "Control a gpufleet GPU fleet: jobs, nodes, credits.\n\n"
+        "Talks to the services over NATS. Environment: GPUFLEET_NATS_URL (default "
+        "nats://127.0.0.1:4333, comma-separated for a cluster), GPUFLEET_ACCOUNT (the acting "
+        "account, default 'local'), GPUFLEET_REQUEST_TIMEOUT_S (default 10).\n\n"
+        "Every command takes --json (the service's JSON object on stdout). "
+        "Exit status: 0 ok, 1 service or connection error, 2 invalid input."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(jobs.app, name="job")
+app.add_typer(nodes.app, name="node")
+app.add_typer(billing.app, name="billing")
+app.add_typer(ops.dlq_app, name="dlq")
+app.command()(ops.health)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,93 @@
+"""A JobSpec from a file and command-line flags, validated before anything is sent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, error, invalid
+from gpufleet_contracts.jobs import JobSpec
+from pydantic import ValidationError
+
+from .client import ServiceError
+
+MESSAGE = "the job spec is not valid"
+
+# JobSpec field -> the flag that sets it (shown next to refused fields).
+FLAGS = {
+    "name": "--name",
+    "type": "--type",
+    "project": "--project",
+    "gpu_types": "--gpu-type",
+    "gpu_count": "--gpu-count",
+    "cpu_count": "--cpu-count",
+    "max_price": "--max-price",
+    "disk_size_gb": "--disk-size",
+    "workers": "--workers",
+    "command": "-- COMMAND",
+    "env": "--env",
+}
+
+
+def _refused(reply: ErrorReply) -> ServiceError:
+    return ServiceError(reply.model_dump(mode="json"))
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """A spec mapping from YAML or JSON (`{"spec": {...}}` is accepted too)."""
+    try:
+        raw = path.read_text()
+    except OSError as exc:
+        raise _refused(error("invalid", f"cannot read {path}: {exc.strerror}")) from exc
+    try:
+        data = json.loads(raw) if path.suffix.lower() == ".json" else yaml.safe_load(raw)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise _refused(error("invalid", f"{path} is not valid YAML/JSON: {exc}")) from exc
+    if isinstance(data, dict) and set(data) == {"spec"} and isinstance(data["spec"], dict):
+        data = data["spec"]
+    if not isinstance(data, dict):
+        raise _refused(error("invalid", f"{path} must hold a mapping of job spec fields"))
+    return {str(k): v for k, v in data.items()}
+
+
+def parse_env(pairs: list[str]) -> tuple[dict[str, str], list[FieldError]]:
+    """KEY=VALUE pairs, and an R-JOB-7 error for each pair without '='."""
+    env: dict[str, str] = {}
+    bad: list[FieldError] = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if sep:
+            env[key] = value
+        else:
+            bad.append(
+                FieldError(
+                    field="env",
+                    rule="R-JOB-7",
+                    valid="KEY=VALUE",
+                    message=f"expected KEY=VALUE, got {pair!r}",
+                )
+            )
+    return env, bad
+
+
+def build(base: dict[str, Any], flags: dict[str, Any], env_pairs: list[str]) -> JobSpec:
+    """`base` (from a file) overridden by the flags that were given; env is merged by key."""
+    data = dict(base)
+    data.update({k: v for k, v in flags.items() if v is not None and v != []})
+    env, env_errors = parse_env(env_pairs)
+    if env:
+        file_env = data.get("env")
+        data["env"] = {**(file_env if isinstance(file_env, dict) else {}), **env}
+    try:
+        job_spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        reply = invalid(MESSAGE, exc, JobSpec)
+        fields = [*reply.error.fields, *env_errors]
+        raise _refused(ErrorReply(error=reply.error.model_copy(update={"fields": fields}))) from exc
+    if env_errors:
+        raise _refused(
+            ErrorReply(error=ErrorBody(code="invalid", message=MESSAGE, fields=env_errors))
+        )
+    return job_spec

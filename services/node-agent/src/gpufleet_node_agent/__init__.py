@@ -1,0 +1,1 @@
+"""gpufleet node agent: registers a GPU node, heartbeats, runs the workers placed on it."""

@@ -1,0 +1,194 @@
+"""The agent's behaviour: inventory, registration, heartbeats, and the worker commands."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any, cast
+
+from faststream.nats import NatsBroker
+from gpufleet_bus import publish
+from gpufleet_bus.publish import Publisher
+from gpufleet_contracts.health import Health
+from gpufleet_contracts.jobs import StartWorker, StopWorker
+from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
+
+from .files import utcnow
+from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
+from .settings import AgentSettings
+from .workers import SOURCE, Recovery, WorkerManager
+
+log = logging.getLogger("gpufleet.node_agent")
+
+VERSION = "0.1.0"
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        broker: NatsBroker,
+        clock: Callable[[], datetime] = utcnow,
+        inventory_reader: Callable[[AgentSettings], Inventory] = read_inventory,
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        # NatsBroker.publish takes these arguments by keyword, as publish() passes them;
+        # the Publisher protocol declares them positional, hence the cast.
+        self.publisher = cast(Publisher, broker)
+        self.clock = clock
+        self.read_inventory = inventory_reader
+        self.started_at = clock()
+        self.hostname = socket.gethostname()
+        self.inventory: Inventory | None = None
+        self.recovery: Recovery | None = None  # what start-up found of a previous run
+        self.workers = WorkerManager(
+            settings.agent_state_dir,
+            settings.minion_id,
+            self.publisher,
+            log_chunk_bytes=settings.log_chunk_bytes,
+            clock=clock,
+        )
+        self.registered = asyncio.Event()
+        self._host = HostSampler()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def minion_id(self) -> str:
+        return self.settings.minion_id
+
+    # --- lifecycle (FastStream hooks) -----------------------------------------------
+
+    async def prepare(self) -> None:
+        """Before the broker consumes: know the GPUs and the workers left by a previous run."""
+        inv = await asyncio.to_thread(self.read_inventory, self.settings)
+        self.inventory = inv
+        # Real or simulated, and how many: the first thing an operator needs to see.
+        level = logging.WARNING if inv.simulated else logging.INFO
+        log.log(level, "node agent %s: %s", self.minion_id, inv.describe())
+        self.workers.gpu_indices = {g.index for g in inv.gpus}
+        found = self.recovery = self.workers.recover()
+        if found.finished or found.reattached or found.lost:
+            log.info(
+                "recovered workers: %d ended while away, %d re-attached, %d lost",
+                len(found.finished),
+                len(found.reattached),
+                len(found.lost),
+            )
+
+    async def start(self) -> None:
+        """After the broker connected: register, then heartbeat and watch workers."""
+        self._spawn(self._register(), "register")
+        self._spawn(self._heartbeats(), "heartbeat")
+        self._spawn(self.workers.run(self.settings.worker_poll_s), "workers")
+
+    async def stop(self) -> None:
+        """Stop the loops. Workers are detached and keep running; a restart picks them up."""
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=f"node-agent-{name}"))
+
+    # --- registration and heartbeats ------------------------------------------------
+
+    def registration(self) -> RegisterNode:
+        inv = self._inventory()
+        s = self.settings
+        return RegisterNode(
+            minion_id=s.minion_id,
+            name=s.node_name,
+            region=s.region,
+            owner=s.account,
+            hostname=self.hostname,
+            gpus=inv.gpus,
+            simulated=inv.simulated,
+            inventory_source=inv.source,
+            driver_version=inv.driver_version,
+            price_per_gpu_hour=s.price_per_gpu_hour,
+            agent_started_at=self.started_at,
+        )
+
+    async def _register(self) -> None:
+        msg = self.registration()
+        msg_id = f"register:{self.minion_id}:{self.started_at.isoformat()}"
+        delay = 0.5
+        while True:
+            try:
+                await publish(self.publisher, msg, source=SOURCE, msg_id=msg_id)
+            except Exception as exc:
+                log.warning("registration not acknowledged, retrying in %.0fs: %s", delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            log.info(
+                "registered node %s (%d GPUs, simulated=%s)",
+                self.minion_id,
+                len(msg.gpus),
+                msg.simulated,
+            )
+            self.registered.set()
+            return
+
+    async def heartbeat(self) -> NodeHeartbeat:
+        gpus = await asyncio.to_thread(sample_telemetry, self._inventory())
+        cpu, ram = self._host.sample()
+        return NodeHeartbeat(
+            minion_id=self.minion_id,
+            at=self.clock(),
+            running=self.workers.running(),
+            gpus=gpus,
+            cpu_pct=cpu,
+            ram_used_mb=ram,
+        )
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                hb = await self.heartbeat()
+                await publish(self.publisher, hb, source=SOURCE)  # core NATS: no stream holds it
+            except Exception as exc:
+                log.warning("heartbeat not sent: %s", exc)
+            await asyncio.sleep(self.settings.heartbeat_s)
+
+    def _inventory(self) -> Inventory:
+        if self.inventory is None:
+            raise RuntimeError("the inventory is read at start-up, before this")
+        return self.inventory
+
+    # --- commands ---------------------------------------------------------------------
+
+    async def on_start_worker(self, cmd: StartWorker) -> None:
+        if cmd.minion_id != self.minion_id:
+            log.error(
+                "StartWorker for minion %s reached %s; ignored", cmd.minion_id, self.minion_id
+            )
+            return
+        self.workers.start(cmd)
+
+    async def on_stop_worker(self, cmd: StopWorker) -> None:
+        if cmd.minion_id != self.minion_id:
+            log.error("StopWorker for minion %s reached %s; ignored", cmd.minion_id, self.minion_id)
+            return
+        self.workers.stop(cmd.job_id, cmd.worker, cmd.placement_id, cmd.reason)
+
+    async def health(self) -> dict[str, Any]:
+        inv = self.inventory
+        return Health.model_validate(
+            {
+                "service": "node-agent",
+                "status": "ok" if inv is not None else "starting",
+                "version": VERSION,
+                "collections": [],
+                "minion_id": self.minion_id,
+                "simulated": None if inv is None else inv.simulated,
+                "gpus": 0 if inv is None else len(inv.gpus),
+                "running": self.workers.running(),
+                "started_at": self.started_at.isoformat(),
+            }
+        ).model_dump()

@@ -1,0 +1,64 @@
+"""Settings of the node agent, from `GPUFLEET_*` environment variables."""
+
+from __future__ import annotations
+
+import re
+import socket
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# A minion id becomes one NATS subject token and part of a durable consumer name.
+MINION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def default_minion_id() -> str:
+    """The host name, made subject-safe ("gpu-01.lab" -> "gpu-01-lab")."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()).strip("-")
+    return name[:64] or "node"
+
+
+def default_sim_inventory() -> Path:
+    """The packaged simulated inventory: two RTX 3090."""
+    packaged = resources.files("gpufleet_node_agent").joinpath("simulated", "2x-rtx3090.json")
+    return Path(str(packaged))
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
+
+    minion_id: str = Field(default_factory=default_minion_id)
+    node_name: str = ""  # empty: the minion id
+    region: str = "local"
+    account: str = "local"  # the node's owner
+    sim_inventory: Path = Field(default_factory=default_sim_inventory)
+    force_simulated: bool = False
+    agent_state_dir: Path = Path("~/.local/state/gpufleet-agent")
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    worker_poll_s: float = Field(default=0.5, gt=0)
+    price_per_gpu_hour: Decimal | None = Field(default=None, ge=0)
+    log_chunk_bytes: int = Field(default=16384, ge=256, le=1024 * 1024)
+
+    @field_validator("minion_id")
+    @classmethod
+    def _subject_safe(cls, value: str) -> str:
+        if not MINION_ID_RE.fullmatch(value):
+            raise ValueError(
+                f"minion_id {value!r} must be 1-64 letters, digits, '-' or '_' "
+                "(it is a NATS subject token)"
+            )
+        return value
+
+    @field_validator("agent_state_dir", "sim_inventory")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @model_validator(mode="after")
+    def _default_name(self) -> AgentSettings:
+        if not self.node_name:
+            self.node_name = self.minion_id
+        return self

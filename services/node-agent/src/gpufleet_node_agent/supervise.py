@@ -1,0 +1,179 @@
+"""The supervisor of one worker: `python -m gpufleet_node_agent.supervise <worker_dir>`.
+
+The agent starts it detached (its own session, stdio on /dev/null), so the worker outlives
+an agent restart or `kill -9`. Everything it knows and decides is in files of the worker
+directory, which is how a restarted agent picks the worker up again:
+
+    spec.json       (in)  command, env, job fields, GPU indices
+    supervisor.pid  (out) this process
+    log             (out) the command's stdout and stderr, appended
+    output/         (out) ML_OUTPUT_PATH, also the command's working directory
+    started.json    (out) {pid, started_at}
+    exit.json       (out) {exit_code, ended_at, signal?, stopped?, error?}, written atomically
+
+SIGTERM stops the worker: SIGTERM to the command's process group, SIGKILL after a grace
+period, and exit.json records `stopped: true`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from .files import read_json, utcnow, write_json_atomic, write_text_atomic
+
+STOP_GRACE_S = 10.0
+# Set by gpufleet; a job's own env cannot override them.
+GPUFLEET_VARS = (
+    "JOB_NAME",
+    "JOB_ID",
+    "WORKER_NUMBER",
+    "ML_OUTPUT_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+)
+
+
+def worker_env(
+    spec: Mapping[str, Any], worker_dir: Path, base: Mapping[str, str]
+) -> dict[str, str]:
+    """The command's environment: the supervisor's own (less the agent's GPUFLEET_*
+    settings, which may hold credentials), then the job's env, then gpufleet's variables."""
+    env = {k: v for k, v in base.items() if not k.startswith("GPUFLEET_")}
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    env.update(
+        JOB_NAME=str(spec.get("job_name") or ""),
+        JOB_ID=str(spec["job_id"]),
+        WORKER_NUMBER=str(spec["worker"]),
+        ML_OUTPUT_PATH=str(worker_dir / "output"),
+        CUDA_VISIBLE_DEVICES=",".join(str(int(i)) for i in spec.get("gpu_indices") or []),
+        # CUDA's default order is "fastest first"; PCI order is the one NVML's indices use.
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+    )
+    return env
+
+
+class _Stop(Exception):
+    """Raised by the SIGTERM handler to interrupt the wait for the command."""
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Supervisor:
+    def __init__(self, worker_dir: Path) -> None:
+        self.dir = worker_dir
+        self.stop_requested = False
+        self._armed = False  # raise _Stop from the handler only while waiting
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+        if self._armed:
+            self._armed = False
+            raise _Stop
+
+    def _finish(self, **fields: Any) -> None:
+        write_json_atomic(self.dir / "exit.json", {"ended_at": utcnow().isoformat(), **fields})
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        write_text_atomic(self.dir / "supervisor.pid", f"{os.getpid()}\n")
+        spec = read_json(self.dir / "spec.json")
+        if spec is None or not spec.get("command"):
+            self._finish(exit_code=None, error="spec.json is missing or has no command")
+            return
+        if self.stop_requested or (self.dir / "stop_requested").exists():
+            self._finish(exit_code=None, stopped=True)
+            return
+        output = self.dir / "output"
+        output.mkdir(exist_ok=True)
+        command = [str(a) for a in spec["command"]]
+        with (self.dir / "log").open("ab") as log:
+            try:
+                self.child = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=worker_env(spec, self.dir, os.environ),
+                    cwd=output,
+                    start_new_session=True,  # its own process group, signalled as a whole
+                )
+            except OSError as exc:
+                log.write(f"gpufleet: cannot start {command[0]!r}: {exc}\n".encode())
+                code = 126 if isinstance(exc, PermissionError) else 127
+                self._finish(exit_code=code, error=f"cannot start {command[0]!r}: {exc.strerror}")
+                return
+        write_json_atomic(
+            self.dir / "started.json",
+            {"pid": self.child.pid, "started_at": utcnow().isoformat()},
+        )
+        returncode, stopped = self._wait(self.child, float(spec.get("stop_grace_s", STOP_GRACE_S)))
+        # Whatever the command left running in its group would keep holding the GPUs.
+        _killpg(self.child.pid, signal.SIGKILL)
+        fields: dict[str, Any] = {"exit_code": returncode}
+        if returncode < 0:  # killed by a signal: report it the way a shell does
+            fields.update(
+                exit_code=128 - returncode,
+                signal=-returncode,
+                signal_name=_signal_name(-returncode),
+            )
+        if stopped:
+            fields["stopped"] = True
+        self._finish(**fields)
+
+    def _wait(self, child: subprocess.Popen[bytes], grace_s: float) -> tuple[int, bool]:
+        try:
+            self._armed = True
+            if self.stop_requested:
+                raise _Stop
+            returncode = child.wait()
+            self._armed = False
+            return returncode, False
+        except _Stop:
+            self._armed = False
+        _killpg(child.pid, signal.SIGTERM)
+        try:
+            return child.wait(timeout=grace_s), True
+        except subprocess.TimeoutExpired:
+            _killpg(child.pid, signal.SIGKILL)
+            return child.wait(), True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m gpufleet_node_agent.supervise <worker_dir>", file=sys.stderr)
+        return 2
+    sup = Supervisor(Path(args[0]).absolute())
+    try:
+        sup.run()
+    except BaseException as exc:  # never leave a worker unsupervised, nor without exit.json
+        if sup.child is not None and sup.child.poll() is None:
+            _killpg(sup.child.pid, signal.SIGKILL)
+            sup.child.wait()
+        if not (sup.dir / "exit.json").exists():
+            sup._finish(exit_code=None, error=f"supervisor failed: {type(exc).__name__}: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,477 @@
+"""The workers of this node: start, stop, watch and report them, with all state in files.
+
+One directory per placement, `<state_dir>/workers/<placement_id>/`. Besides the files the
+supervisor writes (see `supervise`), the agent keeps:
+
+    spec.json           the StartWorker command (written before the directory appears)
+    stop_requested      the reason of a StopWorker, when one came
+    log.offset          bytes of `log` already published
+    log.pending         end of the log chunk being published (re-sent as is after a crash)
+    reported_started    WorkerStarted was acknowledged by JetStream
+    reported_finished   WorkerFinished was acknowledged; the placement is done
+
+Because the directory exists from the first StartWorker on, a redelivered StartWorker never
+starts a worker twice; because the reported_* flags are written only after JetStream's ack,
+an event lost in a crash is sent again (with the same message id, so JetStream drops a copy
+it already has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet_bus.publish import Publisher, publish, publish_raw
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerStarted, WorkerState
+
+from .files import read_int, read_json, utcnow, write_json_atomic, write_text_atomic
+
+log = logging.getLogger("gpufleet.node_agent.workers")
+
+SOURCE = "gpufleet/node-agent"
+LOG_TYPE = "gpufleet.worker.log.v1"
+LOG_TAIL_CHARS = 4000
+CHUNKS_PER_POLL = 64  # per worker, so one chatty worker cannot starve the others
+SUPERVISOR_MODULE = "gpufleet_node_agent.supervise"
+LOST_AT_RESTART = "worker lost: its supervisor was gone when the agent restarted"
+LOST_AT_RUNTIME = "worker lost: its supervisor ended without recording the worker's end"
+STOPPED_BEFORE_START = "stopped before it started"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# Supervisors this process spawned, until they are reaped. Module-wide, so that one that
+# outlives its WorkerManager (an in-process agent restart) is still reaped, not a zombie.
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+def reap_spawned() -> None:
+    _SPAWNED[:] = [p for p in _SPAWNED if p.poll() is None]
+
+
+def dir_name(placement_id: str) -> str:
+    """A placement id as a directory name (hashed when it is not a safe file name)."""
+    if _SAFE_ID.fullmatch(placement_id):
+        return placement_id
+    return "h-" + hashlib.sha256(placement_id.encode()).hexdigest()[:40]
+
+
+def _proc_args(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # some other user's process: not ours
+        return False
+    return not _is_zombie(pid)
+
+
+def supervisor_alive(pid: int, worker_dir: Path) -> bool:
+    """Is `pid` alive and the supervisor of `worker_dir`? (The cmdline guards against pid reuse.)"""
+    if not pid_alive(pid):
+        return False
+    args = _proc_args(pid)
+    return SUPERVISOR_MODULE in args and str(worker_dir) in args
+
+
+def _runs_in(pid: int, worker_dir: Path) -> bool:
+    """Is `pid` this worker's command? Its environment names the worker's output directory."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"ML_OUTPUT_PATH={worker_dir / 'output'}".encode() in environ.split(b"\0")
+
+
+@dataclass
+class Worker:
+    placement_id: str
+    dir: Path
+    job_id: str
+    worker: int
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours to reap
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}/{self.worker}"
+
+    def file(self, name: str) -> Path:
+        return self.dir / name
+
+
+@dataclass
+class Recovery:
+    """What `recover()` found, by placement id."""
+
+    finished: list[str] = field(default_factory=list)
+    reattached: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - chars * 4))
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode(errors="replace")[-chars:]
+
+
+class WorkerManager:
+    def __init__(
+        self,
+        state_dir: Path,
+        minion_id: str,
+        broker: Publisher,
+        *,
+        log_chunk_bytes: int = 16384,
+        gpu_indices: Collection[int] | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        python: str = sys.executable,
+        source: str = SOURCE,
+    ) -> None:
+        self.root = state_dir / "workers"
+        self.minion_id = minion_id
+        self.broker = broker
+        self.log_chunk_bytes = log_chunk_bytes
+        self.gpu_indices = None if gpu_indices is None else set(gpu_indices)
+        self.clock = clock
+        self.python = python
+        self.source = source
+        self._active: dict[str, Worker] = {}
+
+    # --- queries --------------------------------------------------------------------
+
+    def worker_dir(self, placement_id: str) -> Path:
+        return self.root / dir_name(placement_id)
+
+    @property
+    def active(self) -> dict[str, Worker]:
+        """Placements not yet reported finished, by placement id."""
+        return dict(self._active)
+
+    def running(self) -> list[str]:
+        """`<job_id>/<worker>` of the workers whose supervisor has not recorded an end."""
+        return sorted(
+            w.key
+            for w in self._active.values()
+            if w.file("supervisor.pid").exists() and not w.file("exit.json").exists()
+        )
+
+    # --- commands -------------------------------------------------------------------
+
+    def _create(self, placement_id: str, files: dict[str, dict[str, Any]]) -> Path | None:
+        """Create the placement's directory with `files` in one rename; None if it exists."""
+        final = self.worker_dir(placement_id)
+        if final.exists():
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        for name, data in files.items():
+            write_json_atomic(tmp / name, data)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # appeared meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        return final
+
+    def start(self, cmd: StartWorker) -> bool:
+        """Start the worker of `cmd` unless this placement was seen before. True if started."""
+        spec = {
+            "placement_id": cmd.placement_id,
+            "job_id": cmd.job_id,
+            "job_name": cmd.job_name,
+            "worker": cmd.worker,
+            "command": cmd.command,
+            "env": cmd.env,
+            "gpu_indices": cmd.gpu_indices,
+            "gpu_uuids": cmd.gpu_uuids,
+            "received_at": self.clock().isoformat(),
+        }
+        files: dict[str, dict[str, Any]] = {"spec.json": spec}
+        unknown = sorted(set(cmd.gpu_indices) - (self.gpu_indices or set()))
+        if self.gpu_indices is not None and unknown:
+            files["exit.json"] = {
+                "exit_code": None,
+                "ended_at": self.clock().isoformat(),
+                "error": f"GPU index {unknown} is not on this node "
+                f"(it has {sorted(self.gpu_indices)})",
+            }
+        d = self._create(cmd.placement_id, files)
+        if d is None:
+            log.info("placement %s is known already; StartWorker ignored", cmd.placement_id)
+            return False
+        w = Worker(cmd.placement_id, d, cmd.job_id, cmd.worker)
+        self._active[cmd.placement_id] = w
+        if "exit.json" in files:
+            log.warning("refused %s: %s", w.key, files["exit.json"]["error"])
+            return False
+        try:
+            w.proc = subprocess.Popen(
+                [self.python, "-m", SUPERVISOR_MODULE, str(d)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # detached: survives the agent
+                close_fds=True,
+            )
+        except OSError as exc:
+            write_json_atomic(
+                w.file("exit.json"),
+                {
+                    "exit_code": None,
+                    "ended_at": self.clock().isoformat(),
+                    "error": f"cannot start the supervisor: {exc}",
+                },
+            )
+            return False
+        _SPAWNED.append(w.proc)
+        write_text_atomic(w.file("supervisor.pid"), f"{w.proc.pid}\n")
+        log.info(
+            "started worker %s (placement %s, GPUs %s)", w.key, w.placement_id, cmd.gpu_indices
+        )
+        return True
+
+    def stop(self, job_id: str, worker: int, placement_id: str, reason: str = "stopped") -> None:
+        """Stop a worker: its supervisor terminates the command and records `stopped`."""
+        d = self.worker_dir(placement_id)
+        if not d.exists():
+            # Never seen (or the StopWorker overtook its StartWorker): a tombstone, so the
+            # scheduler frees the GPUs and a late StartWorker finds the placement taken.
+            now = self.clock().isoformat()
+            created = self._create(
+                placement_id,
+                {
+                    "spec.json": {
+                        "placement_id": placement_id,
+                        "job_id": job_id,
+                        "worker": worker,
+                        "command": None,
+                        "received_at": now,
+                    },
+                    "exit.json": {
+                        "exit_code": None,
+                        "ended_at": now,
+                        "stopped": True,
+                        "reason": STOPPED_BEFORE_START,
+                    },
+                },
+            )
+            if created is not None:
+                self._active[placement_id] = Worker(placement_id, created, job_id, worker)
+            return
+        w = self._active.get(placement_id)
+        if w is None or w.file("exit.json").exists():
+            return  # already over
+        if not w.file("stop_requested").exists():
+            write_text_atomic(w.file("stop_requested"), reason)
+        pid = read_int(w.file("supervisor.pid"))
+        if pid is not None and supervisor_alive(pid, w.dir):
+            os.kill(pid, signal.SIGTERM)
+            log.info("stopping worker %s: %s", w.key, reason)
+
+    # --- restart --------------------------------------------------------------------
+
+    def recover(self) -> Recovery:
+        """Pick up, after a restart, every placement not yet reported finished."""
+        found = Recovery()
+        if not self.root.exists():
+            return found
+        for d in sorted(self.root.iterdir()):
+            if d.name.startswith(".tmp-"):
+                shutil.rmtree(d, ignore_errors=True)  # a start() cut short: never ran
+                continue
+            if not d.is_dir() or (d / "reported_finished").exists():
+                continue
+            spec = read_json(d / "spec.json")
+            if spec is None:
+                log.error("worker directory %s has no readable spec.json; skipped", d)
+                continue
+            placement_id = str(spec["placement_id"])
+            if placement_id in self._active:
+                continue
+            w = Worker(placement_id, d, str(spec["job_id"]), int(spec["worker"]))
+            self._active[placement_id] = w
+            pid = read_int(w.file("supervisor.pid"))
+            if w.file("exit.json").exists():
+                found.finished.append(placement_id)
+            elif pid is not None and supervisor_alive(pid, d):
+                found.reattached.append(placement_id)
+            elif not w.file("exit.json").exists():  # it may have ended just now
+                self._mark_gone(w, LOST_AT_RESTART)
+                found.lost.append(placement_id)
+        return found
+
+    def _mark_gone(self, w: Worker, reason: str) -> None:
+        """The supervisor is gone without exit.json: record the end ourselves."""
+        started = read_json(w.file("started.json")) or {}
+        pid = started.get("pid")
+        if isinstance(pid, int) and pid_alive(pid) and _runs_in(pid, w.dir):
+            # An orphaned command would hold GPUs the scheduler is about to reuse.
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        now = self.clock().isoformat()
+        if w.file("stop_requested").exists():
+            data: dict[str, Any] = {"exit_code": None, "ended_at": now, "stopped": True}
+        else:
+            data = {"exit_code": None, "ended_at": now, "lost": True, "reason": reason}
+            log.warning("worker %s (placement %s): %s", w.key, w.placement_id, reason)
+        write_json_atomic(w.file("exit.json"), data)
+
+    # --- watching -------------------------------------------------------------------
+
+    async def run(self, interval: float = 0.5) -> None:
+        """Watch the workers until cancelled."""
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(interval)
+
+    async def poll_once(self) -> None:
+        reap_spawned()
+        for w in list(self._active.values()):
+            try:
+                await self._watch(w)
+            except Exception as exc:  # NATS down, say: try again next round
+                log.warning("worker %s: will retry reporting: %s", w.key, exc)
+
+    def _supervisor_running(self, w: Worker) -> bool:
+        if w.proc is not None:
+            return w.proc.poll() is None  # also reaps it
+        pid = read_int(w.file("supervisor.pid"))
+        return pid is not None and supervisor_alive(pid, w.dir)
+
+    async def _watch(self, w: Worker) -> None:
+        ended = w.file("exit.json").exists()
+        if not ended and not self._supervisor_running(w) and not w.file("exit.json").exists():
+            self._mark_gone(w, LOST_AT_RUNTIME)
+            ended = True
+        started = read_json(w.file("started.json"))
+        if started is not None and not w.file("reported_started").exists():
+            await self._report_started(w, started)
+        shipped_all = await self.ship_log(w)
+        if ended and shipped_all:
+            exit_data = read_json(w.file("exit.json")) or {}
+            evt = self.finished_event(w, exit_data, started)
+            await publish(self.broker, evt, source=self.source, msg_id=f"finished:{w.placement_id}")
+            w.file("reported_finished").touch()
+            self._active.pop(w.placement_id, None)
+            log.info(
+                "worker %s %s%s", w.key, evt.state.value, f": {evt.reason}" if evt.reason else ""
+            )
+
+    async def _report_started(self, w: Worker, started: dict[str, Any]) -> None:
+        evt = WorkerStarted(
+            job_id=w.job_id,
+            worker=w.worker,
+            placement_id=w.placement_id,
+            minion_id=self.minion_id,
+            pid=started.get("pid"),
+            started_at=_parse_time(started.get("started_at")) or self.clock(),
+        )
+        await publish(self.broker, evt, source=self.source, msg_id=f"started:{w.placement_id}")
+        w.file("reported_started").touch()
+
+    async def ship_log(self, w: Worker) -> bool:
+        """Publish new log bytes; True when everything written so far is published."""
+        path = w.file("log")
+        if not path.exists():
+            return True
+        offset = read_int(w.file("log.offset")) or 0
+        pending = read_int(w.file("log.pending"))
+        size = path.stat().st_size
+        subject = subjects.log(w.job_id, w.worker)
+        with path.open("rb") as f:
+            for _ in range(CHUNKS_PER_POLL):
+                if pending is not None and pending > offset:
+                    end = pending  # a chunk cut short by a crash: the same bytes, same id
+                elif offset >= size:
+                    return True
+                else:
+                    end = min(size, offset + self.log_chunk_bytes)
+                    write_text_atomic(w.file("log.pending"), str(end))
+                f.seek(offset)
+                data = f.read(end - offset)
+                await publish_raw(
+                    self.broker,
+                    subject,
+                    data,
+                    type_=LOG_TYPE,
+                    source=self.source,
+                    msg_id=f"{w.placement_id}:{offset}",
+                )
+                offset, pending = end, None
+                write_text_atomic(w.file("log.offset"), str(offset))
+        return offset >= size
+
+    def finished_event(
+        self, w: Worker, exit_data: dict[str, Any], started: dict[str, Any] | None
+    ) -> WorkerFinished:
+        code = exit_data.get("exit_code")
+        reason = exit_data.get("reason") or exit_data.get("error")
+        if exit_data.get("stopped"):
+            state = WorkerState.stopped
+            if not reason and w.file("stop_requested").exists():
+                reason = w.file("stop_requested").read_text().strip() or None
+            reason = reason or "stopped"
+        elif exit_data.get("lost") or exit_data.get("error") or code is None:
+            state = WorkerState.failed
+            reason = reason or "worker ended without an exit code"
+        elif code == 0:
+            state = WorkerState.finished
+        else:
+            state = WorkerState.failed
+            if exit_data.get("signal"):
+                reason = f"killed by signal {exit_data.get('signal_name') or exit_data['signal']}"
+            else:
+                reason = f"exited with code {code}"
+        return WorkerFinished(
+            job_id=w.job_id,
+            worker=w.worker,
+            placement_id=w.placement_id,
+            minion_id=self.minion_id,
+            state=state,
+            exit_code=code,
+            reason=reason,
+            started_at=_parse_time((started or {}).get("started_at")),
+            ended_at=_parse_time(exit_data.get("ended_at")) or self.clock(),
+            log_tail=log_tail(w.file("log")),
+        )

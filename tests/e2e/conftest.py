@@ -1,0 +1,167 @@
+"""The whole system as real processes, driven through the `gpufleet` CLI.
+
+`System` starts nats-server, the embedded MongoDB, every service and one node agent (the
+same list `just up` starts, from gpufleet_devstack.up.SERVICES), each a separate process
+that a test may kill -9 and restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, wait_for
+from gpufleet_devstack.up import NODE_NAME, SERVICES
+
+CLI = [str(Path(sys.executable).parent / "gpufleet")]
+
+
+class System:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nats = NatsServer(root / "nats")
+        self.mongo = EmbeddedMongo(root / "mongo")
+        self.procs: dict[str, ServiceProcess] = {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+        env.update(
+            GPUFLEET_NATS_URL=self.nats.url,
+            GPUFLEET_MONGO_URL=self.mongo.url,
+            GPUFLEET_LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def start(self) -> None:
+        self.nats.start()
+        self.mongo.start()
+        for spec in SERVICES:
+            env = self.env
+            env.update({k: v.format(run_dir=self.root) for k, v in spec.env.items()})
+            if spec.name == "node-agent":
+                env.update(GPUFLEET_FORCE_SIMULATED="1", GPUFLEET_HEARTBEAT_S="1")
+            proc = ServiceProcess(
+                spec.name,
+                [sys.executable, "-m", spec.module],
+                env,
+                self.root / "logs" / f"{spec.name}.log",
+            )
+            proc.start()
+            self.procs[spec.name] = proc
+        wait_for(
+            self._ready,
+            timeout=60,
+            interval=0.3,
+            message=f"services not healthy; logs in {self.root / 'logs'}",
+        )
+
+    def _ready(self) -> bool:
+        health = self.cli("health", "--json", check=False)
+        if health.returncode != 0:
+            return False
+        nodes = self.cli("node", "list", "--json", check=False)
+        return nodes.returncode == 0 and any(
+            n["minion_id"] == NODE_NAME and n["state"] == "active"
+            for n in json.loads(nodes.stdout)["nodes"]
+        )
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop(timeout=5)
+        self.mongo.stop()
+        self.nats.stop()
+
+    def kill(self, name: str) -> None:
+        self.procs[name].kill()
+
+    def restart(self, name: str) -> None:
+        self.procs[name].restart()
+
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [*CLI, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"gpufleet {' '.join(args)} -> {result.returncode}\n"
+                f"{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def json(self, *args: str) -> Any:
+        """Run a CLI command with --json (before any `--` COMMAND) and parse its output."""
+        cut = args.index("--") if "--" in args else len(args)
+        return json.loads(self.cli(*args[:cut], "--json", *args[cut:]).stdout)
+
+    def submit(self, *args: str, name: str = "hello", gpus: int = 1) -> str:
+        job = self.json(
+            "job",
+            "submit",
+            "--name",
+            name,
+            "--gpu-type",
+            "RTX 3090",
+            "--gpu-count",
+            str(gpus),
+            "--max-price",
+            "1.0",
+            *args,
+        )
+        return str(job["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        data: dict[str, Any] = self.json("job", "show", job_id)
+        return data
+
+    def wait_state(self, job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
+        """Poll `job show` until the job is in one of `states`; a service that is restarting
+        (the CLI exits 1: nobody answered) is waited for too."""
+        deadline = time.monotonic() + timeout
+        job: dict[str, Any] = {"state": None}
+        while True:
+            shown = self.cli("job", "show", job_id, "--json", check=False)
+            if shown.returncode == 0:
+                job = json.loads(shown.stdout)
+                if job["state"] in states:
+                    return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {job['state']}, wanted {states}: {job}")
+            time.sleep(0.2)
+
+    def log(self, name: str) -> str:
+        return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    sys_ = System(tmp_path_factory.mktemp("system"))
+    try:
+        sys_.start()
+        yield sys_
+    finally:
+        sys_.stop()
+
+
+@pytest.fixture
+def fresh_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    sys_ = System(tmp_path_factory.mktemp("system"))
+    try:
+        sys_.start()
+        yield sys_
+    finally:
+        sys_.stop()

@@ -1,0 +1,115 @@
+"""The walking skeleton's flow, by hand through the CLI, against every real process."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from decimal import Decimal
+
+from gpufleet_billing.fees import from_micro, usage_micro
+from gpufleet_devstack import wait_for
+
+from .conftest import System
+
+PRINT_ENV = (
+    "import os, time; e = os.environ; "
+    "print('hi', e['CUDA_VISIBLE_DEVICES'], e['JOB_ID'], e['WORKER_NUMBER'], e['JOB_NAME'], "
+    "os.path.isdir(e['ML_OUTPUT_PATH'])); time.sleep(0.5)"
+)
+
+
+def test_one_job_from_submission_to_bill(system: System) -> None:
+    job_id = system.submit("--", "python", "-c", PRINT_ENV, name="hello")
+    job = system.wait_state(job_id, "finished", "failed")
+    assert job["state"] == "finished", job
+    assert [h["state"] for h in job["history"]] == ["queued", "starting", "running", "finished"]
+    (worker,) = job["workers"]
+    assert worker["node"] == "local-node-1" and worker["state"] == "finished"
+    assert job["rate"] == "0.05"  # RTX 3090: development class usage fee (R-BILL-1)
+    gpu = worker["gpu_indices"][0]
+    assert f"hi {gpu} {job_id} 0 hello True" in job["log_tail"]
+
+    logs = system.cli("job", "logs", job_id).stdout
+    assert f"hi {gpu} {job_id}" in logs
+
+    # Billing charged exactly the locked rate times the measured run time.
+    duration_ms = int(
+        (
+            datetime.fromisoformat(worker["ended_at"])
+            - datetime.fromisoformat(worker["started_at"])
+        ).total_seconds()
+        * 1000
+    )
+    expected = usage_micro(Decimal("0.05"), 1, duration_ms)
+    assert expected > 0
+    wait_for(
+        lambda: system.job(job_id)["cost"] == str(from_micro(expected)),
+        timeout=15,
+        message=f"cost of {job_id} never became {from_micro(expected)}",
+    )
+    balance = system.json("billing", "balance")
+    assert balance["balance_micro"] <= -expected
+
+    listed = system.json("job", "list")["jobs"]
+    assert job_id in [j["id"] for j in listed]
+    nodes = system.json("node", "list")["nodes"]
+    assert nodes[0]["simulated"] is True and len(nodes[0]["gpus"]) == 2
+
+
+def test_second_job_waits_for_gpus_with_a_reason_and_then_starts(system: System) -> None:
+    big = system.submit("--", "sleep", "3", name="big", gpus=2)
+    system.wait_state(big, "running")
+    small = system.submit("--", "true", name="small")
+    waiting = system.job(small)
+    assert waiting["state"] == "queued"
+    assert "busy (0 of 2 GPUs free, needs 1)" in waiting["queue_reason"]
+    human = system.cli("job", "show", small).stdout
+    assert "waiting for GPUs" in human
+    done = system.wait_state(small, "finished", timeout=40)
+    big_done = system.job(big)
+    started = datetime.fromisoformat(done["workers"][0]["started_at"])
+    assert started >= datetime.fromisoformat(big_done["workers"][0]["ended_at"])
+
+
+def test_failed_command_reports_its_exit_code(system: System) -> None:
+    job_id = system.submit("--", "python", "-c", "import sys; sys.exit(3)", name="fails")
+    job = system.wait_state(job_id, "failed", "finished")
+    assert job["state"] == "failed" and job["workers"][0]["exit_code"] == 3
+    assert "3" in (job["history"][-1]["reason"] or "")
+
+
+def test_invalid_job_is_refused_with_every_field_and_nothing_is_stored(system: System) -> None:
+    before = len(system.json("job", "list")["jobs"])
+    result = system.cli(
+        "job",
+        "submit",
+        "--name",
+        "bad",
+        "--gpu-type",
+        "RTX 9999",
+        "--gpu-count",
+        "1",
+        "--max-price",
+        "-1",
+        "--disk-size",
+        "5",
+        "--json",
+        "--",
+        "true",
+        check=False,
+    )
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    fields = {f["field"].removeprefix("spec."): f["rule"] for f in error["fields"]}
+    assert fields == {"gpu_types": "R-JOB-2", "max_price": "R-JOB-2", "disk_size_gb": "R-JOB-2"}
+    assert len(system.json("job", "list")["jobs"]) == before
+
+
+def test_cancel_stops_a_running_job_and_frees_its_gpu(system: System) -> None:
+    job_id = system.submit("--", "sleep", "60", name="long")
+    system.wait_state(job_id, "running")
+    system.cli("job", "cancel", job_id)
+    job = system.wait_state(job_id, "stopped", timeout=20)
+    assert job["workers"][0]["state"] == "stopped"
+    after = system.submit("--", "true", name="after-cancel", gpus=2)
+    assert system.wait_state(after, "finished")["state"] == "finished"

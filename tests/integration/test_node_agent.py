@@ -1,0 +1,231 @@
+"""The node agent against a real nats-server: registration, workers, restart."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import nats
+from gpufleet_bus import BusSettings, publish
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import (
+    StartWorker,
+    StopWorker,
+    WorkerFinished,
+    WorkerStarted,
+    WorkerState,
+)
+from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
+from gpufleet_devstack import NatsServer, wait_for_async
+from gpufleet_node_agent.agent import Agent
+from gpufleet_node_agent.app import build_app, health_subject
+from gpufleet_node_agent.settings import AgentSettings
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from .conftest import broker_for
+
+PY = sys.executable
+
+
+@asynccontextmanager
+async def running_agent(url: str, state_dir: Path, minion_id: str) -> AsyncIterator[Agent]:
+    """The agent app on a real broker: start-up hooks, consumers, loops; stopped at the end."""
+    settings = AgentSettings(
+        minion_id=minion_id,
+        agent_state_dir=state_dir,
+        force_simulated=True,
+        heartbeat_s=0.3,
+        worker_poll_s=0.1,
+    )
+    app, agent = build_app(settings, broker_for("node-agent", url), bus=BusSettings(nats_url=url))
+    await app.start()
+    try:
+        yield agent
+    finally:
+        await app.stop()
+
+
+class JsPublisher:
+    """nats-py's JetStream as gpufleet_bus.publish's Publisher (the scheduler's side)."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+
+    async def publish(
+        self,
+        message: bytes,
+        subject: str,
+        headers: dict[str, str] | None = None,
+        stream: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the broker's signature
+    ) -> object:
+        return await self.js.publish(
+            subject, message, timeout=timeout or 5.0, stream=stream, headers=headers
+        )
+
+
+@asynccontextmanager
+async def client(url: str) -> AsyncIterator[Client]:
+    nc = await nats.connect(url)
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def read_stream(js: JetStreamContext, subject: str) -> list[Msg]:
+    sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    out: list[Msg] = []
+    try:
+        while True:
+            try:
+                out.append(await sub.next_msg(timeout=0.3))
+            except TimeoutError:
+                return out
+    finally:
+        await sub.unsubscribe()
+
+
+async def events_of(js: JetStreamContext, cls: type[Any], placement_id: str) -> list[Any]:
+    msgs = await read_stream(js, cls.SUBJECT)
+    return [e for e in (cls.from_bytes(m.data) for m in msgs) if e.placement_id == placement_id]
+
+
+async def wait_finished(js: JetStreamContext, placement_id: str) -> WorkerFinished:
+    found: list[WorkerFinished] = []
+
+    async def arrived() -> bool:
+        found[:] = await events_of(js, WorkerFinished, placement_id)
+        return bool(found)
+
+    await wait_for_async(arrived, timeout=30, message=f"WorkerFinished of {placement_id}")
+    return found[0]
+
+
+async def consumer_caught_up(js: JetStreamContext, durable: str, seq: int) -> bool:
+    info = await js.consumer_info(subjects.STREAM_COMMANDS, durable)
+    return bool(
+        info.delivered.stream_seq >= seq and info.num_ack_pending == 0 and info.num_pending == 0
+    )
+
+
+def start_cmd(minion: str, command: list[str], placement: str) -> StartWorker:
+    return StartWorker(
+        minion_id=minion,
+        job_id=f"job-{placement}",
+        job_name="it",
+        worker=0,
+        command=command,
+        gpu_indices=[1],
+        placement_id=placement,
+    )
+
+
+async def test_registers_heartbeats_and_runs_a_worker_once(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    minion = f"it-{uuid.uuid4().hex[:8]}"
+    placement = uuid.uuid4().hex
+    runs = tmp_path / "runs"
+    code = (
+        f"import os; open({str(runs)!r}, 'a').write('x');"
+        "print('hello from', os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    cmd = start_cmd(minion, [PY, "-c", code], placement)
+    async with client(nats_server.url) as nc:
+        js = nc.jetstream()
+        beats = await nc.subscribe(subjects.heartbeat(minion))
+        async with running_agent(nats_server.url, tmp_path / "state", minion) as agent:
+            # registration, on the provisioner's command subject
+            reg_subject = f"gpufleet.v1.cmd.provisioner.{minion}.register_node"
+            await wait_for_async(agent.registered.is_set, timeout=10)
+            (reg_msg,) = await read_stream(js, reg_subject)
+            reg = RegisterNode.from_bytes(reg_msg.data)
+            assert reg_msg.headers is not None
+            assert reg_msg.headers["ce-type"] == RegisterNode.TYPE
+            assert (reg.minion_id, reg.simulated, len(reg.gpus)) == (minion, True, 2)
+            # heartbeats on core NATS, and this node's own health subject
+            hb = NodeHeartbeat.from_bytes((await beats.next_msg(timeout=5)).data)
+            assert hb.minion_id == minion and len(hb.gpus) == 2
+            reply = await nc.request(health_subject(minion), b"{}", timeout=5)
+            assert json.loads(reply.data)["minion_id"] == minion
+
+            # a worker runs, reports its start and end, ships its log
+            sched = JsPublisher(js)
+            await publish(sched, cmd, source="gpufleet/scheduler")
+            done = await wait_finished(js, placement)
+            assert (done.state, done.exit_code, done.minion_id) == (WorkerState.finished, 0, minion)
+            assert done.log_tail == "hello from 1\n"
+            started = await events_of(js, WorkerStarted, placement)
+            assert len(started) == 1
+            logs = await read_stream(js, subjects.log(cmd.job_id, 0))
+            assert b"".join(m.data for m in logs) == b"hello from 1\n"
+
+            # the same command again, under another message id: not run twice
+            ack = await js.publish(
+                cmd.subject(), cmd.to_bytes(), headers={"Nats-Msg-Id": uuid.uuid4().hex}
+            )
+            durable = f"node-agent-node-{minion}-start"
+            await wait_for_async(lambda: consumer_caught_up(js, durable, ack.seq), timeout=10)
+            await agent.workers.poll_once()
+
+            # a StopWorker for a placement never seen frees its GPUs at once
+            ghost = uuid.uuid4().hex
+            await publish(
+                sched,
+                StopWorker(
+                    minion_id=minion,
+                    job_id="job-ghost",
+                    worker=0,
+                    placement_id=ghost,
+                    reason="cancelled by user",
+                ),
+                source="gpufleet/scheduler",
+            )
+            stopped = await wait_finished(js, ghost)
+            assert (stopped.state, stopped.reason) == (
+                WorkerState.stopped,
+                "stopped before it started",
+            )
+        assert runs.read_text() == "x"
+        assert len(await events_of(js, WorkerFinished, placement)) == 1
+        assert len(await events_of(js, WorkerStarted, placement)) == 1
+
+
+async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_path: Path) -> None:
+    minion = f"it-{uuid.uuid4().hex[:8]}"
+    placement = uuid.uuid4().hex
+    state = tmp_path / "state"
+    code = "import time; print('begin', flush=True); time.sleep(2); print('end')"
+    cmd = start_cmd(minion, [PY, "-c", code], placement)
+    async with client(nats_server.url) as nc:
+        js = nc.jetstream()
+        async with running_agent(nats_server.url, state, minion) as first:
+            await publish(JsPublisher(js), cmd, source="gpufleet/scheduler")
+
+            async def running() -> bool:
+                return len(await events_of(js, WorkerStarted, placement)) == 1
+
+            await wait_for_async(running, timeout=20)
+            assert first.workers.running() == [f"{cmd.job_id}/0"]
+        # the agent is gone; its worker is not
+        async with running_agent(nats_server.url, state, minion) as second:
+            assert second.recovery is not None
+            assert second.recovery.reattached == [placement]
+            done = await wait_finished(js, placement)
+            assert (done.state, done.exit_code) == (WorkerState.finished, 0)
+            assert done.log_tail == "begin\nend\n"
+            for _ in range(5):  # a few more rounds: nothing is reported again
+                await second.workers.poll_once()
+        assert len(await events_of(js, WorkerFinished, placement)) == 1
+        assert len(await events_of(js, WorkerStarted, placement)) == 1
+        logs = await read_stream(js, subjects.log(cmd.job_id, 0))
+        assert b"".join(m.data for m in logs) == b"begin\nend\n"

@@ -1,0 +1,235 @@
+"""Nodes, billing, health, dlq and error rendering of the CLI (no NATS)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from gpufleet_cli import client, logs
+from gpufleet_cli.billing import BALANCE, ENTRIES
+from gpufleet_cli.client import CliError, ServiceError, StreamRecord
+from gpufleet_cli.main import app
+from gpufleet_cli.nodes import LIST_NODES
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import ListJobs
+from typer.testing import CliRunner
+
+runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
+
+GPU = {
+    "index": 0,
+    "uuid": "GPU-0",
+    "model": "RTX 3090",
+    "nvml_name": "NVIDIA GeForce RTX 3090",
+    "memory_mb": 24576,
+}
+NODES = {
+    "nodes": [
+        {
+            "node_id": "n1",
+            "minion_id": "m1",
+            "name": "box-a",
+            "region": "eu-west",
+            "owner": "acme",
+            "state": "active",
+            "gpus": [GPU, {**GPU, "index": 1}],
+            "simulated": True,
+            "last_seen": "2025-01-01T10:00:00+00:00",
+        },
+        {
+            "node_id": "n2",
+            "minion_id": "m2",
+            "name": "box-b",
+            "region": "us-east",
+            "owner": "acme",
+            "state": "lost",
+            "gpus": [{**GPU, "model": None, "nvml_name": "Mystery GPU"}],
+            "simulated": False,
+            "last_seen": None,
+        },
+    ]
+}
+
+
+def replying(monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any]) -> list[str]:
+    asked: list[str] = []
+
+    def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+        asked.append(subject)
+        return json.dumps(replies[subject]).encode()
+
+    monkeypatch.setattr(client, "send", send)
+    return asked
+
+
+def test_node_list_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    replying(monkeypatch, {LIST_NODES: NODES})
+    result = runner.invoke(app, ["node", "list"])
+    assert result.exit_code == 0, result.output
+    row_a = next(line for line in result.stdout.splitlines() if "box-a" in line)
+    for text in ("eu-west", "active", "2 x RTX 3090", "yes"):
+        assert text in row_a
+    row_b = next(line for line in result.stdout.splitlines() if "box-b" in line)
+    for text in ("lost", "1 x Mystery GPU", "no"):
+        assert text in row_b
+
+
+def test_node_list_json_is_the_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = replying(monkeypatch, {LIST_NODES: NODES})
+    result = runner.invoke(app, ["node", "list", "--json"])
+    assert json.loads(result.stdout) == NODES
+    assert asked == [subjects.rpc("provisioner", "list_nodes")]
+
+
+def test_billing_balance_and_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    balance = {"account": "acme", "balance": "-0.000139", "balance_micro": -139, "entries": 3}
+    entries = {
+        "entries": [
+            {
+                "key": "k",
+                "account": "acme",
+                "kind": "usage",
+                "amount": "-0.000139",
+                "amount_micro": -139,
+                "job_id": "j1",
+                "worker": 0,
+                "at": "2025-01-01T10:00:00+00:00",
+                "memo": "m",
+            }
+        ]
+    }
+    replying(monkeypatch, {BALANCE: balance, ENTRIES: entries})
+    result = runner.invoke(app, ["billing", "balance"])
+    assert result.stdout.strip() == "balance: -0.000139 credits (3 entries)"
+    assert json.loads(runner.invoke(app, ["billing", "balance", "--json"]).stdout) == balance
+    table = runner.invoke(app, ["billing", "entries", "--limit", "5"])
+    assert table.exit_code == 0
+    assert "-0.000139" in table.stdout and "usage" in table.stdout
+
+
+def test_job_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = {
+        "jobs": [
+            {
+                "id": "j1",
+                "name": "n",
+                "state": "queued",
+                "rate": None,
+                "spec": {"gpu_count": 2, "gpu_types": ["T4"], "workers": 1},
+                "queued_at": "2025-01-01T10:00:00+00:00",
+            }
+        ]
+    }
+    replying(monkeypatch, {ListJobs.SUBJECT: jobs})
+    result = runner.invoke(app, ["job", "list"])
+    assert "waiting for GPUs" in result.stdout and "2 x T4" in result.stdout
+    assert json.loads(runner.invoke(app, ["job", "list", "--json"]).stdout) == jobs
+
+
+def test_service_error_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = {"ok": False, "error": {"code": "internal", "message": "KeyError", "fields": []}}
+    replying(monkeypatch, {BALANCE: refused})
+    result = runner.invoke(app, ["billing", "balance"])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "error (internal): KeyError" in result.stderr
+    as_json = runner.invoke(app, ["billing", "balance", "--json"])
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout) == refused
+
+
+def test_service_error_object() -> None:
+    exc = ServiceError(
+        {
+            "ok": False,
+            "error": {"code": "invalid", "message": "m", "fields": [{"field": "f", "rule": "R"}]},
+        }
+    )
+    assert (exc.code, exc.message, exc.exit_code) == ("invalid", "m", 2)
+    assert exc.fields == [{"field": "f", "rule": "R"}]
+    with pytest.raises(ServiceError):
+        client.parse_reply("s", b'{"ok": false, "error": {"code": "not_found", "message": "x"}}')
+    assert client.parse_reply("s", b'{"ok": true, "id": "j"}') == {"ok": True, "id": "j"}
+
+
+def test_no_responder_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    def send(subject: str, *_: Any) -> bytes:
+        raise client._no_answer(subject)
+
+    monkeypatch.setattr(client, "send", send)
+    result = runner.invoke(app, ["node", "list", "--json"], env={"GPUFLEET_NATS_URL": "nats://h:1"})
+    assert result.exit_code == 1
+    message = json.loads(result.stdout)["error"]["message"]
+    assert message == (
+        f"no service answered on {LIST_NODES} (is `just up` running? GPUFLEET_NATS_URL=nats://h:1)"
+    )
+
+
+def test_cannot_connect() -> None:
+    result = runner.invoke(
+        app, ["billing", "balance", "--json"], env={"GPUFLEET_NATS_URL": "nats://127.0.0.1:1"}
+    )
+    assert result.exit_code == 1
+    reply = json.loads(result.stdout)
+    assert reply["error"]["message"].startswith("cannot connect to NATS at nats://127.0.0.1:1")
+
+
+def test_health_marks_down_and_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    def request_many(calls: list[tuple[str, bytes]], timeout: float) -> list[Any]:
+        assert timeout == 2.0
+        assert [s for s, _ in calls] == [
+            subjects.rpc(s, "health")
+            for s in ("scheduler", "provisioner", "billing", "device-fleet", "datastore")
+        ]
+        ok = {"status": "ok", "version": "0.1.0", "collections": ["jobs"]}
+        return [
+            {**ok, "service": "scheduler"},
+            {**ok, "service": "provisioner"},
+            {**ok, "service": "billing"},
+            CliError("no answer"),
+            {**ok, "service": "datastore"},
+        ]
+
+    monkeypatch.setattr(client, "request_many", request_many)
+    result = runner.invoke(app, ["health", "--json"])
+    assert result.exit_code == 1
+    out = json.loads(result.stdout)
+    assert out["ok"] is False
+    assert [r["status"] for r in out["services"]] == ["ok", "ok", "ok", "down", "ok"]
+    table = runner.invoke(app, ["health"])
+    assert table.exit_code == 1
+    assert "device-fleet" in table.stdout and "down" in table.stdout
+
+
+def test_dlq_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = {
+        "service": "billing",
+        "subject": "gpufleet.v1.evt.worker.placed",
+        "reason": "invalid",
+        "errors": [{"field": "rate", "message": "bad"}],
+        "headers": {},
+        "payload": "{}",
+        "at": "2025-01-01T10:00:00+00:00",
+    }
+
+    def read_stream(stream: str, subject: str, *, last: int | None = None) -> list[StreamRecord]:
+        assert (stream, subject, last) == (subjects.STREAM_DLQ, "gpufleet.v1.dlq.>", 10)
+        return [StreamRecord("gpufleet.v1.dlq.billing", json.dumps(record).encode(), 7)]
+
+    monkeypatch.setattr(client, "read_stream", read_stream)
+    result = runner.invoke(app, ["dlq", "list", "--limit", "10", "--json"])
+    assert json.loads(result.stdout) == {"dead_letters": [{"seq": 7, **record}]}
+    table = runner.invoke(app, ["dlq", "list", "--limit", "10"])
+    assert "rate: bad" in table.stdout
+
+
+def test_line_printer_tags_whole_lines() -> None:
+    written: list[str] = []
+    printer = logs.LinePrinter(prefix=True, write=written.append)
+    printer(StreamRecord(subjects.log("j", 0), b"a\nb", 1))
+    printer(StreamRecord(subjects.log("j", 1), "é\n".encode()[:1], 2))  # split UTF-8
+    printer(StreamRecord(subjects.log("j", 0), b"c\n", 3))
+    printer(StreamRecord(subjects.log("j", 1), "é\n".encode()[1:], 4))
+    printer.close()
+    assert "".join(written) == "[w0] a\n[w0] bc\n[w1] é\n"

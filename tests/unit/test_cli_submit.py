@@ -1,0 +1,222 @@
+"""`gpufleet job submit`: local validation, file + flags, what goes on the wire (no NATS)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpufleet_cli import client
+from gpufleet_cli.main import app
+from gpufleet_contracts.jobs import SubmitJob
+from typer.testing import CliRunner
+
+runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
+
+
+@pytest.fixture
+def no_bus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if anything would be sent."""
+
+    def send(*args: Any, **kwargs: Any) -> bytes:
+        pytest.fail(f"nothing should be sent, got {args}")
+
+    monkeypatch.setattr(client, "send", send)
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Capture requests; the scheduler accepts every job as j1."""
+    calls: list[dict[str, Any]] = []
+
+    def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+        calls.append({"subject": subject, "payload": json.loads(payload), "headers": headers})
+        return json.dumps({"id": "j1", "state": "queued", "queue_reason": "none free"}).encode()
+
+    monkeypatch.setattr(client, "send", send)
+    return calls
+
+
+BAD = ["--disk-size", "5", "--gpu-type", "RTX 9999", "--max-price", "-1"]
+BASE = ["job", "submit", "--name", "train-1"]
+
+
+def test_invalid_flags_are_refused_locally_as_json(no_bus: None) -> None:
+    result = runner.invoke(app, [*BASE, *BAD, "--json", "--", "python", "train.py"])
+    assert result.exit_code == 2
+    reply = json.loads(result.stdout)
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == "invalid"
+    fields = {f["field"]: f for f in reply["error"]["fields"]}
+    assert set(fields) == {"disk_size_gb", "gpu_types", "max_price"}
+    assert all(f["rule"] == "R-JOB-2" for f in fields.values())
+    assert "RTX 3090" in fields["gpu_types"]["valid"]  # says what would be valid
+    assert "10..1000" in fields["disk_size_gb"]["valid"]
+
+
+def test_invalid_flags_readable_table_on_stderr(no_bus: None) -> None:
+    result = runner.invoke(app, [*BASE, *BAD, "--", "python", "train.py"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    for text in (
+        "Field",
+        "Rule",
+        "Problem",
+        "Valid",
+        "disk_size_gb (--disk-size)",
+        "R-JOB-2",
+        "RTX 9999",
+        "max_price",
+    ):
+        assert text in result.stderr
+
+
+def test_bad_env_pair_and_missing_command(no_bus: None) -> None:
+    result = runner.invoke(app, [*BASE, "--gpu-type", "RTX 3090", "-e", "NOEQUALS", "--json"])
+    assert result.exit_code == 2
+    fields = {f["field"]: f["rule"] for f in json.loads(result.stdout)["error"]["fields"]}
+    assert fields == {"command": "R-JOB-5", "env": "R-JOB-7"}
+
+
+def test_flags_build_the_submit_payload_and_headers(sent: list[dict[str, Any]]) -> None:
+    result = runner.invoke(
+        app,
+        [
+            *BASE,
+            "-g",
+            "RTX 3090",
+            "-g",
+            "T4",
+            "--gpu-count",
+            "2",
+            "--max-price",
+            "0.5",
+            "--workers",
+            "3",
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--",
+            "python",
+            "train.py",
+            "--epochs",
+            "3",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "j1\n"
+    assert "waiting for GPUs: none free" in result.stderr
+    (call,) = sent
+    assert call["subject"] == SubmitJob.SUBJECT
+    spec = call["payload"]["spec"]
+    assert spec["command"] == ["python", "train.py", "--epochs", "3"]
+    assert spec["gpu_types"] == ["RTX 3090", "T4"]
+    assert spec["max_price"] == "0.5"  # money stays a decimal string
+    assert (spec["gpu_count"], spec["workers"]) == (2, 3)
+    assert spec["env"] == {"A": "1", "B": "x=y"}
+    headers = call["headers"]
+    assert headers["gpufleet-account"] == "acme"
+    assert headers["ce-type"] == SubmitJob.TYPE
+    assert headers["ce-source"] == "gpufleet/cli"
+    assert headers["ce-subject"] == SubmitJob.SUBJECT
+    assert headers["ce-specversion"] == "1.0"
+
+
+def test_yaml_file_with_flag_override(tmp_path: Path, sent: list[dict[str, Any]]) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: from-file\n"
+        "gpu_types: [RTX 3090]\n"
+        "gpu_count: 1\n"
+        "disk_size_gb: 50\n"
+        "command: [python, train.py]\n"
+        "env: {A: file, B: file}\n"
+    )
+    result = runner.invoke(
+        app,
+        [
+            "job",
+            "submit",
+            "-f",
+            str(job),
+            "--gpu-count",
+            "4",
+            "--name",
+            "override",
+            "-e",
+            "B=flag",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"id": "j1", "state": "queued", "queue_reason": "none free"}
+    (call,) = sent
+    assert call["subject"] == SubmitJob.SUBJECT
+    assert call["headers"]["gpufleet-account"] == "acme"
+    spec = call["payload"]["spec"]
+    assert spec["name"] == "override"
+    assert spec["gpu_count"] == 4
+    assert spec["disk_size_gb"] == 50
+    assert spec["gpu_types"] == ["RTX 3090"]
+    assert spec["command"] == ["python", "train.py"]
+    assert spec["env"] == {"A": "file", "B": "flag"}
+
+
+def test_json_file_and_command_override(tmp_path: Path, sent: list[dict[str, Any]]) -> None:
+    job = tmp_path / "job.json"
+    job.write_text(
+        json.dumps(
+            {
+                "spec": {
+                    "name": "j",
+                    "gpu_types": ["T4"],
+                    "command": ["old"],
+                    "type": "inference",
+                }
+            }
+        )
+    )
+    result = runner.invoke(app, ["job", "submit", "-f", str(job), "--", "new", "cmd"])
+    assert result.exit_code == 0, result.output
+    spec = sent[0]["payload"]["spec"]
+    assert spec["command"] == ["new", "cmd"]
+    assert spec["type"] == "inference"
+
+
+def test_unreadable_file_is_invalid_input(tmp_path: Path, no_bus: None) -> None:
+    missing = runner.invoke(app, ["job", "submit", "-f", str(tmp_path / "nope.yaml"), "--json"])
+    assert missing.exit_code == 2
+    assert json.loads(missing.stdout)["error"]["code"] == "invalid"
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    not_mapping = runner.invoke(app, ["job", "submit", "-f", str(tmp_path / "list.yaml")])
+    assert not_mapping.exit_code == 2
+    assert "mapping" in not_mapping.stderr
+
+
+def test_server_side_refusal_is_rendered_like_local_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    reply = {
+        "ok": False,
+        "error": {
+            "code": "invalid",
+            "message": "the request is not valid",
+            "fields": [
+                {
+                    "field": "spec.gpu_count",
+                    "rule": "R-JOB-2",
+                    "message": "too many",
+                    "valid": "0..16",
+                }
+            ],
+        },
+    }
+    monkeypatch.setattr(client, "send", lambda *a: json.dumps(reply).encode())
+    args = [*BASE, "-g", "T4", "--", "x"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "spec.gpu_count (--gpu-count)" in result.stderr
+    assert "too many" in result.stderr
+    as_json = runner.invoke(app, [*args[:-2], "--json", "--", "x"])
+    assert as_json.exit_code == 2
+    assert json.loads(as_json.stdout) == reply

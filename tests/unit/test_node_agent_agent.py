@@ -1,0 +1,60 @@
+"""Node agent: registration, heartbeat and health built from settings and inventory."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
+from gpufleet_node_agent.agent import Agent
+from gpufleet_node_agent.app import health_subject
+from gpufleet_node_agent.settings import AgentSettings
+
+NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
+
+
+class NullBroker:
+    async def publish(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def agent(tmp_path: Path) -> Agent:
+    s = AgentSettings(
+        minion_id="box-1",
+        node_name="Box one",
+        region="eu",
+        account="acme",
+        force_simulated=True,
+        agent_state_dir=tmp_path,
+        price_per_gpu_hour=Decimal("0.4"),
+    )
+    return Agent(s, NullBroker(), clock=lambda: NOW)  # type: ignore[arg-type]
+
+
+async def test_registration(tmp_path: Path) -> None:
+    a = agent(tmp_path)
+    await a.prepare()
+    reg = a.registration()
+    assert isinstance(reg, RegisterNode)
+    assert reg.subject() == "gpufleet.v1.cmd.provisioner.box-1.register_node"
+    assert (reg.minion_id, reg.name, reg.region, reg.owner) == ("box-1", "Box one", "eu", "acme")
+    assert reg.simulated is True and reg.inventory_source.endswith("2x-rtx3090.json")
+    assert [g.model for g in reg.gpus] == ["RTX 3090", "RTX 3090"]
+    assert reg.price_per_gpu_hour == Decimal("0.4") and reg.agent_started_at == NOW
+    assert a.workers.gpu_indices == {0, 1}
+
+
+async def test_heartbeat_and_health(tmp_path: Path) -> None:
+    a = agent(tmp_path)
+    await a.prepare()
+    hb = await a.heartbeat()
+    assert isinstance(hb, NodeHeartbeat)
+    assert hb.subject() == "gpufleet.v1.hb.box-1"
+    assert (hb.minion_id, hb.at, hb.running) == ("box-1", NOW, [])
+    assert [g.index for g in hb.gpus] == [0, 1]
+    health = await a.health()
+    assert health["status"] == "ok" and health["minion_id"] == "box-1"
+    assert health["simulated"] is True and health["gpus"] == 2
+    assert health_subject("box-1") == "gpufleet.v1.rpc.node.box-1.health"

@@ -1,0 +1,290 @@
+"""Node agent: settings, GPU inventory (NVML or simulated) and telemetry."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from gpufleet_node_agent import inventory as inv_mod
+from gpufleet_node_agent.inventory import HostSampler, ram_used_mb, read_inventory, sample_telemetry
+from gpufleet_node_agent.settings import AgentSettings, default_minion_id
+from pydantic import ValidationError
+
+# --- settings ------------------------------------------------------------------------
+
+
+def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("GPUFLEET_MINION_ID", "GPUFLEET_NODE_NAME", "GPUFLEET_AGENT_STATE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    s = AgentSettings(minion_id="gpu-01")
+    assert s.node_name == "gpu-01"
+    assert s.region == "local" and s.account == "local"
+    assert s.heartbeat_s == 5.0 and s.log_chunk_bytes == 16384
+    assert s.price_per_gpu_hour is None and s.force_simulated is False
+    assert s.sim_inventory.name == "2x-rtx3090.json" and s.sim_inventory.is_file()
+    assert s.agent_state_dir == Path("~/.local/state/gpufleet-agent").expanduser()
+
+
+def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUFLEET_MINION_ID", "lab_box-7")
+    monkeypatch.setenv("GPUFLEET_NODE_NAME", "Lab box 7")
+    monkeypatch.setenv("GPUFLEET_PRICE_PER_GPU_HOUR", "0.35")
+    monkeypatch.setenv("GPUFLEET_FORCE_SIMULATED", "true")
+    monkeypatch.setenv("GPUFLEET_AGENT_STATE_DIR", str(tmp_path))
+    s = AgentSettings()
+    assert (s.minion_id, s.node_name, str(s.price_per_gpu_hour)) == (
+        "lab_box-7",
+        "Lab box 7",
+        "0.35",
+    )
+    assert s.force_simulated and s.agent_state_dir == tmp_path
+
+
+@pytest.mark.parametrize("bad", ["a.b", "a b", "a*", "", "a>", "x" * 65])
+def test_minion_id_must_be_a_subject_token(bad: str) -> None:
+    with pytest.raises(ValidationError, match="minion_id"):
+        AgentSettings(minion_id=bad)
+
+
+def test_default_minion_id_is_subject_safe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("socket.gethostname", lambda: "gpu-01.lab.example")
+    assert default_minion_id() == "gpu-01-lab-example"
+
+
+# --- simulated inventory -------------------------------------------------------------
+
+
+def _settings(tmp_path: Path, **kw: Any) -> AgentSettings:
+    return AgentSettings(minion_id="m1", agent_state_dir=tmp_path, **kw)
+
+
+def _check_simulated(inv: inv_mod.Inventory, settings: AgentSettings) -> None:
+    assert inv.simulated is True
+    assert inv.source == str(settings.sim_inventory)
+    assert [g.index for g in inv.gpus] == [0, 1]
+    for g in inv.gpus:
+        assert g.model == "RTX 3090"
+        assert g.nvml_name == "NVIDIA GeForce RTX 3090"
+        assert g.memory_mb == 24576 and (g.pcie_gen, g.pcie_width) == (4, 16)
+        assert g.uuid.startswith("GPU-sim-3090-")
+    assert len({g.uuid for g in inv.gpus}) == 2
+
+
+def test_force_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def must_not_init() -> None:
+        raise AssertionError("NVML must not be touched when simulation is forced")
+
+    monkeypatch.setattr(pynvml, "nvmlInit", must_not_init)
+    s = _settings(tmp_path, force_simulated=True)
+    inv = read_inventory(s)
+    _check_simulated(inv, s)
+    assert "GPUFLEET_FORCE_SIMULATED" in inv.note and "SIMULATED" in inv.describe()
+
+
+def test_falls_back_to_simulated_without_nvml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    s = _settings(tmp_path)
+    inv = read_inventory(s)
+    _check_simulated(inv, s)
+    assert inv.note.startswith("no NVIDIA driver found (Driver Not Loaded)")
+    assert str(s.sim_inventory) in inv.note
+    assert inv.driver_version is None
+
+
+def test_falls_back_on_oserror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(pynvml, "nvmlInit", broken)
+    inv = read_inventory(_settings(tmp_path))
+    assert inv.simulated and "libnvidia-ml.so.1" in inv.note
+
+
+def test_custom_simulated_file(tmp_path: Path) -> None:
+    f = tmp_path / "one-h100.json"
+    f.write_text(
+        '[{"index": 0, "uuid": "GPU-x", "nvml_name": "NVIDIA H100 80GB HBM3",'
+        ' "memory_mb": 81559, "pcie_gen": 5, "pcie_width": 16}]'
+    )
+    inv = read_inventory(_settings(tmp_path, force_simulated=True, sim_inventory=f))
+    assert [(g.model, g.memory_mb) for g in inv.gpus] == [("H100 80GB", 81559)]
+
+
+# --- NVML, through a fake pynvml -------------------------------------------------------
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+class FakeNotSupported(FakeNVMLError):
+    pass
+
+
+class FakeFunctionNotFound(FakeNVMLError):
+    pass
+
+
+def fake_pynvml(devices: list[dict[str, Any]]) -> types.SimpleNamespace:
+    calls: list[str] = []
+
+    def dev(h: int) -> dict[str, Any]:
+        return devices[h]
+
+    def maybe(h: int, key: str) -> Any:
+        value = dev(h).get(key)
+        if value is None:
+            raise FakeNotSupported()
+        return value
+
+    return types.SimpleNamespace(
+        calls=calls,
+        NVMLError=FakeNVMLError,
+        NVMLError_NotSupported=FakeNotSupported,
+        NVMLError_FunctionNotFound=FakeFunctionNotFound,
+        NVML_DEVICE_MIG_ENABLE=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlSystemGetDriverVersion=lambda: "550.54.15",
+        nvmlDeviceGetCount=lambda: len(devices),
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: dev(h)["name"],
+        nvmlDeviceGetUUID=lambda h: dev(h)["uuid"],
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(
+            total=dev(h)["mem_mb"] * 1024 * 1024, used=dev(h)["used_mb"] * 1024 * 1024
+        ),
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda h: maybe(h, "gen"),
+        nvmlDeviceGetMaxPcieLinkWidth=lambda h: maybe(h, "width"),
+        nvmlDeviceGetCurrPcieLinkGeneration=lambda h: 1,
+        nvmlDeviceGetCurrPcieLinkWidth=lambda h: maybe(h, "width"),
+        nvmlDeviceGetMigMode=lambda h: [maybe(h, "mig"), 0],
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=dev(h)["util"]),
+        nvmlDeviceGetTemperature=lambda h, sensor: maybe(h, "temp"),
+        nvmlDeviceGetPowerUsage=lambda h: maybe(h, "power_mw"),
+    )
+
+
+DEVICES = [
+    {
+        "name": "NVIDIA GeForce RTX 3090",
+        "uuid": "GPU-aaaa",
+        "mem_mb": 24576,
+        "used_mb": 100,
+        "gen": 4,
+        "width": 16,
+        "mig": None,
+        "util": 7,
+        "temp": 41,
+        "power_mw": 30500,
+    },
+    {
+        "name": b"NVIDIA A100-SXM4-80GB",
+        "uuid": b"GPU-bbbb",
+        "mem_mb": 81920,
+        "used_mb": 0,
+        "gen": 4,
+        "width": 16,
+        "mig": 1,
+        "util": 0,
+        "temp": None,
+        "power_mw": None,
+    },
+    {
+        "name": "NVIDIA Mystery GPU",
+        "uuid": "GPU-cccc",
+        "mem_mb": 1024,
+        "used_mb": 0,
+        "gen": None,
+        "width": None,
+        "mig": 0,
+        "util": 0,
+        "temp": 30,
+        "power_mw": 1000,
+    },
+]
+
+
+def test_nvml_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_pynvml(DEVICES)
+    monkeypatch.setattr(inv_mod, "pynvml", fake)
+    inv = read_inventory(_settings(tmp_path))
+    assert inv.simulated is False and inv.source == "nvml"
+    assert inv.driver_version == "550.54.15"
+    assert fake.calls == ["init", "shutdown"]
+    a, b, c = inv.gpus
+    assert (a.index, a.uuid, a.model, a.nvml_name, a.memory_mb) == (
+        0,
+        "GPU-aaaa",
+        "RTX 3090",
+        "NVIDIA GeForce RTX 3090",
+        24576,
+    )
+    assert (a.pcie_gen, a.pcie_width, a.mig_mode) == (4, 16, None)
+    assert (b.uuid, b.model, b.nvml_name, b.mig_mode) == (
+        "GPU-bbbb",
+        "A100 80GB",
+        "NVIDIA A100-SXM4-80GB",
+        True,
+    )
+    assert (c.model, c.pcie_gen, c.pcie_width, c.mig_mode) == (None, None, None, False)
+    assert "real GPUs via NVML (3)" in inv.describe()
+
+
+def test_nvml_shutdown_even_when_a_query_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = fake_pynvml(DEVICES)
+
+    def lost(h: int) -> str:
+        raise FakeNVMLError("GPU is lost")
+
+    fake.nvmlDeviceGetUUID = lost
+    monkeypatch.setattr(inv_mod, "pynvml", fake)
+    # NVML works but a GPU misbehaves: report the fault, never pretend to be simulated.
+    with pytest.raises(FakeNVMLError):
+        inv_mod.read_nvml()
+    assert fake.calls == ["init", "shutdown"]
+
+
+def test_nvml_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inv_mod, "pynvml", fake_pynvml(DEVICES))
+    inv = read_inventory(_settings(tmp_path))
+    s = sample_telemetry(inv)
+    assert [
+        (x.index, x.utilization_pct, x.memory_used_mb, x.temperature_c, x.power_w) for x in s
+    ] == [(0, 7, 100, 41, 30.5), (1, 0, 0, None, None), (2, 0, 0, 30, 1.0)]
+
+
+def test_simulated_telemetry(tmp_path: Path) -> None:
+    inv = read_inventory(_settings(tmp_path, force_simulated=True))
+    s = sample_telemetry(inv)
+    assert [(x.index, x.utilization_pct, x.memory_used_mb, x.temperature_c) for x in s] == [
+        (0, 0, 0, None),
+        (1, 0, 0, None),
+    ]
+
+
+def test_host_sampler(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "meminfo").write_text(
+        "MemTotal: 16384000 kB\nMemFree: 1 kB\nMemAvailable: 8192000 kB\n"
+    )
+    (proc / "stat").write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3\n")
+    h = HostSampler(proc)
+    (proc / "stat").write_text("cpu  150 0 150 900 0 0 0 0 0 0\n")
+    cpu, ram = h.sample()
+    assert cpu == 50.0
+    assert ram == (16384000 - 8192000) // 1024
+    assert ram_used_mb(tmp_path / "missing") is None
+    _cpu, real_ram = HostSampler().sample()
+    assert real_ram is None or real_ram > 0
