@@ -226,6 +226,8 @@ class WorkerPlaced(Event):
     payer: str  # the project owner
     node_owner: str
     placed_at: datetime
+    creator: str = ""  # the account that submitted the job; != payer for federated jobs
+    job_type: JobType = JobType.training
 
 
 class WorkerStarted(Event):
@@ -279,3 +281,29 @@ class ListJobs(Command):
     TYPE = "gpufleet.job.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_jobs")
     limit: int = Field(default=100, ge=1, le=1000)
+
+
+class Demand(BaseModel):
+    """One waiting worker that no node can take now."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    job_id: str
+    worker: int
+    owner: str
+    project: str
+    gpu_types: list[str]
+    gpu_count: int
+    max_price: Money | None = None
+    region: str | None = None  # pinned region (R-RES-1), if any
+    burst_allowed: bool = False  # the project allows bursting to the cloud (R-SCHED-3)
+    waiting_since: datetime
+
+
+class PendingDemandChanged(Event):
+    """The scheduler's unplaceable work changed: what the provisioner may burst for."""
+
+    TYPE = "gpufleet.scheduler.pending_demand_changed.v1"
+    SUBJECT = subjects.event("scheduler", "pending_demand_changed")
+    demands: list[Demand]
+    at: datetime

@@ -315,6 +315,8 @@ class Scheduler:
                     payer=job["owner"],
                     node_owner=node.owner,
                     placed_at=now,
+                    creator=job["creator"],
+                    job_type=spec.type,
                 ),
             )
             emit(

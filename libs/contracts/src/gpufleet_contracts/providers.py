@@ -1,0 +1,31 @@
+"""Provider events (PRODUCT.md section 2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from . import subjects
+from .base import Event
+
+
+class ProviderKind(StrEnum):
+    physical = "physical"
+    gcp = "gcp"
+
+
+class PaymentMode(StrEnum):
+    credits = "credits"  # earnings paid into the billing account every 24 h (R-PROV-1)
+    stripe = "stripe"  # "coming soon": refused when enabling
+
+
+class ProviderEnabled(Event):
+    """An account enabled a provider (at most once each). Never carries a key or secret."""
+
+    TYPE = "gpufleet.provider.enabled.v1"
+    SUBJECT = subjects.event("provider", "enabled")
+    account: str
+    provider: ProviderKind
+    payment_mode: PaymentMode
+    gcp_project_id: str | None = None
+    at: datetime
