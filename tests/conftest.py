@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpufleet_devstack import EmbeddedMongo, NatsServer
@@ -32,48 +33,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, marker))
 
 
-@pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    """One nats-server (JetStream on) for the whole session, on a free port."""
-    server = NatsServer(tmp_path_factory.mktemp("nats") / "store")
+def _serving(server: NatsServer | EmbeddedMongo) -> Iterator[Any]:
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One nats-server (JetStream on) for the whole session, on a free port."""
+    yield from _serving(NatsServer(tmp_path_factory.mktemp("nats") / "store"))
 
 
 @pytest.fixture(scope="session")
 def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedMongo]:
     """One embedded MongoDB for the whole session; use `db_prefix` for database names."""
-    server = EmbeddedMongo(tmp_path_factory.mktemp("mongo") / "data")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serving(EmbeddedMongo(tmp_path_factory.mktemp("mongo") / "data"))
 
 
 @pytest.fixture
 def fresh_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """A nats-server of this test's own, free to kill() and restart()."""
-    server = NatsServer(tmp_path_factory.mktemp("fresh-nats") / "store")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serving(NatsServer(tmp_path_factory.mktemp("fresh-nats") / "store"))
 
 
 @pytest.fixture
 def fresh_mongo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedMongo]:
     """An embedded MongoDB of this test's own, free to kill() and restart()."""
-    server = EmbeddedMongo(tmp_path_factory.mktemp("fresh-mongo") / "data")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serving(EmbeddedMongo(tmp_path_factory.mktemp("fresh-mongo") / "data"))
 
 
 @pytest.fixture

@@ -147,21 +147,22 @@ class System:
         return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
 
 
+def _running_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    system = System(tmp_path_factory.mktemp("system"))
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()
+
+
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    sys_ = System(tmp_path_factory.mktemp("system"))
-    try:
-        sys_.start()
-        yield sys_
-    finally:
-        sys_.stop()
+    """One system shared by a module's tests."""
+    yield from _running_system(tmp_path_factory)
 
 
 @pytest.fixture
 def fresh_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    sys_ = System(tmp_path_factory.mktemp("system"))
-    try:
-        sys_.start()
-        yield sys_
-    finally:
-        sys_.stop()
+    """A system of this test's own, for tests that kill and restart its processes."""
+    yield from _running_system(tmp_path_factory)
