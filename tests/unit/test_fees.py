@@ -3,7 +3,14 @@
 from decimal import Decimal
 
 import pytest
-from gpufleet_billing.fees import PLATFORM, from_micro, usage_micro, usage_postings
+from gpufleet_billing.fees import (
+    PLATFORM,
+    federated_postings,
+    from_micro,
+    is_federated,
+    usage_micro,
+    usage_postings,
+)
 
 
 def test_one_rtx_3090_for_an_hour_costs_the_development_fee() -> None:
@@ -45,7 +52,7 @@ def test_market_run_a100_example_of_r_bill_4() -> None:
         duration_ms=3_600_000,
     )
     by = {p.account: p.amount_micro for p in ps}
-    assert by == {"buyer": -2_780_000, "seller": 1_265_000, PLATFORM: 1_515_000}
+    assert by == {"buyer": -2_780_000, "earnings:seller": 1_265_000, PLATFORM: 1_515_000}
     assert sum(by.values()) == 0
 
 
@@ -65,3 +72,54 @@ def test_a_run_too_short_to_cost_anything_still_posts_zero_entries() -> None:
 @pytest.mark.parametrize("micro,text", [(-1000, "-0.001000"), (1, "0.000001"), (0, "0.000000")])
 def test_from_micro(micro: int, text: str) -> None:
     assert str(from_micro(micro)) == text
+
+
+def test_market_split_gives_the_odd_micro_credit_to_the_platform() -> None:
+    # 0.35 - 0.25 = 0.10 per GPU-hour to split; over 36 ms: total 3.5 -> 4, fee 2.5 -> 2 micro
+    ps = usage_postings(
+        charge="market",
+        payer="b",
+        node_owner="s",
+        gpu_model="T4",
+        rate=Decimal("0.35"),
+        gpu_count=1,
+        duration_ms=36,
+    )
+    by = {p.account: p.amount_micro for p in ps}
+    assert by == {"b": -4, "earnings:s": 1, PLATFORM: 3}
+
+
+def test_market_price_below_the_usage_fee_earns_nothing() -> None:
+    ps = usage_postings(
+        charge="market",
+        payer="b",
+        node_owner="s",
+        gpu_model="A100 80GB",
+        rate=Decimal("0.10"),
+        gpu_count=2,
+        duration_ms=3_600_000,
+    )
+    by = {p.account: p.amount_micro for p in ps}
+    assert by == {"b": -200_000, "earnings:s": 0, PLATFORM: 200_000}
+
+
+@pytest.mark.parametrize(
+    "job_type,hour_micro",
+    [("training", 2_650_000), ("inference", 1_850_000), ("endpoint", 1_850_000)],
+)
+def test_federated_fee_per_hour_of_r_bill_2(job_type: str, hour_micro: int) -> None:
+    assert is_federated("creator", "owner", job_type)
+    ps = federated_postings(creator="creator", job_type=job_type, duration_ms=3_600_000)
+    assert [(p.account, p.amount_micro) for p in ps] == [
+        ("creator", -hour_micro),
+        (PLATFORM, hour_micro),
+    ]
+    # pro rata: 90 minutes of training = 3.975
+    half = federated_postings(creator="c", job_type="training", duration_ms=5_400_000)
+    assert half[0].amount_micro == -3_975_000
+
+
+def test_no_federated_fee_for_own_jobs_or_notebooks() -> None:
+    assert not is_federated("owner", "owner", "training")
+    assert not is_federated("", "owner", "training")
+    assert not is_federated("creator", "owner", "notebook")

@@ -1,25 +1,82 @@
-"""Billing events (PRODUCT.md section 8)."""
+"""Billing events (PRODUCT.md section 8): one per ledger entry, published through the outbox
+with the entry's key as its id (`ce-id` = `Nats-Msg-Id`), so a consumer sees each entry once.
+
+Amounts are integer micro-credits (1 credit = 1,000,000), exact; negative = charged.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 
 from . import subjects
 from .base import Event
 
 
-class UsageCharged(Event):
-    """Usage of one worker's run charged to `account` at the locked rate."""
+class LedgerEntryEvent(Event):
+    """Fields every ledger-entry event carries."""
+
+    entry_key: str
+    account: str
+    kind: str = ""
+    amount_micro: int
+    at: datetime
+
+
+class UsageCharged(LedgerEntryEvent):
+    """Usage of one worker's run at the locked rate (R-BILL-1, R-BILL-4): the payer's charge,
+    the platform's share, for an hour slice or the remainder at stop."""
 
     TYPE = "gpufleet.billing.usage_charged.v1"
     SUBJECT = subjects.event("billing", "usage_charged")
-    entry_key: str
-    account: str
     job_id: str
     worker: int
     gpu_count: int
     rate: Decimal
     seconds: int
-    amount_micro: int  # micro-credits, exact
-    at: datetime
+    placement_id: str = ""
+
+
+class EarningCredited(LedgerEntryEvent):
+    """A node owner's earning for capacity sold to another account (R-BILL-4), credited to the
+    owner's earnings sub-account (`account` = `earnings:<owner>`)."""
+
+    TYPE = "gpufleet.billing.earning_credited.v1"
+    SUBJECT = subjects.event("billing", "earning_credited")
+    owner: str
+    job_id: str
+    worker: int
+    placement_id: str
+    node_id: str = ""
+    region: str = ""
+    seconds: int
+
+
+class FederatedFeeCharged(LedgerEntryEvent):
+    """The hourly fee of a cross-project job, charged to its creator (R-BILL-2)."""
+
+    TYPE = "gpufleet.billing.federated_fee_charged.v1"
+    SUBJECT = subjects.event("billing", "federated_fee_charged")
+    job_id: str
+    worker: int
+    placement_id: str
+    job_type: str
+    seconds: int
+
+
+class DeviceFeeCharged(LedgerEntryEvent):
+    """One UTC day's device fee of an account (R-BILL-3), or a correction of it."""
+
+    TYPE = "gpufleet.billing.device_fee_charged.v1"
+    SUBJECT = subjects.event("billing", "device_fee_charged")
+    day: date
+    devices: int
+
+
+class PayoutMade(LedgerEntryEvent):
+    """Accumulated earnings moved into the billing account (R-PROV-1 `credits`, every 24 h)."""
+
+    TYPE = "gpufleet.billing.payout_made.v1"
+    SUBJECT = subjects.event("billing", "payout_made")
+    owner: str
+    day: date

@@ -1,0 +1,77 @@
+"""The ledger collection: append-only entries with unique keys (R-BILL-5).
+
+Entries are only ever inserted, never updated or deleted. A stage of a group is written in one
+transaction together with one event per entry in the outbox (msg id = entry key); a unique-key
+violation means another writer settled the same stage first, and the caller recomputes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from gpufleet_bus import emit
+from gpufleet_store import Transaction
+from pymongo import ASCENDING, IndexModel
+from pymongo.asynchronous.database import AsyncDatabase
+
+from .events import event_for
+from .fees import Posting
+from .periods import to_ms
+from .settle import Posted, entry_key
+
+Doc = dict[str, Any]
+
+LEDGER_INDEXES = [
+    IndexModel([("key", ASCENDING)], unique=True),
+    IndexModel([("group", ASCENDING)]),
+    IndexModel([("account", ASCENDING), ("at_ms", ASCENDING)]),
+    IndexModel([("job_id", ASCENDING)]),
+]
+
+
+async def posted(db: AsyncDatabase[Doc], group: str, tx: Transaction | None = None) -> list[Posted]:
+    session = tx.session if tx is not None else None
+    docs = await db.ledger.find({"group": group}, session=session).to_list(None)
+    return [
+        Posted(d["account"], int(d["amount_micro"]), str(d["stage"]), str(d["kind"])) for d in docs
+    ]
+
+
+async def write_stage(
+    db: AsyncDatabase[Doc],
+    tx: Transaction,
+    *,
+    group: str,
+    stage: str,
+    postings: list[Posting],
+    at: datetime,
+    recorded_at: datetime,
+    meta: Doc,
+) -> list[Doc]:
+    """Insert one stage of `group` and queue its events; returns the entries written."""
+    if not postings:
+        return []
+    assert sum(p.amount_micro for p in postings) == 0, "a stage must balance"
+    entries = []
+    for p in postings:
+        key = entry_key(group, stage, p.account)
+        entries.append(
+            {
+                **meta,
+                "_id": key,
+                "key": key,
+                "group": group,
+                "stage": stage,
+                "account": p.account,
+                "kind": p.kind,
+                "amount_micro": p.amount_micro,
+                "at": at,
+                "at_ms": to_ms(at),
+                "recorded_at": recorded_at,
+            }
+        )
+    await db.ledger.insert_many(entries, session=tx.session)
+    for e in entries:
+        emit(tx, event_for(e), msg_id=e["key"])
+    return entries
