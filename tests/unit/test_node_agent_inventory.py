@@ -288,3 +288,63 @@ def test_host_sampler(tmp_path: Path) -> None:
     assert ram_used_mb(tmp_path / "missing") is None
     _cpu, real_ram = HostSampler().sample()
     assert real_ram is None or real_ram > 0
+
+
+# --- hardware inventory (R-NODE-4) from the OS, or from the simulated file ----------------
+
+
+def _sysfs(root: Path) -> None:
+    def put(rel: str, text: str) -> None:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+    tb = 1_000_204_886_016 // 512  # a "1 TB" drive, in 512-byte sectors
+    for name in ("nvme0n1", "nvme1n1"):
+        put(f"sys/block/{name}/size", f"{tb}\n")
+        put(f"sys/block/{name}/queue/rotational", "0\n")
+    put("sys/block/sda/size", f"{2 * tb}\n")
+    put("sys/block/sda/queue/rotational", "1\n")
+    put("sys/block/loop0/size", "1024\n")  # not a disk
+    put("sys/class/tpm/tpm0/tpm_version_major", "2\n")
+    put("sys/class/net/eth0/speed", "10000\n")
+    (root / "sys/class/net/eth0/device").mkdir(parents=True)
+    put("sys/class/net/eth1/speed", "-1\n")  # link down
+    (root / "sys/class/net/eth1/device").mkdir(parents=True)
+    put("sys/class/net/lo/speed", "0\n")
+    put("sys/class/net/docker0/speed", "10000\n")  # virtual: no device
+    put("proc/meminfo", "MemTotal:       131072000 kB\nMemAvailable:   1000 kB\n")
+
+
+def test_hardware_from_sysfs(tmp_path: Path) -> None:
+    _sysfs(tmp_path)
+    hw = inv_mod.read_hardware(tmp_path)
+    assert [(d.name, d.kind, d.size_gb, d.rotational) for d in hw.drives] == [
+        ("nvme0n1", "nvme", 1000, False),
+        ("nvme1n1", "nvme", 1000, False),
+        ("sda", "sata", 2000, True),
+    ]
+    assert hw.tpm_version == "2.0"
+    assert [(n.name, n.speed_mbps) for n in hw.nics] == [("eth0", 10000), ("eth1", None)]
+    assert hw.memory_mb == 128000 and hw.cpu_cores and hw.gpu_form_factor == "pcie"
+
+
+def test_no_tpm_and_old_tpm(tmp_path: Path) -> None:
+    assert inv_mod.read_tpm(tmp_path / "missing") is None
+    (tmp_path / "tpm0").mkdir()
+    assert inv_mod.read_tpm(tmp_path) == "1.2"
+
+
+def test_packaged_simulated_inventory_reports_hardware_that_passes(tmp_path: Path) -> None:
+    inv = read_inventory(_settings(tmp_path, force_simulated=True))
+    assert inv.hardware is not None and inv.hardware.tpm_version == "2.0"
+    from gpufleet_provisioner.hardware import check_hardware
+
+    assert check_hardware(inv.gpus, inv.hardware) == []
+
+
+def test_a_list_inventory_file_reports_no_hardware(tmp_path: Path) -> None:
+    f = tmp_path / "gpus.json"
+    f.write_text('[{"index": 0, "uuid": "GPU-x", "nvml_name": "Tesla T4", "memory_mb": 15360}]')
+    inv = read_inventory(_settings(tmp_path, force_simulated=True, sim_inventory=f))
+    assert inv.hardware is None and inv.gpus[0].model == "T4"

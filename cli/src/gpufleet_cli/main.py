@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import billing, jobs, nodes, ops
+from . import billing, jobs, nodes, ops, provider, region
 
 app = typer.Typer(
     name="gpufleet",
@@ -21,6 +21,8 @@ app = typer.Typer(
 )
 app.add_typer(jobs.app, name="job")
 app.add_typer(nodes.app, name="node")
+app.add_typer(provider.app, name="provider")
+app.add_typer(region.app, name="region")
 app.add_typer(billing.app, name="billing")
 app.add_typer(ops.dlq_app, name="dlq")
 app.command()(ops.health)

@@ -2,28 +2,139 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 from gpufleet_contracts import subjects
+from rich.markup import escape
+from rich.table import Table
 
 from . import client, render, views
 
 app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
 
 LIST_NODES = subjects.rpc("provisioner", "list_nodes")
+ADD_NODE = subjects.rpc("provisioner", "add_node")
+SHOW_NODE = subjects.rpc("provisioner", "show_node")
+TOGGLE = subjects.rpc("provisioner", "toggle_maintenance")
+REMOVE = subjects.rpc("provisioner", "remove_node")
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
+]
+
+
+def _call(subject: str, body: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    with render.reported(as_json):
+        reply = client.request(subject, json.dumps(body).encode())
+    if as_json:
+        render.emit_json(reply)
+    return reply
 
 
 @app.command("list")
-def list_(
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
-    ] = False,
-) -> None:
+def list_(as_json: JsonOpt = False) -> None:
     """Your nodes: region, state, GPUs, simulated or real, last heartbeat."""
-    with render.reported(as_json):
-        reply = client.request(LIST_NODES, b"{}")
-    if as_json:
-        render.emit_json(reply)
-    else:
-        views.node_table([n for n in reply.get("nodes") or [] if isinstance(n, dict)])
+    reply = _call(LIST_NODES, {}, as_json)
+    if not as_json:
+        nodes = [n for n in reply.get("nodes") or [] if isinstance(n, dict)]
+        views.node_table(nodes)
+        failing = [n for n in nodes if n.get("failed_rules")]
+        for n in failing:
+            render.err().print(
+                f"[yellow]{escape(str(n['name']))}[/] is out of service: "
+                + escape("; ".join(n["failed_rules"]))
+            )
+
+
+def _show(node: dict[str, Any]) -> None:
+    table = Table("Field", "Value", title=f"node {node.get('name')}", title_justify="left")
+    for key in ("minion_id", "region", "kind", "provider", "state", "simulated", "last_seen"):
+        table.add_row(key, render.text(node.get(key)))
+    table.add_row("gpus", escape(views.gpu_summary(node.get("gpus"))))
+    if node.get("cloud"):
+        c = node["cloud"]
+        table.add_row(
+            "cloud",
+            render.text(f"{c.get('state')} in {c.get('zone')}, for worker {c.get('demand')}"),
+        )
+    render.out().print(table)
+    for rule in node.get("failed_rules") or []:
+        render.out().print(f"[red]failed[/] {escape(rule)}")
+    for h in node.get("history") or []:
+        render.out().print(f"  {h.get('state')}: {escape(str(h.get('reason')))}")
+
+
+@app.command("add")
+def add(
+    region: Annotated[str, typer.Option(help="a physical region")],
+    name: Annotated[str, typer.Option()],
+    minion_id: Annotated[str, typer.Option("--minion-id", help="shown on the node's console")],
+    kind: Annotated[str, typer.Option(help="compute | storage")] = "compute",
+    upnp: Annotated[bool, typer.Option("--upnp/--no-upnp")] = True,
+    mining: Annotated[bool, typer.Option("--mining/--no-mining")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add a compute or storage node by its minion id (R-NODE-2/3)."""
+    body = {
+        "region": region,
+        "name": name,
+        "minion_id": minion_id,
+        "kind": kind,
+        "upnp": upnp,
+        "mining": mining,
+    }
+    reply = _call(ADD_NODE, body, as_json)
+    if not as_json:
+        _show(reply)
+
+
+@app.command("replace-storage")
+def replace_storage(
+    region: Annotated[str, typer.Option()],
+    name: Annotated[str, typer.Option()],
+    minion_id: Annotated[str, typer.Option("--minion-id")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Replace the region's storage node with a new one (R-NODE-3)."""
+    body = {
+        "region": region,
+        "name": name,
+        "minion_id": minion_id,
+        "kind": "storage",
+        "replace": True,
+    }
+    reply = _call(ADD_NODE, body, as_json)
+    if not as_json:
+        _show(reply)
+
+
+@app.command("show")
+def show(
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonOpt = False
+) -> None:
+    """One node: state, history, hardware check results."""
+    reply = _call(SHOW_NODE, {"node": node}, as_json)
+    if not as_json:
+        _show(reply)
+
+
+@app.command("maintenance")
+def maintenance(
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonOpt = False
+) -> None:
+    """Toggle maintenance: active <-> maintenance (only active nodes receive work)."""
+    reply = _call(TOGGLE, {"node": node}, as_json)
+    if not as_json:
+        _show(reply)
+
+
+@app.command("remove")
+def remove(
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonOpt = False
+) -> None:
+    """Remove a node; its running workers are requeued."""
+    reply = _call(REMOVE, {"node": node}, as_json)
+    if not as_json:
+        _show(reply)

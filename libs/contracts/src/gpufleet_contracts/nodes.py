@@ -35,6 +35,37 @@ class GpuInfo(BaseModel):
     mig_mode: bool | None = None
 
 
+class DriveInfo(BaseModel):
+    """One block device (R-NODE-4): NVMe or SATA, its size and whether it spins."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    name: str
+    kind: str  # "nvme" | "sata" | "other"
+    size_gb: int
+    rotational: bool = False
+
+
+class NicInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    name: str
+    speed_mbps: int | None = None  # None: link down or unknown
+
+
+class HardwareInventory(BaseModel):
+    """What a node reports of its hardware besides the GPUs (R-NODE-4)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    drives: list[DriveInfo] = Field(default_factory=list)
+    tpm_version: str | None = None  # "2.0", "1.2" or None when absent
+    nics: list[NicInfo] = Field(default_factory=list)
+    memory_mb: int | None = None
+    cpu_cores: int | None = None
+    gpu_form_factor: str | None = None  # "pcie" (default) or "sxm"
+
+
 class RegisterNode(Command):
     TYPE = "gpufleet.node.register.v1"
     SUBJECT = subjects.command("provisioner", "register_node")
@@ -49,6 +80,10 @@ class RegisterNode(Command):
     driver_version: str | None = None
     price_per_gpu_hour: Decimal | None = None  # asking price when selling to other accounts
     agent_started_at: datetime
+    gpu_shares: int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
+    # Added in issue 4; older agents send none (their hardware is then "not reported").
+    hardware: HardwareInventory | None = None
+    heartbeat_s: float | None = None  # the agent's heartbeat period (liveness, issue 4)
 
 
 class NodeRegistered(Event):
@@ -65,6 +100,7 @@ class NodeRegistered(Event):
     price_per_gpu_hour: Decimal | None = None
     allow_public_jobs: bool = False
     at: datetime
+    gpu_shares: int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
 
 
 class NodeStateChanged(Event):
@@ -75,6 +111,34 @@ class NodeStateChanged(Event):
     state: NodeState
     reason: str | None = None
     at: datetime
+    previous: NodeState | None = None
+    # lost / preempted / removed: what happens to the workers that ran there. "requeue": the
+    # scheduler puts them back in the queue (a lost or preempted node says nothing about the job).
+    workers: str | None = None
+    failed_rules: list[str] = Field(default_factory=list)  # R-NODE-4, when it failed validation
+
+
+class CloudInstanceEvent(Event):
+    """A cloud instance's lifecycle, from the cloud's audit log (R-NODE-5).
+
+    Published by the provisioner's bridge (Logging sink -> Pub/Sub -> NATS) with the Pub/Sub
+    message id as `Nats-Msg-Id`, so a redelivered log entry is stored once.
+    """
+
+    TYPE = "gpufleet.node.cloud_instance.v1"
+    SUBJECT = subjects.event("node", "cloud_instance")
+    provider: str  # "gcp"
+    project_id: str
+    zone: str
+    instance: str  # instance name (= the node's minion id)
+    instance_id: str | None = None
+    action: str  # "insert" | "delete" | "stop" | "preempted" | "other"
+    method: str  # protoPayload.methodName
+    phase: str  # "first" | "last" | "single" (operation.first / operation.last)
+    log_insert_id: str | None = None
+    timestamp: datetime
+    pubsub_message_id: str
+    error: str | None = None  # protoPayload.status.message when the operation failed
 
 
 class GpuSample(BaseModel):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
+from pydantic import Field
+
 from . import subjects
 from .base import Event
 
@@ -28,4 +30,18 @@ class ProviderEnabled(Event):
     provider: ProviderKind
     payment_mode: PaymentMode
     gcp_project_id: str | None = None
+    at: datetime
+
+
+class RegionCreated(Event):
+    """A region was created (R-REG-1 / R-REG-2). GCP regions carry their runnable jobs."""
+
+    TYPE = "gpufleet.provider.region_created.v1"
+    SUBJECT = subjects.event("provider", "region_created")
+    account: str
+    provider: ProviderKind
+    name: str
+    storage_mode: str | None = None
+    allow_public_jobs: bool = False
+    runnable_jobs: dict[str, int] = Field(default_factory=dict)  # GPU type -> jobs (R-REG-3)
     at: datetime

@@ -5,7 +5,12 @@ service and one node agent, checks that each service answers its health RPC, pri
 to try, and supervises the children until Ctrl-C (or SIGTERM), when it stops them all in
 reverse order. `--no-block` starts, checks, prints and stops again (a smoke test).
 
-    uv run python -m gpufleet_devstack.up [--no-block] [--require-healthy]
+    uv run python -m gpufleet_devstack.up [--no-block] [--require-healthy] [--gcp]
+
+`--gcp` (or GPUFLEET_UP_GCP=1) also starts the local Google Cloud emulator
+(`gpufleet_gcp_emulator`), points the provisioner at it, and enables an emulated GCP provider
+(project `gpufleet-dev`) with the region `us-central1` for the account `local`: queued jobs
+that allow bursting then run on emulated instances.
 
 Environment: GPUFLEET_NATS_PORT (default 4333; not 4222, which a system nats-server may
 use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_RUN_DIR (default `<repo>/.run`).
@@ -241,12 +246,15 @@ class Stack:
         )
         self.children: list[Supervised] = []
         self.stopping = False
+        self.gcp: Any = None  # the GCP emulator (gpufleet_gcp_emulator.testing.EmulatorProcess)
+        self.gcp_env: dict[str, str] = {}
 
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         env = dict(os.environ)
         env["GPUFLEET_NATS_URL"] = self.nats.url
         env["GPUFLEET_MONGO_URL"] = self.mongo.url
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.gcp_env)
         for key, value in spec.env.items():
             env[key] = value.format(run_dir=self.run_dir)
         return env
@@ -262,6 +270,30 @@ class Stack:
         self.out.ok(
             f"MongoDB up, data in {_rel(self.mongo.data_dir)} (log: {_rel(self.mongo.log_file)})"
         )
+
+    def start_gcp(self) -> None:
+        """The GCP emulator, its endpoints and a Fernet key (kept in the run dir) for the
+        services; its instances boot simulated node agents on this stack's NATS."""
+        from cryptography.fernet import Fernet
+        from gpufleet_gcp_emulator.testing import EmulatorProcess
+
+        key_file = self.run_dir / "gcp-secret.key"
+        if not key_file.exists():
+            key_file.write_text(Fernet.generate_key().decode())
+            key_file.chmod(0o600)
+        self.out.step("starting the Google Cloud emulator (Compute, Pub/Sub, Logging)")
+        self.gcp = EmulatorProcess(
+            self.log_dir / "gcp-emulator.log",
+            nats_url=self.nats.url,
+            agent_dir=self.run_dir / "gcp-agents",
+        ).start()
+        self.gcp_env = {
+            **self.gcp.env(),
+            "GPUFLEET_SECRET_KEY": os.environ.get("GPUFLEET_SECRET_KEY")
+            or key_file.read_text().strip(),
+            "GPUFLEET_BURST_IDLE_S": os.environ.get("GPUFLEET_BURST_IDLE_S", "60"),
+        }
+        self.out.ok(f"GCP emulator up: Compute {self.gcp.compute}, gRPC {self.gcp.grpc}")
 
     def start_services(self) -> None:
         (self.run_dir / "agent").mkdir(parents=True, exist_ok=True)
@@ -316,6 +348,10 @@ class Stack:
             if child.process.alive:
                 self.out.step(f"stopping {child.spec.name}")
             child.process.stop()
+        if self.gcp is not None:
+            self.out.step("stopping the GCP emulator (and its instances' agents)")
+            self.gcp.stop()
+            self.gcp = None
         if self.mongo.running:
             self.out.step("stopping MongoDB")
         self.mongo.stop()
@@ -400,6 +436,59 @@ def print_status(stack: Stack, status: Mapping[str, str]) -> None:
     stack.out.table("gpufleet local stack", ["component", "state", "address", "log"], rows)
 
 
+GCP_PROJECT: Final = "gpufleet-dev"
+GCP_REGION: Final = "us-central1"
+
+
+async def enable_emulated_gcp(stack: Stack) -> list[str]:
+    """Enable the gcp provider (an emulated service-account key) and its region, once."""
+    import json
+
+    import nats
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    key = {
+        "type": "service_account",
+        "project_id": GCP_PROJECT,
+        "private_key": pem,
+        "client_email": f"gpufleet@{GCP_PROJECT}.iam.gserviceaccount.com",
+    }
+    said: list[str] = []
+    nc = await nats.connect(stack.nats.url, connect_timeout=5)
+    try:
+        for verb, body in (
+            ("enable_provider", {"provider": "gcp", "key_json": json.dumps(key)}),
+            ("create_region", {"provider": "gcp", "name": GCP_REGION}),
+        ):
+            reply = json.loads(
+                (
+                    await nc.request(
+                        f"gpufleet.v1.rpc.provisioner.{verb}",
+                        json.dumps(body).encode(),
+                        timeout=30,
+                        headers={"gpufleet-account": "local"},
+                    )
+                ).data
+            )
+            error = reply.get("error") if reply.get("ok") is False else None
+            if error and error.get("code") != "conflict":
+                raise DevstackError(f"{verb}: {error.get('message')}")
+            said.append(f"{verb}: {'already done' if error else 'ok'}")
+    finally:
+        await nc.close()
+    return said
+
+
 def print_what_to_try(stack: Stack) -> None:
     out = stack.out
     out.plain("")
@@ -411,6 +500,15 @@ def print_what_to_try(stack: Stack) -> None:
         "--max-price 1.0 -- python -c \"print('hi')\"",
         "uv run gpufleet job show <id>",
         "uv run gpufleet billing balance",
+        *(
+            (
+                "uv run gpufleet region list   # the emulated GCP region and its runnable jobs",
+                "uv run gpufleet job submit --name cloud --gpu-type V100 --gpu-count 1 "
+                "--max-price 1.0 --allow-burst -- python -c \"print('from the cloud')\"",
+            )
+            if stack.gcp is not None
+            else ()
+        ),
     ):
         out.plain(f"  {line}")
     out.plain("")
@@ -441,6 +539,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--health-timeout", type=float, default=HEALTH_TIMEOUT, help="seconds (default 60)"
+    )
+    parser.add_argument(
+        "--gcp",
+        action="store_true",
+        default=os.environ.get("GPUFLEET_UP_GCP", "").lower() in {"1", "true", "yes", "on"},
+        help="also start the Google Cloud emulator with an emulated GCP provider enabled",
     )
     args = parser.parse_args(argv)
     out = _make_out()
@@ -474,10 +578,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         stack.start_servers()
+        if args.gcp:
+            stack.start_gcp()
         stack.start_services()
         out.step(f"waiting up to {args.health_timeout:.0f}s for the services' health replies")
         status = asyncio.run(check_health(stack, args.health_timeout))
         print_status(stack, status)
+        if args.gcp and status.get("provisioner", "").startswith("up"):
+            for line in asyncio.run(enable_emulated_gcp(stack)):
+                out.ok(f"GCP ({GCP_PROJECT}, {GCP_REGION}) {line}")
         if args.require_healthy and not all(s.startswith("up") for s in status.values()):
             code = 1
         print_what_to_try(stack)

@@ -111,7 +111,10 @@ class Agent:
             inventory_source=inv.source,
             driver_version=inv.driver_version,
             price_per_gpu_hour=s.price_per_gpu_hour,
+            gpu_shares=s.gpu_shares,
             agent_started_at=self.started_at,
+            hardware=inv.hardware,
+            heartbeat_s=s.heartbeat_s,
         )
 
     async def _register(self) -> None:

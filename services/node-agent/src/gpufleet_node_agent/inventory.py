@@ -1,13 +1,18 @@
-"""What GPUs this node has (NVML, or a simulated file when there is no NVIDIA driver).
+"""What this node has: GPUs (NVML, or a simulated file when there is no NVIDIA driver) and the
+rest of the hardware the provisioner checks (R-NODE-4): NVMe and SATA drives (/sys/block),
+TPM (/sys/class/tpm), NICs (/sys/class/net), memory (/proc/meminfo) and CPU cores.
 
 The simulated path exists so that the whole control plane can run on a laptop: such a node
-says so in its registration (`simulated: true`) and in its start-up log.
+says so in its registration (`simulated: true`) and in its start-up log. A simulated
+inventory file is either a list of GPUs (no hardware reported) or an object
+`{"gpus": [...], "hardware": {...}}`; a node with simulated GPUs reports simulated hardware.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +20,7 @@ from typing import Any, TypeVar
 
 import pynvml  # nvidia-ml-py; untyped (the root mypy config ignores missing stubs)
 from gpufleet_contracts.catalog import catalog
-from gpufleet_contracts.nodes import GpuInfo, GpuSample
+from gpufleet_contracts.nodes import DriveInfo, GpuInfo, GpuSample, HardwareInventory, NicInfo
 
 from .settings import AgentSettings
 
@@ -32,6 +37,7 @@ class Inventory:
     source: str  # "nvml" or the simulated inventory file
     driver_version: str | None = None
     note: str = ""
+    hardware: HardwareInventory | None = None
 
     def describe(self) -> str:
         models: dict[str, int] = {}
@@ -83,7 +89,7 @@ def _nvml_gpu(index: int) -> GpuInfo:
     )
 
 
-def read_nvml() -> Inventory:
+def read_nvml(root: Path = Path("/")) -> Inventory:
     """The GPUs NVML sees. Raises pynvml.NVMLError / OSError when NVML cannot start."""
     pynvml.nvmlInit()
     try:
@@ -91,11 +97,106 @@ def read_nvml() -> Inventory:
         gpus = [_nvml_gpu(i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
     finally:
         pynvml.nvmlShutdown()
-    return Inventory(gpus=gpus, simulated=False, source="nvml", driver_version=driver)
+    sxm = any("SXM" in g.nvml_name.upper() for g in gpus)
+    return Inventory(
+        gpus=gpus,
+        simulated=False,
+        source="nvml",
+        driver_version=driver,
+        hardware=read_hardware(root, gpu_form_factor="sxm" if sxm else "pcie"),
+    )
+
+
+# --- the rest of the hardware, from the OS ----------------------------------------------
+
+SKIP_BLOCK = ("loop", "ram", "zram", "dm-", "sr", "md", "nbd", "fd")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def read_drives(sys_block: Path) -> list[DriveInfo]:
+    """Whole disks: NVMe (`nvme*`), SATA (`sd*` on the ata transport, or any `sd*`)."""
+    drives: list[DriveInfo] = []
+    try:
+        names = sorted(p.name for p in sys_block.iterdir())
+    except OSError:
+        return drives
+    for name in names:
+        if name.startswith(SKIP_BLOCK):
+            continue
+        sectors = _read(sys_block / name / "size")
+        if sectors is None or not sectors.isdigit():
+            continue
+        kind = "nvme" if name.startswith("nvme") else "sata" if name.startswith("sd") else "other"
+        size_gb = int(sectors) * 512 // 1_000_000_000  # sectors are 512 bytes; decimal GB
+        rotational = _read(sys_block / name / "queue" / "rotational") == "1"
+        drives.append(DriveInfo(name=name, kind=kind, size_gb=size_gb, rotational=rotational))
+    return drives
+
+
+def read_tpm(sys_tpm: Path) -> str | None:
+    """ "2.0", "1.2", or None without a TPM."""
+    try:
+        devices = sorted(p for p in sys_tpm.iterdir() if p.name.startswith("tpm"))
+    except OSError:
+        return None
+    for dev in devices:
+        major = _read(dev / "tpm_version_major")
+        if major is not None:
+            return "2.0" if major == "2" else f"{major}.2" if major == "1" else major
+        return "1.2"  # kernels without tpm_version_major expose only TPM 1.2 this way
+    return None
+
+
+def read_nics(sys_net: Path) -> list[NicInfo]:
+    """Physical NICs (those with a `device`), with their link speed in Mb/s when up."""
+    nics: list[NicInfo] = []
+    try:
+        names = sorted(p.name for p in sys_net.iterdir())
+    except OSError:
+        return nics
+    for name in names:
+        if name == "lo" or not (sys_net / name / "device").exists():
+            continue
+        speed = _read(sys_net / name / "speed")
+        mbps = int(speed) if speed and speed.lstrip("-").isdigit() else None
+        nics.append(NicInfo(name=name, speed_mbps=mbps if mbps and mbps > 0 else None))
+    return nics
+
+
+def memory_mb(meminfo: Path) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def read_hardware(root: Path = Path("/"), gpu_form_factor: str = "pcie") -> HardwareInventory:
+    return HardwareInventory(
+        drives=read_drives(root / "sys" / "block"),
+        tpm_version=read_tpm(root / "sys" / "class" / "tpm"),
+        nics=read_nics(root / "sys" / "class" / "net"),
+        memory_mb=memory_mb(root / "proc" / "meminfo"),
+        cpu_cores=os.cpu_count(),
+        gpu_form_factor=gpu_form_factor,
+    )
 
 
 def read_simulated(path: Path, note: str) -> Inventory:
     raw = json.loads(path.read_text())
+    hardware = None
+    if isinstance(raw, dict):
+        hw = raw.get("hardware")
+        hardware = None if hw is None else HardwareInventory.model_validate(hw)
+        raw = raw.get("gpus") or []
     gpus = [
         GpuInfo(
             index=int(g["index"]),
@@ -109,7 +210,7 @@ def read_simulated(path: Path, note: str) -> Inventory:
         )
         for g in raw
     ]
-    return Inventory(gpus=gpus, simulated=True, source=str(path), note=note)
+    return Inventory(gpus=gpus, simulated=True, source=str(path), note=note, hardware=hardware)
 
 
 def read_inventory(settings: AgentSettings) -> Inventory:

@@ -40,6 +40,8 @@ class AgentSettings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0)
     worker_poll_s: float = Field(default=0.5, gt=0)
     price_per_gpu_hour: Decimal | None = Field(default=None, ge=0)
+    # R-SCHED-4: the operator divides each GPU of this node into this many shares.
+    gpu_shares: int = Field(default=1, ge=1, le=16)
     log_chunk_bytes: int = Field(default=16384, ge=256, le=1024 * 1024)
 
     @field_validator("minion_id")

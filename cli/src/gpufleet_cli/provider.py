@@ -1,0 +1,113 @@
+"""`gpufleet provider ...`: enable the physical or Google Cloud provider (R-PROV-1/2)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from gpufleet_contracts import subjects
+from rich.table import Table
+
+from . import client, render
+
+app = typer.Typer(help="Providers: physical (on-prem) and gcp.", no_args_is_help=True)
+
+ENABLE = subjects.rpc("provisioner", "enable_provider")
+LIST = subjects.rpc("provisioner", "list_providers")
+POLICY = subjects.rpc("provisioner", "set_burst_policy")
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
+]
+
+
+def call(subject: str, body: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    with render.reported(as_json):
+        reply = client.request(subject, json.dumps(body).encode())
+    if as_json:
+        render.emit_json(reply)
+    return reply
+
+
+def show(obj: dict[str, Any], title: str) -> None:
+    table = Table("Field", "Value", title=title, title_justify="left")
+    for k, v in obj.items():
+        table.add_row(k, render.text(json.dumps(v) if isinstance(v, dict | list) else v))
+    render.out().print(table)
+
+
+@app.command("enable")
+def enable(
+    provider: Annotated[str, typer.Argument(help="physical | gcp")],
+    payment_mode: Annotated[
+        str, typer.Option("--payment-mode", help="credits (stripe: coming soon)")
+    ] = "credits",
+    key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--key-file",
+            help="gcp: the service account's JSON key ('-' reads stdin). Sent to the "
+            "provisioner, stored encrypted, never shown again.",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Enable a provider for your account (once each)."""
+    body: dict[str, Any] = {"provider": provider, "payment_mode": payment_mode}
+    if key_file is not None:
+        try:
+            text = sys.stdin.read() if str(key_file) == "-" else key_file.read_text()
+        except OSError as exc:
+            render.fail(
+                client.CliError(f"cannot read {key_file}: {exc.strerror}", "invalid"), as_json
+            )
+        body["key_json"] = text
+    reply = call(ENABLE, body, as_json)
+    if not as_json:
+        show(reply, f"{provider} provider enabled")
+        lifecycle = reply.get("lifecycle") or {}
+        if lifecycle.get("writer_identity"):
+            render.out().print(
+                f"Grant {lifecycle['writer_identity']} roles/pubsub.publisher on "
+                f"{lifecycle.get('topic')} (the sink's writer identity)."
+            )
+
+
+@app.command("list")
+def list_(as_json: JsonOpt = False) -> None:
+    """Your providers (never their keys)."""
+    reply = call(LIST, {}, as_json)
+    if not as_json:
+        table = Table("Provider", "Payment", "Project", "Service account", "Enabled")
+        for p in reply.get("providers") or []:
+            table.add_row(
+                render.text(p.get("provider")),
+                render.text(p.get("payment_mode")),
+                render.text(p.get("gcp_project_id")),
+                render.text(p.get("client_email")),
+                render.when(p.get("enabled_at")),
+            )
+        render.out().print(table)
+
+
+@app.command("policy")
+def policy(
+    max_nodes: Annotated[int | None, typer.Option(help="cloud nodes alive at once")] = None,
+    max_nodes_per_region: Annotated[int | None, typer.Option()] = None,
+    max_new_per_pass: Annotated[int | None, typer.Option(help="instances asked at once")] = None,
+    idle_s: Annotated[float | None, typer.Option(help="delete after idle this long")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set the gcp burst policy (R-SCHED-3); unset options keep their value."""
+    body = {
+        "max_nodes": max_nodes,
+        "max_nodes_per_region": max_nodes_per_region,
+        "max_new_per_pass": max_new_per_pass,
+        "idle_s": idle_s,
+    }
+    reply = call(POLICY, body, as_json)
+    if not as_json:
+        show(reply, "burst policy")

@@ -1,0 +1,1 @@
+"""A local Google Cloud emulator for gpufleet tests and `just up --gcp`."""

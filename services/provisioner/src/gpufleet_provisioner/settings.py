@@ -1,0 +1,35 @@
+"""Provisioner settings, from `GPUFLEET_*` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .scaling import ScalePolicy
+
+
+class ProvisionerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
+
+    auto_activate_nodes: bool = True
+    # Fernet key (urlsafe base64, 32 bytes) that encrypts stored secrets (R-PROV-2).
+    secret_key: str | None = Field(default=None, repr=False)
+    # Liveness: a node is `lost` after this many heartbeat periods without one (its own
+    # period, from its registration), and never sooner than node_lost_min_s.
+    node_lost_missed_heartbeats: int = Field(default=3, ge=1)
+    node_lost_min_s: float = Field(default=10.0, gt=0)
+    provisioner_tick_s: float = Field(default=1.0, gt=0)
+    # Burst policy defaults (per account overrides live on its gcp provider).
+    burst_max_nodes: int = Field(default=4, ge=0)
+    burst_max_nodes_per_region: int = Field(default=4, ge=0)
+    burst_max_new_per_pass: int = Field(default=2, ge=1)
+    burst_idle_s: float = Field(default=300.0, ge=0)
+    burst_retry_s: float = Field(default=30.0, ge=0)  # after an insert failed in a region
+
+    def policy(self) -> ScalePolicy:
+        return ScalePolicy(
+            max_nodes=self.burst_max_nodes,
+            max_nodes_per_region=self.burst_max_nodes_per_region,
+            max_new_per_pass=self.burst_max_new_per_pass,
+            idle_s=self.burst_idle_s,
+        )

@@ -1,0 +1,88 @@
+"""An e2e system with the Google Cloud emulator: imported by the burst tests only.
+
+`GcpSystem` is `System` (every process from `gpufleet_devstack.up.SERVICES`) plus the
+emulator (`python -m gpufleet_gcp_emulator`), whose instances boot simulated node agents on
+the same NATS; the services get the emulator's endpoints, a Fernet key and a short idle time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from gpufleet_gcp_emulator.testing import EmulatorProcess
+
+from .conftest import System
+
+IDLE_S = 3
+
+
+def service_account_key(project: str) -> str:
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    return json.dumps(
+        {
+            "type": "service_account",
+            "project_id": project,
+            "private_key_id": "e2e",
+            "private_key": pem,
+            "client_email": f"gpufleet@{project}.iam.gserviceaccount.com",
+        }
+    )
+
+
+class GcpSystem(System):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.secret = Fernet.generate_key().decode()
+        self.emulator = EmulatorProcess(
+            root / "logs" / "gcp-emulator.log",
+            nats_url=self.nats.url,  # its instances' agents report here
+            agent_dir=root / "gcp-agents",
+            delay_s=0.3,
+            agent_heartbeat_s=1.0,
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = super().env
+        env.update(
+            GPUFLEET_SECRET_KEY=self.secret,
+            GPUFLEET_PROVISIONER_TICK_S="0.5",
+            GPUFLEET_BURST_IDLE_S=str(IDLE_S),
+        )
+        if self.emulator.compute:
+            env.update(self.emulator.env())
+        return env
+
+    def start(self) -> None:
+        self.emulator.start()  # first: the services need its endpoints
+        super().start()
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            self.emulator.stop()
+
+
+@pytest.fixture(scope="module")
+def gcp_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcpSystem]:
+    system = GcpSystem(tmp_path_factory.mktemp("gcp-system"))
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()

@@ -1,0 +1,373 @@
+"""The GCP half of the provisioner against the emulator, through the real client libraries:
+the key (R-PROV-2), the sink/topic/subscription, regions and quotas (R-REG-2/3), bursting
+(R-SCHED-3) and the lifecycle bridge, with faults: quota exhausted, insert failing,
+preemption, duplicated and out-of-order log entries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import nats
+import pytest
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import Demand, PendingDemandChanged
+from gpufleet_contracts.nodes import GpuInfo, NodeHeartbeat, RegisterNode
+from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_gcp_emulator.testing import EmulatorProcess
+from gpufleet_provisioner.app import build_app
+from gpufleet_provisioner.gcp import GcpEndpoints
+from gpufleet_provisioner.settings import ProvisionerSettings
+
+from .conftest import broker_for, running, store_for
+from .test_provisioner_nodes import Bus
+
+PEM = (
+    rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    .private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    .decode()
+)
+SECRET_MARKER = PEM.splitlines()[5]  # a line of the key's body, to look for in outputs
+
+
+def key_json(project: str) -> str:
+    return json.dumps(
+        {
+            "type": "service_account",
+            "project_id": project,
+            "private_key_id": "k1",
+            "private_key": PEM,
+            "client_email": f"gpufleet@{project}.iam.gserviceaccount.com",
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProcess]:
+    emu = EmulatorProcess(tmp_path_factory.mktemp("gcp") / "emulator.log", delay_s=0.2)
+    emu.start()
+    try:
+        yield emu
+    finally:
+        emu.stop()
+
+
+class Cloud(Bus):
+    project = ""
+    raw: list[tuple[str, dict[str, str], bytes]]
+
+
+@asynccontextmanager
+async def provisioner(
+    nats_server: NatsServer,
+    mongo_server: EmbeddedMongo,
+    db_prefix: str,
+    emulator: EmulatorProcess,
+    *,
+    idle_s: float = 1.0,
+) -> AsyncIterator[Cloud]:
+    settings = ProvisionerSettings(
+        secret_key=Fernet.generate_key().decode(),
+        provisioner_tick_s=0.2,
+        node_lost_min_s=2.0,
+        burst_idle_s=idle_s,
+        burst_retry_s=60,
+    )
+    app, _prov = build_app(
+        store_for("provisioner", mongo_server.url, db_prefix),
+        broker_for("provisioner", nats_server.url),
+        settings=settings,
+        endpoints=GcpEndpoints(compute=emulator.compute, grpc=emulator.grpc),
+    )
+    nc = await nats.connect(nats_server.url)
+    bus = Cloud(nc, f"acct-{uuid.uuid4().hex[:6]}")
+    bus.project = f"proj-{uuid.uuid4().hex[:8]}"
+    bus.raw = []
+
+    async def on_event(msg: Any) -> None:
+        bus.events.append(json.loads(msg.data))
+        bus.raw.append((msg.subject, dict(msg.headers or {}), msg.data))
+
+    await nc.subscribe(f"{subjects.EVENTS}.>", cb=on_event)
+    try:
+        async with running(app):
+            enabled = await bus.ask(
+                "enable_provider", {"provider": "gcp", "key_json": key_json(bus.project)}
+            )
+            assert enabled["gcp_project_id"] == bus.project, enabled
+            yield bus
+    finally:
+        await nc.close()
+
+
+def demand(bus: Bus, job: str, **kw: Any) -> Demand:
+    base: dict[str, Any] = {
+        "job_id": job,
+        "worker": 0,
+        "owner": bus.account,
+        "project": "p",
+        "gpu_types": ["V100"],
+        "gpu_count": 1,
+        "burst_allowed": True,
+        "waiting_since": datetime.now(UTC),
+    }
+    return Demand(**{**base, **kw})
+
+
+async def pending(bus: Bus, *demands: Demand) -> None:
+    await bus.send(PendingDemandChanged(demands=list(demands), at=datetime.now(UTC)))
+
+
+async def cloud_nodes(bus: Bus) -> list[dict[str, Any]]:
+    nodes = (await bus.ask("list_nodes"))["nodes"]
+    return [n for n in nodes if n["provider"] == "gcp" and n["kind"] == "compute"]
+
+
+async def wait_node(bus: Bus, check: Any, within: float = 20) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    async def ok() -> bool:
+        for n in await cloud_nodes(bus):
+            if check(n):
+                found.update(n)
+                return True
+        return False
+
+    await wait_for_async(ok, timeout=within, interval=0.2)
+    return found
+
+
+def agent_registration(bus: Bus, name: str, region: str = "us-central1") -> RegisterNode:
+    return RegisterNode(
+        minion_id=name,
+        name=name,
+        region=region,
+        owner=bus.account,
+        hostname=name,
+        gpus=[
+            GpuInfo(
+                index=0,
+                uuid=f"GPU-{name}",
+                model="V100",
+                nvml_name="Tesla V100-SXM2-16GB",
+                memory_mb=16384,
+            )
+        ],
+        simulated=True,
+        inventory_source="emulator",
+        agent_started_at=datetime.now(UTC),
+        heartbeat_s=0.5,
+    )
+
+
+async def heartbeat(bus: Bus, name: str, running: list[str]) -> None:
+    hb = NodeHeartbeat(minion_id=name, at=datetime.now(UTC), running=running)
+    await bus.nc.publish(subjects.heartbeat(name), hb.to_bytes())
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+async def test_enable_gcp_validates_and_never_shows_the_key(
+    nats_server: NatsServer,
+    mongo_server: EmbeddedMongo,
+    db_prefix: str,
+    emulator: EmulatorProcess,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with provisioner(nats_server, mongo_server, db_prefix, emulator) as bus:
+        bad = await bus.ask(
+            "enable_provider",
+            {"provider": "gcp", "key_json": json.dumps({"type": "user", "private_key": PEM})},
+        )
+        assert bad["error"]["code"] == "invalid"
+        assert {f["field"] for f in bad["error"]["fields"]} >= {
+            "key.type",
+            "key.project_id",
+            "key.client_email",
+        }
+        again = await bus.ask("enable_provider", {"provider": "gcp", "key_json": key_json("x")})
+        assert again["error"]["code"] == "conflict"
+        providers = await bus.ask("list_providers")
+        (gcp,) = providers["providers"]
+        assert gcp["client_email"] == f"gpufleet@{bus.project}.iam.gserviceaccount.com"
+        life = gcp["lifecycle"]
+        assert life["writer_identity"].startswith("serviceAccount:")
+        state = emulator.admin("state")
+        sink = next(s for s in state["sinks"] if s["name"].startswith(f"projects/{bus.project}/"))
+        assert 'resource.type="gce_instance"' in sink["filter"]
+        assert sink["destination"] == f"pubsub.googleapis.com/{life['topic']}"
+        assert life["topic"] in state["topics"] and life["subscription"] in state["subscriptions"]
+        # the key is stored encrypted, and never in replies, events or logs
+        store = store_for("provisioner", mongo_server.url, db_prefix)
+        doc = await store.db.providers.find_one({"provider": "gcp"})
+        assert doc is not None and SECRET_MARKER not in json.dumps(doc, default=str)
+        assert "key_encrypted" in doc and "key_encrypted" not in gcp
+        await asyncio.sleep(0.5)
+        for _subject, _headers, data in bus.raw:
+            assert SECRET_MARKER not in data.decode() and "PRIVATE KEY" not in data.decode()
+        assert any(s.endswith("provider.enabled") for s, _, _ in bus.raw)
+        assert "PRIVATE KEY" not in caplog.text and SECRET_MARKER not in caplog.text
+
+
+async def test_gcp_regions_read_quotas_and_get_a_storage_node(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, emulator: EmulatorProcess
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix, emulator) as bus:
+        refused = await bus.ask("create_region", {"provider": "gcp", "name": "mars-north1"})
+        assert refused["error"]["fields"][0]["rule"] == "R-REG-2"
+        emulator.admin(
+            "quota",
+            {"project": bus.project, "region": "europe-west4", "metric": "CPUS", "limit": 0},
+        )
+        quotas = await bus.ask("region_quotas", {"name": "europe-west4"})
+        assert quotas["runnable_jobs"]["V100"] == 0  # V100 quota 4, but no CPUs (R-REG-3)
+        region = await bus.ask("create_region", {"provider": "gcp", "name": "us-central1"})
+        # emulator defaults: V100 4, CPUS 96 (/8 = 12), SSD 3000 (/375 = 8)
+        assert region["runnable_jobs"]["V100"] == 4 and region["runnable_jobs"]["A100 40GB"] == 2
+        again = await bus.ask("create_region", {"provider": "gcp", "name": "us-central1"})
+        assert again["error"]["code"] == "conflict"  # one per cloud region
+        nodes = (await bus.ask("list_nodes"))["nodes"]
+        storage = [n for n in nodes if n["kind"] == "storage"]
+        assert [(n["region"], n["state"]) for n in storage] == [("us-central1", "active")]
+
+
+async def test_burst_run_idle_delete_all_through_the_audit_log(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, emulator: EmulatorProcess
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix, emulator) as bus:
+        await bus.ask("create_region", {"provider": "gcp", "name": "us-central1"})
+        await pending(bus, demand(bus, "job-a"), demand(bus, "job-b", burst_allowed=False))
+        node = await wait_node(bus, lambda n: n["cloud"]["state"] == "running")
+        name = node["minion_id"]
+        assert node["cloud"]["demand"] == "job-a/0" and node["state"] == "provisioning"
+        (inst,) = [i for i in emulator.admin("state")["instances"] if i["name"] == name]
+        assert inst["scheduling"]["onHostMaintenance"] == "TERMINATE"
+        assert inst["guestAccelerators"][0]["acceleratorType"].endswith("nvidia-tesla-v100")
+        assert inst["labels"]["gpufleet-account"] == bus.account
+        # the same demand again: no second instance
+        await pending(bus, demand(bus, "job-a"))
+        await asyncio.sleep(0.6)
+        assert len(await cloud_nodes(bus)) == 1
+
+        await bus.send(agent_registration(bus, name))  # the instance's agent
+        await wait_node(bus, lambda n: n["state"] == "active")
+        await heartbeat(bus, name, ["job-a/0"])
+        await asyncio.sleep(1.5)  # busy: not deleted however long
+        await heartbeat(bus, name, ["job-a/0"])
+        assert (await wait_node(bus, lambda n: n["minion_id"] == name))["state"] == "active"
+        await heartbeat(bus, name, [])  # idle from now; policy idle_s = 1
+        gone = await wait_node(bus, lambda n: n["state"] == "removed")
+        assert gone["cloud"]["state"] == "deleted"
+        assert name not in [i["name"] for i in emulator.admin("state")["instances"]]
+
+        shown = await bus.ask("show_node", {"node": name})
+        steps = [(h["action"], h["phase"]) for h in shown["cloud"]["history"]]
+        assert steps == [
+            ("insert", "first"),
+            ("insert", "last"),
+            ("delete", "first"),
+            ("delete", "last"),
+        ]
+        # every step came over NATS from the bridge, keyed by its Pub/Sub message id
+        bridged = [
+            (h, json.loads(d))
+            for s, h, d in bus.raw
+            if s == subjects.event("node", "cloud_instance") and json.loads(d)["instance"] == name
+        ]
+        assert len(bridged) == 4
+        for headers, body in bridged:
+            assert headers["Nats-Msg-Id"] == f"gcp:{bus.project}:{body['pubsub_message_id']}"
+        states = [e["state"] for e in bus.events if e.get("minion_id") == name and "workers" in e]
+        assert states == ["maintenance", "removed"]
+
+
+async def test_quota_exhausted_and_insert_failure(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, emulator: EmulatorProcess
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix, emulator) as bus:
+        await bus.ask("create_region", {"provider": "gcp", "name": "us-central1"})
+        emulator.admin("faults", {"quota_exhausted": True})
+        try:
+            await pending(bus, demand(bus, "job-q"))
+            refused = await wait_node(bus, lambda n: n["cloud"].get("error"))
+            assert "quota_exceeded" in refused["cloud"]["error"] and refused["state"] == "removed"
+        finally:
+            emulator.admin("faults", {"quota_exhausted": False})
+    async with provisioner(nats_server, mongo_server, db_prefix + "b", emulator) as bus:
+        await bus.ask("create_region", {"provider": "gcp", "name": "us-east1"})
+        emulator.admin("faults", {"insert_failures": 1})
+        await pending(bus, demand(bus, "job-f"))
+        failed = await wait_node(bus, lambda n: n["state"] == "removed")
+        assert "does not have enough resources" in failed["cloud"]["error"]
+        # the next pass asks again (a new instance for the still-waiting worker)
+        await pending(bus, demand(bus, "job-f"), demand(bus, "job-g"))
+        await wait_node(bus, lambda n: n["cloud"]["state"] == "running")
+
+
+async def test_preemption_mid_job_loses_the_node_and_requeues(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, emulator: EmulatorProcess
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix, emulator, idle_s=60) as bus:
+        await bus.ask("create_region", {"provider": "gcp", "name": "us-west1"})
+        await pending(bus, demand(bus, "job-p"))
+        node = await wait_node(bus, lambda n: n["cloud"]["state"] == "running")
+        name = node["minion_id"]
+        await bus.send(agent_registration(bus, name, "us-west1"))
+        await wait_node(bus, lambda n: n["state"] == "active")
+        await heartbeat(bus, name, ["job-p/0"])
+        emulator.admin(
+            "preempt", {"project": bus.project, "zone": node["cloud"]["zone"], "instance": name}
+        )
+        await wait_node(bus, lambda n: n["minion_id"] == name and n["state"] == "removed")
+        lost = next(
+            e for e in bus.events if e.get("minion_id") == name and e.get("state") == "lost"
+        )
+        assert lost["workers"] == "requeue" and "preempted" in lost["reason"]
+
+
+async def test_duplicated_and_out_of_order_entries_apply_once(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, emulator: EmulatorProcess
+) -> None:
+    emulator.admin(
+        "faults",
+        {"duplicate_log_entries": True, "duplicate_deliveries": True, "reorder_log_entries": True},
+    )
+    try:
+        async with provisioner(nats_server, mongo_server, db_prefix, emulator) as bus:
+            await bus.ask("create_region", {"provider": "gcp", "name": "asia-east1"})
+            await pending(bus, demand(bus, "job-d"))
+            node = await wait_node(bus, lambda n: n["cloud"]["state"] == "running")
+            await asyncio.sleep(1.0)
+            shown = await bus.ask("show_node", {"node": node["minion_id"]})
+            history = shown["cloud"]["history"]
+            applied = [(h["action"], h["phase"]) for h in history if h["applied"]]
+            assert applied == [("insert", "last")]  # last came first; first is stale after it
+            assert len(history) >= 4  # each entry published twice (new message ids)
+            assert shown["cloud"]["state"] == "running"
+            # redeliveries of one Pub/Sub message were stored once in JetStream
+            ids = [h["nats_msg_id"] for h in history]
+            assert len(ids) == len(set(ids))
+    finally:
+        emulator.admin(
+            "faults",
+            {
+                "duplicate_log_entries": False,
+                "duplicate_deliveries": False,
+                "reorder_log_entries": False,
+            },
+        )

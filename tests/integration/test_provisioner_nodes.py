@@ -1,0 +1,266 @@
+"""The provisioner over the real bus and database: providers, regions, nodes, R-NODE-4,
+maintenance, storage replacement, removal and liveness (lost and back)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import nats
+from gpufleet_bus import publish
+from gpufleet_contracts import subjects
+from gpufleet_contracts.nodes import (
+    DriveInfo,
+    GpuInfo,
+    HardwareInventory,
+    NicInfo,
+    NodeHeartbeat,
+    RegisterNode,
+)
+from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_provisioner.app import build_app
+from gpufleet_provisioner.settings import ProvisionerSettings
+from nats.aio.client import Client
+
+from .conftest import broker_for, running, store_for
+from .test_node_agent import JsPublisher
+
+
+def good_hw(**kw: Any) -> HardwareInventory:
+    base: dict[str, Any] = {
+        "drives": [
+            DriveInfo(name="nvme0n1", kind="nvme", size_gb=1000),
+            DriveInfo(name="nvme1n1", kind="nvme", size_gb=1000),
+            *[DriveInfo(name=f"sd{c}", kind="sata", size_gb=2000) for c in "abc"],
+        ],
+        "tpm_version": "2.0",
+        "nics": [NicInfo(name="eth0", speed_mbps=10000)],
+        "memory_mb": 131072,
+        "cpu_cores": 16,
+    }
+    return HardwareInventory(**{**base, **kw})
+
+
+def registration(minion: str, account: str, region: str, **kw: Any) -> RegisterNode:
+    gpus = [
+        GpuInfo(
+            index=i,
+            uuid=f"GPU-{minion}-{i}",
+            model="RTX 3090",
+            nvml_name="NVIDIA GeForce RTX 3090",
+            memory_mb=24576,
+            pcie_gen=4,
+            pcie_width=16,
+        )
+        for i in range(2)
+    ]
+    base: dict[str, Any] = {
+        "minion_id": minion,
+        "name": minion,
+        "region": region,
+        "owner": account,
+        "hostname": "h",
+        "gpus": gpus,
+        "simulated": True,
+        "inventory_source": "test",
+        "agent_started_at": datetime.now(UTC),
+        "hardware": good_hw(),
+        "heartbeat_s": 0.2,
+    }
+    return RegisterNode(**{**base, **kw})
+
+
+class Bus:
+    def __init__(self, nc: Client, account: str) -> None:
+        self.nc = nc
+        self.account = account
+        self.events: list[dict[str, Any]] = []
+
+    async def ask(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        reply = await self.nc.request(
+            subjects.rpc("provisioner", verb),
+            json.dumps(body or {}).encode(),
+            timeout=10,
+            headers={"gpufleet-account": self.account},
+        )
+        data: dict[str, Any] = json.loads(reply.data)
+        return data
+
+    async def send(self, msg: Any) -> None:
+        await publish(JsPublisher(self.nc.jetstream()), msg, source="test")
+
+    def states(self, minion: str) -> list[str]:
+        return [e["state"] for e in self.events if e.get("minion_id") == minion]
+
+
+@asynccontextmanager
+async def provisioner(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, **settings: Any
+) -> AsyncIterator[Bus]:
+    values: dict[str, Any] = {
+        "node_lost_min_s": 0.6,
+        "provisioner_tick_s": 0.2,
+        "auto_activate_nodes": False,
+        **settings,
+    }
+    config = ProvisionerSettings(**values)
+    app, _ = build_app(
+        store_for("provisioner", mongo_server.url, db_prefix),
+        broker_for("provisioner", nats_server.url),
+        settings=config,
+    )
+    nc = await nats.connect(nats_server.url)
+    bus = Bus(nc, f"acct-{uuid.uuid4().hex[:6]}")
+
+    async def on_event(msg: Any) -> None:
+        bus.events.append(json.loads(msg.data))
+
+    await nc.subscribe(subjects.event("node", "state_changed"), cb=on_event)
+    await nc.subscribe(subjects.event("node", "registered"), cb=on_event)
+    try:
+        async with running(app):
+            yield bus
+    finally:
+        await nc.close()
+
+
+async def node(bus: Bus, ref: str) -> dict[str, Any]:
+    return await bus.ask("show_node", {"node": ref})
+
+
+async def test_physical_provider_region_and_node_lifecycle(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        # R-PROV-1: stripe is coming soon; credits once.
+        refused = await bus.ask(
+            "enable_provider", {"provider": "physical", "payment_mode": "stripe"}
+        )
+        assert refused["ok"] is False and refused["error"]["fields"][0]["rule"] == "R-PROV-1"
+        assert (await bus.ask("enable_provider", {"provider": "physical"}))[
+            "payment_mode"
+        ] == "credits"
+        again = await bus.ask("enable_provider", {"provider": "physical"})
+        assert again["error"]["code"] == "conflict"
+        # R-REG-1
+        bad = await bus.ask("create_region", {"name": "Lab_1"})
+        assert bad["error"]["fields"][0]["rule"] == "R-REG-1"
+        region = await bus.ask("create_region", {"name": "lab-1"})
+        assert (region["storage_mode"], region["allow_public_jobs"]) == ("local", False)
+        assert (await bus.ask("create_region", {"name": "lab-1"}))["error"]["code"] == "conflict"
+
+        m = f"m-{uuid.uuid4().hex[:6]}"
+        added = await bus.ask(
+            "add_node", {"region": "lab-1", "name": "box", "minion_id": m, "kind": "compute"}
+        )
+        assert added["state"] == "provisioning"
+        await bus.send(registration(m, bus.account, "lab-1"))
+
+        async def in_maintenance() -> bool:
+            return (await node(bus, m))["state"] == "maintenance"
+
+        await wait_for_async(in_maintenance, timeout=10)  # R-NODE-2: lands in maintenance
+        toggled = await bus.ask("toggle_maintenance", {"node": "box"})
+        assert toggled["state"] == "active"
+        assert (await bus.ask("toggle_maintenance", {"node": m}))["state"] == "maintenance"
+        await bus.ask("toggle_maintenance", {"node": m})
+
+        removed = await bus.ask("remove_node", {"node": m})
+        assert removed["state"] == "removed"
+        await asyncio.sleep(0.5)
+        changed = [e for e in bus.events if e.get("minion_id") == m and "workers" in e]
+        assert [e["state"] for e in changed] == ["active", "maintenance", "active", "removed"]
+        assert changed[-1]["workers"] == "requeue"
+
+
+async def test_failing_hardware_stays_out_of_service_with_every_reason(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        await bus.ask("enable_provider", {"provider": "physical"})
+        await bus.ask("create_region", {"name": "lab"})
+        m = f"bad-{uuid.uuid4().hex[:6]}"
+        await bus.ask("add_node", {"region": "lab", "name": "bad", "minion_id": m})
+        weak = good_hw(
+            tpm_version=None, drives=[DriveInfo(name="nvme0n1", kind="nvme", size_gb=500)]
+        )
+        await bus.send(registration(m, bus.account, "lab", hardware=weak))
+
+        async def checked() -> bool:
+            return bool((await node(bus, m))["failed_rules"])
+
+        await wait_for_async(checked, timeout=10)
+        shown = await node(bus, m)
+        assert shown["state"] == "maintenance"
+        assert [r.split(":")[0] for r in shown["failed_rules"]] == [
+            "R-NODE-4.nvme-count",
+            "R-NODE-4.nvme-size",
+            "R-NODE-4.tpm",
+            "R-NODE-4.sata",
+        ]
+        refused = await bus.ask("toggle_maintenance", {"node": m})
+        assert refused["error"]["code"] == "conflict" and "TPM 2.0" in refused["error"]["message"]
+        listed = await bus.ask("list_nodes")
+        assert listed["nodes"][0]["failed_rules"] == shown["failed_rules"]
+
+
+async def test_storage_nodes_one_per_region_and_central_needs_one_first(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        await bus.ask("enable_provider", {"provider": "physical"})
+        await bus.ask("create_region", {"name": "dc", "storage_mode": "central"})
+        early = await bus.ask("add_node", {"region": "dc", "name": "c1", "minion_id": "c1-x"})
+        assert (
+            early["error"]["code"] == "conflict" and "central storage" in early["error"]["message"]
+        )
+        s1 = await bus.ask(
+            "add_node",
+            {"region": "dc", "name": "s1", "minion_id": f"s1-{db_prefix}", "kind": "storage"},
+        )
+        assert s1["state"] == "active"  # R-NODE-3: storage nodes become active by themselves
+        second = {"region": "dc", "name": "s2", "minion_id": f"s2-{db_prefix}", "kind": "storage"}
+        refused = await bus.ask("add_node", second)
+        assert refused["error"]["code"] == "conflict" and "replace" in refused["error"]["message"]
+        replaced = await bus.ask("add_node", {**second, "replace": True})
+        assert replaced["state"] == "active"
+        assert (await node(bus, "s1"))["state"] == "removed"
+        ok = await bus.ask(
+            "add_node", {"region": "dc", "name": "c1", "minion_id": f"c1-{db_prefix}"}
+        )
+        assert ok["state"] == "provisioning"
+
+
+async def test_a_silent_node_is_lost_and_comes_back(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix, auto_activate_nodes=True) as bus:
+        m = f"hb-{uuid.uuid4().hex[:6]}"
+        await bus.send(registration(m, bus.account, "auto"))  # development: self-registers
+
+        async def active() -> bool:
+            return "active" in bus.states(m)
+
+        await wait_for_async(active, timeout=10)
+
+        # no heartbeats: lost after max(0.6 s, 3 x 0.2 s) (+ the provisioner's start grace)
+        async def lost() -> bool:
+            return "lost" in bus.states(m)
+
+        await wait_for_async(lost, timeout=10)
+        event = next(e for e in bus.events if e.get("minion_id") == m and e["state"] == "lost")
+        assert event["workers"] == "requeue" and "no heartbeat" in event["reason"]
+        assert event["previous"] == "active"
+        hb = NodeHeartbeat(minion_id=m, at=datetime.now(UTC))
+        await bus.nc.publish(subjects.heartbeat(m), hb.to_bytes())
+
+        async def back() -> bool:
+            return bus.states(m)[-1:] == ["active"] and len(bus.states(m)) >= 3
+
+        await wait_for_async(back, timeout=10)
+        assert (await node(bus, m))["state"] == "active"
