@@ -54,3 +54,7 @@ setup:
 # Remove the local run directory (NATS and database data, logs) of `just up`.
 clean:
     rm -rf .run
+
+# Scheduler benchmarks (not part of `just test`): placement engine, cost quality, end to end.
+bench-scheduler *args: setup
+    uv run python benchmarks/scheduler/run.py {{args}}

@@ -57,7 +57,9 @@ def test_one_job_from_submission_to_bill(system: System) -> None:
 
 
 def test_second_job_waits_for_gpus_with_a_reason_and_then_starts(system: System) -> None:
-    big = system.submit("--", "sleep", "3", name="big", gpus=2)
+    # Long enough that the small job is surely read while the big one still holds both GPUs
+    # (each CLI call is a fresh process: about a second on a loaded 2-core machine).
+    big = system.submit("--", "sleep", "10", name="big", gpus=2)
     system.wait_state(big, "running")
     small = system.submit("--", "true", name="small")
     waiting = system.job(small)

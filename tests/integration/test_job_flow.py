@@ -26,9 +26,8 @@ from gpufleet_contracts.jobs import (
     WorkerStarted,
     WorkerState,
 )
-from gpufleet_contracts.nodes import GpuInfo, RegisterNode
+from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
-from gpufleet_provisioner.app import build_app as provisioner_app
 from gpufleet_scheduler.app import build_app as scheduler_app
 
 from .conftest import broker_for, running, store_for
@@ -37,13 +36,17 @@ from .test_bus import read_stream
 MINION = "m1"
 
 
-def register(gpus: int = 2) -> RegisterNode:
-    return RegisterNode(
+def register(gpus: int = 2) -> NodeRegistered:
+    """The provisioner's event for an active node (the scheduler's input; the provisioner's
+    own admission rules are tested with the provisioner)."""
+    return NodeRegistered(
+        node_id="n-" + MINION,
         minion_id=MINION,
         name=MINION,
         region="local",
         owner="local",
-        hostname="h",
+        state=NodeState.active,
+        at=datetime.now(UTC),
         gpus=[
             GpuInfo(
                 index=i,
@@ -55,8 +58,6 @@ def register(gpus: int = 2) -> RegisterNode:
             for i in range(gpus)
         ],
         simulated=True,
-        inventory_source="test",
-        agent_started_at=datetime.now(UTC),
     )
 
 
@@ -84,14 +85,15 @@ class Client:
 @pytest.fixture
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
     apps = []
+    scheduler = None
     for name, factory in (
-        ("provisioner", provisioner_app),
         ("scheduler", scheduler_app),
         ("billing", billing_app),
     ):
-        app, _ = factory(
+        app, svc = factory(
             store_for(name, mongo_server.url, db_prefix), broker_for(name, fresh_nats.url)
         )
+        scheduler = scheduler or svc
         apps.append(app)
     async with running(*apps):
         nc = await nats.connect(fresh_nats.url)
@@ -99,8 +101,7 @@ async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix:
         client = Client(nc)
 
         async def node_known() -> bool:
-            nodes = await client.call(subjects.rpc("provisioner", "list_nodes"), b"{}")
-            return bool(nodes["nodes"])
+            return await scheduler.db.nodes.find_one({"minion_id": MINION}) is not None
 
         await wait_for_async(node_known, timeout=10)
         yield client, apps[0].broker, fresh_nats.url

@@ -197,3 +197,29 @@ def test_logs_follow_prints_until_terminal(monkeypatch: pytest.MonkeyPatch) -> N
     assert seen["stream"] == subjects.STREAM_LOGS
     assert seen["subject"] == "gpufleet.v1.log.j1.>"
     assert seen["poll"] == (GetJob.SUBJECT, GetJob(job_id="j1").to_bytes(), GetJob.TYPE)
+
+
+def test_show_explains_a_waiting_job(
+    monkeypatch: pytest.MonkeyPatch, logs: list[StreamRecord]
+) -> None:
+    waiting = job(state="queued")
+    waiting["queue_reason"] = "12 nodes: no RTX 3090; 3 nodes: 2.10 > max price 1.50"
+    waiting["queue_detail"] = [
+        {"reason": "no RTX 3090", "nodes": 12},
+        {"reason": "2.10 > max price 1.50", "nodes": 3},
+    ]
+    waiting["workers"] = [{"index": 0, "state": "waiting"}]
+    waiting["notes"] = [
+        {"at": "2025-01-01T10:00:09+00:00", "note": "worker 0 requeued: node a lost"}
+    ]
+    use(monkeypatch, {GetJob.SUBJECT: waiting, BILLING_JOB_COST: COST})
+    result = runner.invoke(app, ["job", "show", "j1"])
+    assert result.exit_code == 0, result.output
+    for text in (
+        "12 nodes: no RTX 3090; 3 nodes: 2.10 > max price 1.50",
+        "why waiting",
+        "Ruled out because",
+        "2.10 > max price 1.50",
+        "worker 0 requeued: node a lost",
+    ):
+        assert text in result.stdout

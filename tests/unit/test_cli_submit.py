@@ -220,3 +220,70 @@ def test_server_side_refusal_is_rendered_like_local_one(monkeypatch: pytest.Monk
     as_json = runner.invoke(app, [*args[:-2], "--json", "--", "x"])
     assert as_json.exit_code == 2
     assert json.loads(as_json.stdout) == reply
+
+
+def test_a_full_spec_file_and_flags_go_through_the_same_validation(
+    sent: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text(
+        "name: train-1\n"
+        "gpu_types: [RTX 3090]\n"
+        "workers: 2\n"
+        "datasets: [{name: PASCAL VOC}, {name: coco}]\n"
+        "checkpoints: [{name: base}]\n"
+        "model: {source: git, path: 'https://github.com/me/m.git'}\n"
+        "output_data: {type: aws, path: 's3://bucket/out'}\n"
+        "environment: {python_version: '3.11', framework: pytorch, packages: {pip: [wandb]}}\n"
+        "worker_commands: [[python, a.py], [python, b.py]]\n"
+    )
+    result = runner.invoke(app, ["job", "submit", "-f", str(f), "--region", "eu", "--json"])
+    assert result.exit_code == 0, result.output
+    spec = sent[0]["payload"]["spec"]
+    assert spec["region"] == "eu" and spec["workers"] == 2
+    assert [d["name"] for d in spec["datasets"]] == ["PASCAL VOC", "coco"]
+
+
+def test_spec_errors_from_a_file_name_nested_fields(no_bus: None, tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text(
+        "name: ep\ntype: endpoint\ngpu_types: [RTX 3090]\n"
+        "endpoint: {routes: [{verb: GET, path: /p, file: ../x.py, function: f}]}\n"
+    )
+    result = runner.invoke(app, ["job", "submit", "-f", str(f), "--json"])
+    assert result.exit_code == 2
+    fields = {e["field"]: e["rule"] for e in json.loads(result.stdout)["error"]["fields"]}
+    assert fields["endpoint.routes.0.verb"] == "R-JOB-6"
+    assert fields["endpoint.routes.0.file"] == "R-JOB-6"
+
+
+def test_fraction_and_data_flags(sent: list[dict[str, Any]]) -> None:
+    result = runner.invoke(
+        app,
+        [
+            *BASE,
+            "--gpu-type",
+            "RTX 3090",
+            "--gpu-count",
+            "0.5",
+            "--dataset",
+            "coco",
+            "--model",
+            "git:https://github.com/me/m.git",
+            "--output",
+            "platform:model",
+            "--json",
+            "--",
+            "python",
+            "t.py",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    spec = sent[0]["payload"]["spec"]
+    assert spec["gpu_fraction"] == "0.5" and spec["gpu_count"] == 1
+    assert spec["model"] == {
+        "source": "git",
+        "path": "https://github.com/me/m.git",
+        "endpoint": None,
+    }
+    assert spec["output_data"]["type"] == "platform"

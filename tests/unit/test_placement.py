@@ -1,8 +1,20 @@
 """Placement on plain data (R-SCHED-1, R-SCHED-2, R-BILL-1)."""
 
+import random
+from dataclasses import replace
 from decimal import Decimal
 
-from gpufleet_scheduler.placement import NodeView, NoPlacement, Placement, WorkerRequest, place
+from gpufleet_scheduler.index import PlacementIndex
+from gpufleet_scheduler.placement import (
+    NodeView,
+    NoPlacement,
+    Placement,
+    WorkerRequest,
+    fit,
+    place,
+    rule_out,
+    why_not,
+)
 
 
 def node(
@@ -126,3 +138,147 @@ def test_lowest_free_indices_are_given() -> None:
     )
     d = place(req(count=2), [n])
     assert isinstance(d, Placement) and d.gpu_indices == (1, 2)
+
+
+# --- region pins (R-RES-1), fractional GPUs (R-SCHED-4), the index ----------------------
+
+
+def test_a_pinned_job_only_goes_to_its_region() -> None:
+    far = replace(node("far"), region="eu")
+    near = replace(node("near", model="A100 80GB"), region="us")
+    r = replace(req(types=("RTX 3090", "A100 80GB")), region="us")
+    d = place(r, [far, near])
+    assert isinstance(d, Placement) and d.node.node_id == "near"
+    d2 = place(replace(r, region="asia"), [far, near])
+    assert isinstance(d2, NoPlacement) and "2 nodes: not in pinned region asia" in d2.explain()
+
+
+def shared(
+    nid: str, shares: int = 4, gpus: int = 2, partial: tuple[tuple[int, int], ...] = ()
+) -> NodeView:
+    n = node(nid, gpus=gpus)
+    used = {i for i, _ in partial}
+    return replace(
+        n,
+        gpu_shares=shares,
+        free_indices=tuple(i for i in n.gpu_indices if i not in used),
+        partial=partial,
+    )
+
+
+def test_a_fraction_is_packed_onto_the_fullest_gpu_and_pays_its_share() -> None:
+    n = shared("s", shares=4, partial=((1, 1),))  # GPU 1 has one share left
+    d = place(replace(req(), fraction=Decimal("0.25")), [n])
+    assert isinstance(d, Placement)
+    assert d.gpu_indices == (1,) and d.shares == 1 and d.fraction == Decimal("0.25")
+    assert d.rate == Decimal("0.0125") and d.rate_per_gpu_hour == Decimal("0.05")
+
+
+def test_a_half_needs_two_quarter_shares_on_one_gpu() -> None:
+    n = shared("s", shares=4, gpus=1, partial=((0, 1),))
+    d = place(replace(req(), fraction=Decimal("0.5")), [n])
+    assert isinstance(d, NoPlacement) and "no GPU with 2 of 4 shares free" in d.explain()
+
+
+def test_a_fraction_on_an_undivided_node_takes_and_pays_a_whole_gpu() -> None:
+    d = place(replace(req(), fraction=Decimal("0.5")), [node("whole")])
+    assert isinstance(d, Placement) and d.shares == 1 and d.rate == Decimal("0.05")
+
+
+def test_divided_nodes_are_cheaper_for_fractions() -> None:
+    d = place(replace(req(), fraction=Decimal("0.25")), [node("whole"), shared("quarters")])
+    assert isinstance(d, Placement) and d.node.node_id == "quarters"
+
+
+def test_held_nodes_are_kept_for_their_holder() -> None:
+    n = node("a")
+    d = place(req(), [n], reserved={"a": "older"})
+    assert isinstance(d, NoPlacement) and "held for an older waiting job" in d.explain()
+    assert isinstance(
+        place(replace(req(), job_id="older"), [n], reserved={"a": "older"}), Placement
+    )
+
+
+MODELS = ("RTX 3090", "RTX A6000", "T4", "A100 80GB")
+
+
+def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
+    out = []
+    for i in range(n):
+        gpus = rng.choice((1, 2, 4, 8))
+        shares = rng.choice((1, 1, 2, 4))
+        idx = tuple(range(gpus))
+        free: list[int] = []
+        partial: list[tuple[int, int]] = []
+        for g in idx:
+            left = rng.randint(0, shares)
+            if left == shares:
+                free.append(g)
+            elif left > 0:
+                partial.append((g, left))
+        out.append(
+            NodeView(
+                node_id=f"n{i:04d}",
+                minion_id=f"m{i}",
+                region=rng.choice(("eu", "us", "asia")),
+                owner=rng.choice(("acme", "beta", "gamma")),
+                state=rng.choice(("active",) * 6 + ("maintenance", "lost")),
+                gpu_model=rng.choice(MODELS),
+                gpu_indices=idx,
+                free_indices=tuple(free),
+                price_per_gpu_hour=Decimal(rng.choice(("0.02", "0.05", "0.10", "0.40", "1.50"))),
+                allow_public_jobs=rng.random() < 0.5,
+                gpu_shares=shares,
+                partial=tuple(partial),
+            )
+        )
+    return out
+
+
+def random_request(rng: random.Random, i: int) -> WorkerRequest:
+    return WorkerRequest(
+        job_id=f"j{i}",
+        worker=0,
+        owner=rng.choice(("acme", "beta", "gamma", "delta")),
+        gpu_types=tuple(rng.sample(MODELS, rng.randint(1, 2))),
+        gpu_count=rng.choice((1, 1, 2, 4, 8)),
+        max_price=rng.choice((None, Decimal("0.05"), Decimal("0.2"), Decimal("1"))),
+        region=rng.choice((None, None, "eu", "us")),
+        fraction=rng.choice((None, None, None, Decimal("0.25"), Decimal("0.5"))),
+    )
+
+
+def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
+    rng = random.Random(7)
+    for _ in range(30):
+        fleet = random_fleet(rng, rng.randint(1, 60))
+        index = PlacementIndex(fleet)
+        holds = {n.node_id: "j-old" for n in rng.sample(fleet, min(3, len(fleet)))}
+        for i in range(40):
+            r = random_request(rng, i)
+            expected = place(r, list(index.nodes.values()), holds)
+            got = index.place(r, holds)
+            if isinstance(expected, NoPlacement):
+                assert got is None
+                assert (
+                    index.explain(r, holds).reasons
+                    == why_not(r, list(index.nodes.values()), holds).reasons
+                )
+            else:
+                assert got == expected
+                index.take(got)  # the fleet fills up as the run goes on
+
+
+def test_lowest_cost_really_is_lowest() -> None:
+    rng = random.Random(11)
+    for _ in range(200):
+        fleet = random_fleet(rng, 12)
+        r = random_request(rng, 0)
+        d = place(r, fleet)
+        if isinstance(d, NoPlacement):
+            continue
+        own = [n for n in fleet if n.owner == r.owner]
+        pool = own if d.node.owner == r.owner else fleet
+        for n in pool:
+            if rule_out(r, n) is None:
+                assert fit(r, n)[1].rate >= d.rate

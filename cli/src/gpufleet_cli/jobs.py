@@ -114,6 +114,30 @@ def submit(
         list[str] | None,
         typer.Option("--env", "-e", metavar="KEY=VALUE", help="Environment (repeatable)."),
     ] = None,
+    region: Annotated[
+        str | None,
+        typer.Option("--region", metavar="REGION", help="Pin the job to a region (R-RES-1)."),
+    ] = None,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option("--dataset", metavar="NAME", help="Attach a dataset (repeatable)."),
+    ] = None,
+    checkpoint: Annotated[
+        list[str] | None,
+        typer.Option("--checkpoint", metavar="NAME", help="Attach a checkpoint (repeatable)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", metavar="SOURCE:PATH", help="Model code, e.g. git:https://..."),
+    ] = None,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", metavar="TYPE:PATH", help="Upload output, e.g. aws:s3://b/x."),
+    ] = None,
+    allow_burst: Annotated[
+        bool | None,
+        typer.Option("--allow-burst", help="May burst to the cloud (R-SCHED-3)."),
+    ] = None,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -139,6 +163,12 @@ def submit(
             "type": job_type,
             "project": project,
             "command": command,
+            "region": region,
+            "datasets": spec.named(dataset),
+            "checkpoints": spec.named(checkpoint),
+            "model": spec.location(model, "source"),
+            "output_data": spec.location(output, "type"),
+            "allow_burst": allow_burst,
         }
         job_spec = spec.build(base, flags, env or [])
         msg = SubmitJob(spec=job_spec)

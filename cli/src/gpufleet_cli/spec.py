@@ -28,7 +28,27 @@ FLAGS = {
     "workers": "--workers",
     "command": "-- COMMAND",
     "env": "--env",
+    "region": "--region",
+    "datasets": "--dataset",
+    "checkpoints": "--checkpoint",
+    "model": "--model",
+    "output_data": "--output",
+    "allow_burst": "--allow-burst",
 }
+
+
+def location(value: str | None, kind_key: str) -> dict[str, str] | None:
+    """`TYPE:PATH` (e.g. `aws:s3://bucket/x`, `git:https://...`) as a spec mapping."""
+    if value is None:
+        return None
+    kind, sep, path = value.partition(":")
+    if not sep:
+        return {kind_key: value, "path": ""}  # refused by the spec, naming the field
+    return {kind_key: kind, "path": path}
+
+
+def named(values: list[str] | None) -> list[dict[str, str]] | None:
+    return [{"name": v} for v in values] if values else None
 
 
 def _refused(reply: ErrorReply) -> ServiceError:

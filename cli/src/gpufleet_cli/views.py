@@ -67,6 +67,13 @@ def job_detail(job: dict[str, Any]) -> None:
         head.add_row("state", state("queued") + f": {text(job.get('queue_reason'))}")
     else:
         head.add_row("state", state(job.get("state")))
+    waiting = [w for w in _dicts(job.get("workers")) if w.get("state") == "waiting"]
+    if waiting and job.get("state") != "queued":
+        # Some workers run, others still wait for GPUs (R-JOB-5): say why they wait.
+        head.add_row(
+            "waiting",
+            f"{len(waiting)} worker(s): {text(job.get('queue_reason') or 'not yet considered')}",
+        )
     head.add_row("node(s)", escape(_nodes(job)))
     head.add_row("rate", f"{text(rate)} credits/GPU-hour" if rate else "-")
     head.add_row("run time", duration(run_seconds(job)))
@@ -78,6 +85,19 @@ def job_detail(job: dict[str, Any]) -> None:
     for h in _dicts(job.get("history")):
         history.add_row(state(h.get("state")), when(h.get("at")), text(h.get("reason")))
     console.print(history)
+
+    detail = _dicts(job.get("queue_detail"))
+    if detail and waiting:
+        why = Table(_col("Nodes"), "Ruled out because", title="why waiting", title_justify="left")
+        for d in detail:
+            why.add_row(text(d.get("nodes")), text(d.get("reason")))
+        console.print(why)
+    notes = _dicts(job.get("notes"))
+    if notes:
+        nt = Table(_col("Time"), "Note", title="notes", title_justify="left")
+        for n in notes:
+            nt.add_row(when(n.get("at")), text(n.get("note")))
+        console.print(nt)
 
     workers = _dicts(job.get("workers"))
     if len(workers) > 1 or any(w.get("exit_code") is not None for w in workers):
@@ -116,7 +136,8 @@ def job_table(jobs: list[dict[str, Any]]) -> None:
         spec = j.get("spec")
         if not isinstance(spec, dict):
             spec = {}
-        gpus = f"{spec.get('gpu_count', '?')} x {'/'.join(spec.get('gpu_types') or [])}"
+        count = spec.get("gpu_fraction") or spec.get("gpu_count", "?")
+        gpus = f"{count} x {'/'.join(spec.get('gpu_types') or [])}"
         table.add_row(
             text(j.get("id")),
             text(j.get("name")),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,11 +60,49 @@ def _field_rule(model: type[BaseModel], name: str) -> tuple[str | None, str | No
     return None, None
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside an annotation (`X`, `X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _walk(model: type[BaseModel], path: list[str]) -> tuple[str | None, str | None]:
+    """The rule of the deepest ruled field along `path` from `model` (list indexes skipped)."""
+    found: tuple[str | None, str | None] = (None, None)
+    current: type[BaseModel] | None = model
+    for part in path:
+        if part.isdigit():
+            continue
+        info = current.model_fields.get(part) if current is not None else None
+        if info is None:
+            break
+        rule_here = _field_rule(current, part) if current is not None else (None, None)
+        if rule_here[0]:
+            found = rule_here
+        current = _model_in(info.annotation)
+    return found
+
+
 def _rule_for(loc: list[str], model: type[BaseModel] | None) -> tuple[str | None, str | None]:
     if model is not None and loc:
         found = _field_rule(model, loc[0])
         if found[0]:
             return found
+    # Along the path first: "spec.datasets.0.name" is Dataset.name inside JobSpec.datasets;
+    # models that are parts of other ruled models are tried after those that are not.
+    nested = {_model_in(f.annotation) for m in _RULED for f in m.model_fields.values()}
+    ordered = sorted(_RULED, key=lambda m: m in nested)
+    for i in range(len(loc)):
+        for candidate in ordered:
+            if loc[i] in candidate.model_fields:
+                found = _walk(candidate, loc[i:])
+                if found[0]:
+                    return found
     # Deepest named field first: "spec.gpu_types" is JobSpec.gpu_types.
     for i in range(len(loc) - 1, -1, -1):
         for candidate in _RULED:

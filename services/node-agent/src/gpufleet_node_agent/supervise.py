@@ -39,6 +39,43 @@ GPUFLEET_VARS = (
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
 )
+MOUNTS_DIR = "mnt"  # mount targets live under <worker_dir>/mnt/<target>
+
+
+def mount_dirs(spec: Mapping[str, Any], worker_dir: Path) -> dict[str, Path]:
+    """Where each mount of the plan lives on this node, by its env variable (R-JOB-3/4).
+
+    Without containers there are no bind mounts: each target (/opt/ml/input/...) is a
+    directory under the worker's directory, and the worker finds it through the mount's
+    variable (ML_DATA_PATH, ML_CHECKPOINT_PATH, ML_MODEL_PATH, ...). The output mount is
+    the worker's output directory (ML_OUTPUT_PATH)."""
+    out: dict[str, Path] = {}
+    for m in spec.get("mounts") or []:
+        target = str(m.get("target") or "")
+        if m.get("kind") == "output" or not target.startswith("/"):
+            continue
+        rel = Path(*[p for p in target.split("/") if p and p not in (".", "..")])
+        local = worker_dir / MOUNTS_DIR / rel
+        if m.get("env"):
+            out[str(m["env"])] = local
+    return out
+
+
+def share_env(spec: Mapping[str, Any]) -> dict[str, str]:
+    """A fractional GPU (R-SCHED-4): the share and its memory limit, for the worker and for
+    CUDA MPS (thread percentage; pinned memory limit of its one visible device)."""
+    fraction = spec.get("gpu_fraction")
+    if fraction in (None, ""):
+        return {}
+    env = {
+        "GPU_FRACTION": str(fraction),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, round(float(fraction) * 100))),
+    }
+    limit = spec.get("gpu_memory_limit_mb")
+    if limit:
+        env["GPU_MEMORY_LIMIT_MB"] = str(int(limit))
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={int(limit)}M"
+    return env
 
 
 def worker_env(
@@ -57,6 +94,10 @@ def worker_env(
         # CUDA's default order is "fastest first"; PCI order is the one NVML's indices use.
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
     )
+    env.update({k: str(v) for k, v in mount_dirs(spec, worker_dir).items()})
+    env.update(share_env(spec))
+    if spec.get("output_archive"):
+        env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
     return env
 
 
@@ -104,6 +145,8 @@ class Supervisor:
             return
         output = self.dir / "output"
         output.mkdir(exist_ok=True)
+        for d in mount_dirs(spec, self.dir).values():
+            d.mkdir(parents=True, exist_ok=True)
         command = [str(a) for a in spec["command"]]
         with (self.dir / "log").open("ab") as log:
             try:

@@ -226,6 +226,12 @@ class WorkerManager:
             "gpu_indices": cmd.gpu_indices,
             "gpu_uuids": cmd.gpu_uuids,
             "received_at": self.clock().isoformat(),
+            # The mount plan and GPU share (R-JOB-3/4, R-SCHED-4), set up by the supervisor.
+            "mounts": [m.model_dump(mode="json") for m in cmd.mounts],
+            "output_archive": cmd.output_archive,
+            "output_upload": cmd.output_upload,
+            "gpu_fraction": None if cmd.gpu_fraction is None else str(cmd.gpu_fraction),
+            "gpu_memory_limit_mb": cmd.gpu_memory_limit_mb,
         }
         files: dict[str, dict[str, Any]] = {"spec.json": spec}
         unknown = sorted(set(cmd.gpu_indices) - (self.gpu_indices or set()))

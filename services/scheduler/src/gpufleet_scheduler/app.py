@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from faststream import FastStream
+from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage
 from gpufleet_bus import ServiceRuntime, account_of
-from gpufleet_contracts import error
+from gpufleet_contracts import error, subjects
 from gpufleet_contracts.jobs import (
     CancelJob,
     GetJob,
     JobQueued,
     JobStateChanged,
     ListJobs,
+    PendingDemandChanged,
     StartWorker,
     StopWorker,
     SubmitJob,
@@ -26,17 +32,52 @@ from gpufleet_contracts.jobs import (
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_store import Store, utcnow
 
-from .service import INDEXES, NotFound, Scheduler
+from .leadership import Lease
+from .relay import PipelinedRelay
+from .service import INDEXES, NotFound, Refused, Scheduler, SchedulerSettings
 
 SERVICE = "scheduler"
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+SUBMIT_WORKERS = 256
+# Core NATS, every instance: "these jobs/nodes changed" from an instance that does not lead.
+SYNC_SUBJECT = f"{subjects.ROOT}.internal.scheduler.sync"
+
+
+def settings_from_env() -> SchedulerSettings:
+    return SchedulerSettings(
+        starve_after_s=float(os.environ.get("GPUFLEET_STARVE_AFTER_S", "300")),
+        resync_s=float(os.environ.get("GPUFLEET_SCHEDULER_RESYNC_S", "30")),
+    )
 
 
 def build_app(
-    store: Store, broker: NatsBroker, clock: Callable[[], datetime] = utcnow
+    store: Store,
+    broker: NatsBroker,
+    clock: Callable[[], datetime] = utcnow,
+    *,
+    settings: SchedulerSettings | None = None,
+    lease: Lease | None = None,
 ) -> tuple[FastStream, Scheduler]:
     rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES)
-    sched = Scheduler(store, clock)
-    rt.publishes(JobQueued, JobStateChanged, WorkerPlaced, StartWorker, StopWorker)
+    rt.relay = PipelinedRelay(store, broker, rt.source)
+    ttl_ms = int(float(os.environ.get("GPUFLEET_LEASE_TTL_S", "10")) * 1000)
+    lease = lease or Lease(store.db, ttl_ms=ttl_ms)
+
+    async def notify(jobs: list[str], nodes: list[str]) -> None:
+        await broker.publish(json.dumps({"jobs": jobs, "nodes": nodes}).encode(), SYNC_SUBJECT)
+
+    sched = Scheduler(
+        store, clock, lease=lease, settings=settings or settings_from_env(), notify=notify
+    )
+    rt.publishes(
+        JobQueued,
+        JobStateChanged,
+        WorkerPlaced,
+        WorkerFinished,
+        StartWorker,
+        StopWorker,
+        PendingDemandChanged,
+    )
 
     async def guarded(fn: Any) -> dict[str, Any]:
         try:
@@ -44,14 +85,43 @@ def build_app(
             return result
         except NotFound as exc:
             return error("not_found", str(exc)).model_dump(mode="json")
+        except Refused as exc:
+            return exc.reply.model_dump(mode="json")
+
+    def concurrent_request(verb: str, description: str) -> Callable[[F], F]:
+        """Like `rt.on_request`, handling up to SUBMIT_WORKERS requests at once: submissions
+        wait for their batch's transaction and placement pass, so one at a time would make
+        every request pay a whole transaction (see benchmarks/scheduler)."""
+        sub = broker.subscriber(
+            subjects.rpc(SERVICE, verb),
+            queue=f"{SERVICE}-rpc",
+            ack_policy=AckPolicy.MANUAL,
+            max_workers=SUBMIT_WORKERS,
+            title=f"{SERVICE}:{verb}",
+            description=description,
+        )
+
+        def register(fn: F) -> F:
+            sub(fn)
+            return fn
+
+        return register
 
     # --- requests (core NATS) ---
-    @rt.on_request("submit_job", description="Validate and queue a job; replies {id, state}.")
+    @concurrent_request("submit_job", "Validate and queue a job; replies {id, state}.")
     async def submit_job(body: SubmitJob, msg: NatsMessage) -> dict[str, Any]:
-        job = await sched.submit(body.spec, account_of(msg.headers))
-        return {"id": job["id"], "state": job["state"], "queue_reason": job["queue_reason"]}
+        async def run() -> dict[str, Any]:
+            job = await sched.submit(body.spec, account_of(msg.headers))
+            return {
+                "id": job["id"],
+                "state": job["state"],
+                "queue_reason": job["queue_reason"],
+                "queue_detail": job["queue_detail"],
+            }
 
-    @rt.on_request("get_job")
+        return await guarded(run)
+
+    @concurrent_request("get_job", "A job, its state and why it waits.")
     async def get_job(body: GetJob, msg: NatsMessage) -> dict[str, Any]:
         return await guarded(lambda: sched.get(body.job_id, account_of(msg.headers)))
 
@@ -80,8 +150,29 @@ def build_app(
     async def on_worker_finished(body: WorkerFinished) -> None:
         await sched.worker_finished(body)
 
+    @broker.subscriber(SYNC_SUBJECT, title="scheduler:sync")
+    async def on_sync(body: dict[str, Any]) -> None:
+        await sched.sync(list(body.get("jobs") or []), list(body.get("nodes") or []))
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def keep_leading() -> None:
+        """Renew the lease; a newly elected leader rebuilds its memory and runs the queue."""
+        while True:
+            await asyncio.sleep(lease.ttl_ms / 3000)
+            with contextlib.suppress(Exception):
+                await sched.request_pass()
+
     async def first_pass() -> None:
         await sched.schedule()  # jobs that were queued while the scheduler was down
+        tasks.append(asyncio.create_task(keep_leading()))
+
+    async def stop() -> None:
+        for t in tasks:
+            t.cancel()
+        with contextlib.suppress(Exception):
+            await lease.release()
 
     rt.app.after_startup(first_pass)
+    rt.app.on_shutdown(stop)
     return rt.app, sched

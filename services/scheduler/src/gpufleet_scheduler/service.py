@@ -1,28 +1,45 @@
 """The scheduler's service layer: jobs, the queue and placement, on its own collections.
 
-Every change is one transaction that also writes the events it causes to the outbox.
-All changes go through one lock, so one scheduler process never races with itself; the
-`claims` collection (one document per GPU, unique id) is what makes a GPU impossible to
-give twice even if it did.
+State lives in the database; the leading instance (leadership.py) also keeps the open jobs
+and the fleet in memory (`fleet.py`, indexed for placement) and rebuilds them from the
+store when it starts or takes the lead. Every change is one transaction that also writes
+the events it causes to the outbox. Submissions are written in batches (one transaction
+per batch) and placements of one pass in one transaction that is fenced by the lease.
+
+Any instance answers requests and handles events (writing to the store); an instance that
+does not lead tells the leader which jobs and nodes changed (`sync`), so the leader's
+memory follows; a periodic reload bounds the staleness should such a note be lost.
+
+Transactions on one database run one at a time in a process (`_tx`): nx-27017 cannot
+interleave two transactions at all ("no such savepoint", and the failed one may be left
+half-applied), even from one client. Two scheduler *processes* against nx-27017 can still
+collide; run one scheduler process with nx-27017 (as `just up` does). MongoDB has no such
+limit, and there the lease's fencing is what keeps a second instance harmless.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from gpufleet_bus import emit
+from gpufleet_contracts import ErrorBody, ErrorReply, FieldError
+from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.jobs import (
+    Demand,
     JobQueued,
     JobSpec,
     JobState,
     JobStateChanged,
+    JobType,
+    PendingDemandChanged,
     StartWorker,
     StopWorker,
     WorkerFinished,
@@ -31,15 +48,19 @@ from gpufleet_contracts.jobs import (
     WorkerState,
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
-from gpufleet_store import Store, Transaction
-from pymongo import ASCENDING, IndexModel
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from gpufleet_store import Store, Transaction, from_ms, now_ms
+from pymongo import ASCENDING, IndexModel, ReplaceOne, UpdateOne
+from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
+from . import mounts
+from .fleet import Fleet, node_view
 from .jobstate import job_state
-from .placement import NodeView, NoPlacement, Placement, WorkerRequest, place
+from .leadership import Deposed, Lease
+from .placement import NoPlacement, Placement, WorkerRequest
+from .queue import PassResult, Waiting, plan
 
 log = logging.getLogger("gpufleet.scheduler")
-
+T = TypeVar("T")
 Doc = dict[str, Any]
 
 INDEXES = {
@@ -48,26 +69,148 @@ INDEXES = {
         IndexModel([("owner", ASCENDING), ("queued_at", ASCENDING)]),
     ],
     "nodes": [IndexModel([("minion_id", ASCENDING)], unique=True)],
-    "claims": [IndexModel([("placement_id", ASCENDING)])],
+    "claims": [
+        IndexModel([("placement_id", ASCENDING)]),
+        IndexModel([("node_id", ASCENDING)]),
+    ],
 }
 
 OPEN_STATES = [JobState.queued.value, JobState.starting.value, JobState.running.value]
+HOLDING = (WorkerState.placed.value, WorkerState.running.value)
+MAX_REQUEUES = 3  # a worker whose node is lost this many times fails instead
+SUBMIT_BATCH = 500
+COMMIT_CHUNK = 500  # jobs per placement transaction
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    starve_after_s: float = 300.0  # anti-starvation: a worker older than this holds a node
+    max_holds: int = 16
+    explain_budget: int = 256
+    resync_s: float = 30.0  # the leader reloads everything this often (bounds staleness)
 
 
 class NotFound(Exception):
     pass
 
 
+class Refused(Exception):
+    """A request that is valid in form but refused by a rule that needs the fleet."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        super().__init__(reply.error.message)
+        self.reply = reply
+
+
+class StaleJob(Exception):
+    """The job changed under us (optimistic concurrency); the caller reloads and retries."""
+
+
 class Scheduler:
-    def __init__(self, store: Store, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime],
+        *,
+        lease: Lease | None = None,
+        settings: SchedulerSettings | None = None,
+        notify: Callable[[list[str], list[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.db = store.db
         self.clock = clock
+        self.lease = lease or Lease(store.db)
+        self.settings = settings or SchedulerSettings()
+        self.notify = notify  # tells the leader what changed (set by the app)
         self.lock = asyncio.Lock()
+        self.fleet = Fleet()
+        self.jobs: dict[str, Doc] = {}  # open jobs, while leading
+        self.specs: dict[str, JobSpec] = {}
+        self.loaded = False
+        self.holds: dict[str, str] = {}
+        self.last_pass: PassResult | None = None
+        self._demand: frozenset[tuple[str, int, str | None]] = frozenset()
+        self._submits: list[tuple[Doc, JobSpec, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._pass_waiters: list[asyncio.Future[int]] = []
+        self._passer: asyncio.Task[None] | None = None
+        self._loaded_at = 0.0
+
+    async def _tx(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
+        """A store transaction (one at a time per database in a process: see Store)."""
+        return await self.store.transaction(body)
+
+    # --- leadership and memory ---------------------------------------------------------
+
+    async def lead(self) -> bool:
+        """Take or renew the lease; (re)build memory when newly leading."""
+        was = self.loaded and self.lease.held
+        if was and self.lease.fresh():
+            return True  # renewed recently; every placement is fenced anyway
+        held = await self.lease.acquire()
+        if held and not was:
+            await self.load()
+        if not held and self.loaded:
+            self.loaded = False
+            self.jobs.clear()
+            self.specs.clear()
+        return held
+
+    async def load(self) -> None:
+        """Rebuild the fleet and the open jobs from the store (start, new leader, resync)."""
+        nodes = await self.db.nodes.find({}).to_list(None)
+        claims = await self.db.claims.find({}).to_list(None)
+        jobs = await self.db.jobs.find({"state": {"$in": OPEN_STATES}}).to_list(None)
+        self.fleet.load(nodes, claims)
+        self.jobs = {j["_id"]: j for j in jobs}
+        self.specs = {}
+        self.loaded = True
+        self._loaded_at = asyncio.get_running_loop().time()
+        log.info("loaded %d nodes, %d claims, %d open jobs", len(nodes), len(claims), len(jobs))
+
+    async def sync(self, job_ids: list[str], node_ids: list[str]) -> None:
+        """Another instance changed these: read them again (leader only)."""
+        if not self.loaded:
+            return
+        async with self.lock:
+            for j in await self.db.jobs.find({"_id": {"$in": job_ids}}).to_list(None):
+                self._cache(j)
+            if node_ids:
+                claims = await self.db.claims.find({"node_id": {"$in": node_ids}}).to_list(None)
+                for nid in node_ids:
+                    self.fleet.used.pop(nid, None)
+                for c in claims:
+                    self.fleet._mark(c["node_id"], c["gpu_index"], int(c.get("share", 0)), True)
+                for n in await self.db.nodes.find({"_id": {"$in": node_ids}}).to_list(None):
+                    self.fleet.upsert(node_view(n))
+        self.request_pass()
+
+    async def _changed(self, jobs: list[Doc], node_ids: list[str] | None = None) -> None:
+        """After a write: keep memory current here, or tell the leader."""
+        if self.loaded:
+            for j in jobs:
+                self._cache(j)
+        elif self.notify is not None:
+            with contextlib.suppress(Exception):
+                await self.notify([j["_id"] for j in jobs], list(node_ids or []))
+
+    def _cache(self, job: Doc) -> None:
+        if job["state"] in OPEN_STATES:
+            self.jobs[job["_id"]] = job
+        else:
+            self.jobs.pop(job["_id"], None)
+            self.specs.pop(job["_id"], None)
+
+    def _spec(self, job: Doc) -> JobSpec:
+        spec = self.specs.get(job["_id"])
+        if spec is None:
+            spec = self.specs[job["_id"]] = JobSpec.model_validate(job["spec"])
+        return spec
 
     # --- commands -------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, account: str) -> Doc:
+    async def submit(self, spec: JobSpec, account: str, wait: bool = True) -> Doc:
+        await self._check_region(spec)
         now = self.clock()
         job_id = "j" + uuid.uuid4().hex[:12]
         doc: Doc = {
@@ -79,28 +222,106 @@ class Scheduler:
             "spec": spec.model_dump(mode="json"),
             "state": JobState.queued.value,
             "history": [{"state": JobState.queued.value, "at": now, "reason": None}],
+            "notes": [],
             "queue_reason": "not yet considered",
+            "queue_detail": [],
             "queued_at": now,
+            "queued_ms": now_ms(now),
             "updated_at": now,
             "version": 0,
             "cancel_requested": False,
             "workers": [
-                {"index": i, "state": WorkerState.waiting.value} for i in range(spec.workers)
+                {"index": i, "state": WorkerState.waiting.value, "attempts": []}
+                for i in range(spec.workers)
             ],
         }
-
-        async def body(tx: Transaction) -> None:
-            await self.db.jobs.insert_one(doc, session=tx.session)
-            emit(
-                tx,
-                JobQueued(job_id=job_id, owner=account, creator=account, spec=spec, queued_at=now),
-            )
-            emit(tx, JobStateChanged(job_id=job_id, state=JobState.queued, at=now))
-
-        async with self.lock:
-            await self.store.transaction(body)
-        await self.schedule()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._submits.append((doc, spec, fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_submits())
+        await fut
+        if wait:
+            await self.request_pass()
+        cached = self.jobs.get(job_id) if self.loaded else None
+        if cached is not None:  # the leader knows it: no read needed
+            return self.view(cached)
         return await self.get(job_id, account)
+
+    async def _flush_submits(self) -> None:
+        """Write waiting submissions in batches: one transaction (and outbox) per batch."""
+        while self._submits:
+            batch, self._submits = self._submits[:SUBMIT_BATCH], self._submits[SUBMIT_BATCH:]
+
+            async def body(tx: Transaction, batch: list[Any] = batch) -> None:
+                await self.db.jobs.insert_many([d for d, _, _ in batch], session=tx.session)
+                for d, spec, _ in batch:
+                    emit(
+                        tx,
+                        JobQueued(
+                            job_id=d["_id"],
+                            owner=d["owner"],
+                            creator=d["creator"],
+                            spec=spec,
+                            queued_at=d["queued_at"],
+                        ),
+                    )
+                    emit(
+                        tx,
+                        JobStateChanged(job_id=d["_id"], state=JobState.queued, at=d["queued_at"]),
+                    )
+
+            try:
+                await self._tx(body)
+            except Exception as exc:
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            async with self.lock:
+                await self._changed([d for d, _, _ in batch])
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _check_region(self, spec: JobSpec) -> None:
+        """R-RES-1: refuse a pin to a region that has none of the job's GPU types."""
+        region = spec.pinned_region
+        if region is None:
+            return
+        found = await self.db.nodes.find_one(
+            {"region": region, "gpu_model": {"$in": spec.gpu_types}, "state": {"$ne": "removed"}}
+        )
+        if found is not None:
+            return
+        having = sorted(
+            {
+                n["region"]
+                async for n in self.db.nodes.find(
+                    {"gpu_model": {"$in": spec.gpu_types}, "state": {"$ne": "removed"}}
+                )
+            }
+        )
+        types = " or ".join(spec.gpu_types)
+        raise Refused(
+            ErrorReply(
+                error=ErrorBody(
+                    code="invalid",
+                    message=f"region {region} has no {types}: the job would never start",
+                    fields=[
+                        FieldError(
+                            field="spec.region",
+                            rule="R-RES-1",
+                            message=f"region {region} has no {types} node",
+                            valid=(
+                                "a region with " + types + ": " + ", ".join(having)
+                                if having
+                                else f"no region has {types} yet"
+                            ),
+                        )
+                    ],
+                )
+            )
+        )
 
     async def cancel(self, job_id: str, account: str) -> Doc:
         async with self.lock:
@@ -114,22 +335,25 @@ class Scheduler:
                     if w["state"] == WorkerState.waiting.value:
                         w["state"] = WorkerState.stopped.value
                         w["reason"] = "cancelled while waiting"
-                    elif w["state"] in (WorkerState.placed.value, WorkerState.running.value):
-                        emit(
-                            tx,
-                            StopWorker(
-                                minion_id=w["minion_id"],
-                                job_id=job_id,
-                                worker=w["index"],
-                                placement_id=w["placement_id"],
-                                reason="cancelled by user",
-                            ),
-                        )
+                    elif w["state"] in HOLDING:
+                        emit(tx, self._stop(job, w, "cancelled by user"))
                 job["cancel_requested"] = True
                 await self._save(tx, job, now, "cancelled by user")
 
-            await self.store.transaction(body)
+            await self._tx(body)
+            await self._changed([job])
+        self.request_pass()
         return await self.get(job_id, account)
+
+    @staticmethod
+    def _stop(job: Doc, w: Doc, reason: str) -> StopWorker:
+        return StopWorker(
+            minion_id=w["minion_id"],
+            job_id=job["_id"],
+            worker=w["index"],
+            placement_id=w["placement_id"],
+            reason=reason,
+        )
 
     # --- events ---------------------------------------------------------------------
 
@@ -137,31 +361,111 @@ class Scheduler:
         async with self.lock:
             if isinstance(evt, NodeRegistered):
                 models = {g.model for g in evt.gpus}
-                await self.db.nodes.update_one(
-                    {"_id": evt.node_id},
-                    {
-                        "$set": {
-                            "minion_id": evt.minion_id,
-                            "region": evt.region,
-                            "owner": evt.owner,
-                            "state": evt.state.value,
-                            "name": evt.name,
-                            "gpu_model": models.pop() if len(models) == 1 else None,
-                            "gpu_indices": [g.index for g in evt.gpus],
-                            "price_per_gpu_hour": None
-                            if evt.price_per_gpu_hour is None
-                            else str(evt.price_per_gpu_hour),
-                            "allow_public_jobs": evt.allow_public_jobs,
-                            "updated_at": evt.at,
-                        }
-                    },
-                    upsert=True,
-                )
+                mems = [g.memory_mb for g in evt.gpus]
+                fields = {
+                    "minion_id": evt.minion_id,
+                    "region": evt.region,
+                    "owner": evt.owner,
+                    "state": evt.state.value,
+                    "name": evt.name,
+                    "gpu_model": models.pop() if len(models) == 1 else None,
+                    "gpu_indices": [g.index for g in evt.gpus],
+                    "gpu_memory_mb": min(mems) if mems else None,
+                    "gpu_shares": evt.gpu_shares,
+                    "price_per_gpu_hour": None
+                    if evt.price_per_gpu_hour is None
+                    else str(evt.price_per_gpu_hour),
+                    "allow_public_jobs": evt.allow_public_jobs,
+                    "updated_ms": now_ms(evt.at),
+                }
+                await self.db.nodes.update_one({"_id": evt.node_id}, {"$set": fields}, upsert=True)
+                if self.loaded:
+                    self.fleet.upsert(node_view({"_id": evt.node_id, **fields}))
             else:
                 await self.db.nodes.update_one(
-                    {"_id": evt.node_id}, {"$set": {"state": evt.state.value}}
+                    {"_id": evt.node_id},
+                    {"$set": {"state": evt.state.value, "updated_ms": now_ms(evt.at)}},
                 )
-        await self.schedule()
+                if self.loaded:
+                    self.fleet.set_state(evt.node_id, evt.state.value)
+                if evt.state.value in ("lost", "removed"):
+                    await self._node_gone(evt)
+            if not self.loaded and self.notify is not None:
+                with contextlib.suppress(Exception):
+                    await self.notify([], [evt.node_id])
+        await self.request_pass()
+
+    async def _node_gone(self, evt: NodeStateChanged) -> None:
+        """A lost (or removed) node's workers: requeued, or failed for notebooks.
+
+        Training, inference and endpoint workers go back to waiting (a new placement later,
+        from their checkpoints); a notebook's interactive state is gone with its node, so
+        it fails. A worker lost MAX_REQUEUES times fails too. Its claims are released, the
+        run is closed (WorkerFinished `failed`, "node lost": billing stops counting), the
+        job's notes record it, and a StopWorker goes to the node in case it comes back.
+        """
+        jobs = await self.db.jobs.find(
+            {"state": {"$in": OPEN_STATES}, "workers.node_id": evt.node_id}
+        ).to_list(None)
+        changed: list[Doc] = []
+        for job in jobs:
+            hit = [
+                w
+                for w in job["workers"]
+                if w.get("node_id") == evt.node_id and w["state"] in HOLDING
+            ]
+            if hit:
+                await self._lose_workers(job, hit, evt)
+                changed.append(job)
+        if self.loaded:
+            self.fleet.used.pop(evt.node_id, None)
+            self.fleet._refresh(evt.node_id)
+        await self._changed(changed, [evt.node_id])
+
+    async def _lose_workers(self, job: Doc, hit: list[Doc], evt: NodeStateChanged) -> None:
+        spec = JobSpec.model_validate(job["spec"])
+        now = self.clock()
+        reason = f"node {evt.minion_id} {evt.state.value}"
+
+        async def body(tx: Transaction) -> None:
+            for w in hit:
+                emit(tx, self._stop(job, w, reason))
+                started = w.get("started_at")
+                emit(
+                    tx,
+                    WorkerFinished(
+                        job_id=job["_id"],
+                        worker=w["index"],
+                        placement_id=w["placement_id"],
+                        minion_id=w["minion_id"],
+                        state=WorkerState.failed,
+                        reason=reason,
+                        started_at=started if isinstance(started, datetime) else None,
+                        ended_at=now,
+                    ),
+                )
+                await self.db.claims.delete_many(
+                    {"placement_id": w["placement_id"]}, session=tx.session
+                )
+                attempts = [*w.get("attempts", []), _attempt(w, reason, now)]
+                requeue = spec.type is not JobType.notebook and len(attempts) <= MAX_REQUEUES
+                for k in _PLACEMENT_KEYS:
+                    w.pop(k, None)
+                w["attempts"] = attempts
+                if requeue:
+                    w["state"] = WorkerState.waiting.value
+                    note = f"worker {w['index']} requeued: {reason}"
+                else:
+                    w.update(state=WorkerState.failed.value, reason=reason, ended_at=now)
+                    note = f"worker {w['index']} failed: {reason}" + (
+                        " (notebooks are not restarted)"
+                        if spec.type is JobType.notebook
+                        else f" ({MAX_REQUEUES} requeues used)"
+                    )
+                job.setdefault("notes", []).append({"at": now, "note": note})
+            await self._save(tx, job, now, reason)
+
+        await self._tx(body)
 
     async def worker_started(self, evt: WorkerStarted) -> None:
         async with self.lock:
@@ -175,7 +479,8 @@ class Scheduler:
             async def body(tx: Transaction) -> None:
                 await self._save(tx, job, evt.started_at)
 
-            await self.store.transaction(body)
+            await self._tx(body)
+            await self._changed([job])
 
     async def worker_finished(self, evt: WorkerFinished) -> None:
         async with self.lock:
@@ -188,6 +493,7 @@ class Scheduler:
                 w["state"] = WorkerState.running.value
                 w["started_at"] = evt.started_at
                 self._record_state(job, evt.started_at, None)
+            slots = [(int(g), int(s)) for g, s in w.get("claims") or []]
             w.update(
                 state=evt.state.value,
                 exit_code=evt.exit_code,
@@ -208,137 +514,306 @@ class Scheduler:
                 )
                 await self._save(tx, job, evt.ended_at, reason)
 
-            await self.store.transaction(body)
-        await self.schedule()
+            await self._tx(body)
+            if self.loaded and w.get("node_id") in self.fleet.base:
+                node = self.fleet.base[w["node_id"]]
+                if not slots:  # placed before claims were recorded per share
+                    slots = [(g, 0) for g in w.get("gpu_indices") or []]
+                self.fleet.release(node.node_id, slots)
+            await self._changed([job], [] if self.loaded else [str(w.get("node_id"))])
+        await self.request_pass()
 
     # --- the queue ------------------------------------------------------------------
 
-    async def schedule(self) -> int:
-        """One pass over the queue, oldest job first; a job that cannot start does not
-        block younger ones that fit elsewhere (backfill). Returns workers placed."""
-        placed = 0
-        async with self.lock:
-            nodes = await self._fleet()
-            jobs = (
-                await self.db.jobs.find({"state": {"$in": OPEN_STATES}})
-                .sort("queued_at", ASCENDING)
-                .to_list(None)
-            )
-            for job in jobs:
-                waiting = [
-                    w["index"] for w in job["workers"] if w["state"] == WorkerState.waiting.value
-                ]
-                if not waiting or job.get("cancel_requested"):
-                    continue
-                spec = JobSpec.model_validate(job["spec"])
-                reason = None
-                for index in waiting:
-                    req = WorkerRequest(
-                        job_id=job["_id"],
-                        worker=index,
-                        owner=job["owner"],
-                        gpu_types=tuple(spec.gpu_types),
-                        gpu_count=spec.gpu_count,
-                        max_price=spec.max_price,
-                    )
-                    decision = place(req, list(nodes.values()))
-                    if isinstance(decision, NoPlacement):
-                        reason = decision.explain()
-                        continue
-                    if await self._commit_placement(job, index, spec, decision):
-                        placed += 1
-                        node = decision.node
-                        nodes[node.node_id] = replace(
-                            node,
-                            free_indices=tuple(
-                                i for i in node.free_indices if i not in decision.gpu_indices
-                            ),
-                        )
-                    # Re-read: the commit (or the race that beat it) changed the job.
-                    job = await self.db.jobs.find_one({"_id": job["_id"]}) or job
-                if reason != job.get("queue_reason"):
-                    await self.db.jobs.update_one(
-                        {"_id": job["_id"], "version": job["version"]},
-                        {"$set": {"queue_reason": reason}},
-                    )
-        return placed
+    def request_pass(self) -> asyncio.Future[int]:
+        """Ask for a placement pass; passes asked for meanwhile are run as one."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pass_waiters.append(fut)
+        if self._passer is None or self._passer.done():
+            self._passer = asyncio.create_task(self._run_passes())
+        return fut
 
-    async def _commit_placement(self, job: Doc, index: int, spec: JobSpec, d: Placement) -> bool:
+    async def _run_passes(self) -> None:
+        while self._pass_waiters:
+            waiters, self._pass_waiters = self._pass_waiters, []
+            try:
+                placed = await self.schedule()
+            except Exception as exc:  # the next event or resync tries again
+                log.exception("placement pass failed")
+                for f in waiters:
+                    if not f.done():
+                        f.set_exception(exc)
+                continue
+            for f in waiters:
+                if not f.done():
+                    f.set_result(placed)
+
+    async def schedule(self) -> int:
+        """One pass: oldest first, backfill, holds for starving workers (queue.py).
+        Only the leader places. Returns the number of workers placed."""
+        async with self.lock:
+            if not await self.lead():
+                return 0
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._loaded_at > self.settings.resync_s:
+                await self.load()
+            try:
+                return await self._pass()
+            except (StaleJob, DuplicateKeyError, BulkWriteError, OperationFailure) as exc:
+                log.warning("placement pass lost a race (%s); reloading from the store", exc)
+                await self.load()
+                return 0
+            except Deposed as exc:
+                log.warning("%s; placing nothing", exc)
+                self.loaded = False
+                return 0
+            except BaseException:
+                self.loaded = False  # memory may be ahead of the store: rebuild next time
+                raise
+
+    def _waiting(self) -> list[Waiting]:
+        out: list[Waiting] = []
+        for job in self.jobs.values():
+            if job.get("cancel_requested"):
+                continue
+            spec: JobSpec | None = None
+            for w in job["workers"]:
+                if w["state"] != WorkerState.waiting.value:
+                    continue
+                spec = spec or self._spec(job)
+                out.append(
+                    Waiting(
+                        req=WorkerRequest(
+                            job_id=job["_id"],
+                            worker=w["index"],
+                            owner=job["owner"],
+                            gpu_types=tuple(spec.gpu_types),
+                            gpu_count=spec.gpu_count,
+                            max_price=spec.max_price,
+                            region=spec.pinned_region,
+                            fraction=spec.gpu_fraction,
+                        ),
+                        queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
+                    )
+                )
+        return out
+
+    async def _pass(self) -> int:
         now = self.clock()
-        w = next(w for w in job["workers"] if w["index"] == index)
-        placement_id = uuid.uuid4().hex
-        node: NodeView = d.node
+        slots: list[list[tuple[str, int, int]]] = []
+
+        def claim(p: Placement) -> None:
+            s = self.fleet.claims_for(p)
+            self.fleet.claim(p.node.node_id, s)
+            slots.append(s)
+
+        result = plan(
+            self._waiting(),
+            self.fleet.index,
+            now_ms(now),
+            starve_after_ms=int(self.settings.starve_after_s * 1000),
+            max_holds=self.settings.max_holds,
+            explain_budget=self.settings.explain_budget,
+            on_place=claim,
+        )
+        self.holds = result.holds
+        self.last_pass = result
+        by_job: dict[str, list[tuple[Waiting, Placement, list[tuple[str, int, int]]]]] = {}
+        for i, (w, p) in enumerate(result.placed):
+            by_job.setdefault(w.req.job_id, []).append((w, p, slots[i]))
+        jobs = list(by_job)
+        for i in range(0, len(jobs), COMMIT_CHUNK):  # the relay starts on the first chunk
+            await self._commit({j: by_job[j] for j in jobs[i : i + COMMIT_CHUNK]}, now)
+        await self._explain(result, now)
+        return len(result.placed)
+
+    async def _commit(
+        self,
+        by_job: dict[str, list[tuple[Waiting, Placement, list[tuple[str, int, int]]]]],
+        now: datetime,
+    ) -> None:
+        """Every placement of a pass in one fenced transaction."""
+        docs: dict[str, Doc] = {}
 
         async def body(tx: Transaction) -> None:
-            await self.db.claims.insert_many(
-                [
-                    {
-                        "_id": f"{node.node_id}:{i}",
-                        "node_id": node.node_id,
-                        "gpu_index": i,
-                        "job_id": job["_id"],
-                        "worker": w["index"],
-                        "placement_id": placement_id,
-                    }
-                    for i in d.gpu_indices
-                ],
-                session=tx.session,
-            )
-            w.update(
-                state=WorkerState.placed.value,
+            docs.clear()
+            docs.update({j: _copy(self.jobs[j]) for j in by_job})
+            epoch = await self.lease.fence(tx.session)
+            claims: list[Doc] = []
+            replaces: list[ReplaceOne[Doc]] = []
+            for job_id, items in by_job.items():
+                job = docs[job_id]
+                spec = self._spec(job)
+                for wt, p, s in items:
+                    w = next(x for x in job["workers"] if x["index"] == wt.req.worker)
+                    claims += self._place_worker(tx, job, spec, w, p, s, now, epoch)
+                job["queue_reason"] = None
+                job["queue_detail"] = []
+                replaces.append(self._replace(tx, job, now))
+            await self.db.claims.insert_many(claims, session=tx.session)
+            res = await self.db.jobs.bulk_write(replaces, ordered=False, session=tx.session)
+            if res.matched_count != len(replaces):
+                raise StaleJob(f"{len(replaces) - res.matched_count} jobs changed")
+
+        await self._tx(body)
+        for job in docs.values():
+            self._cache(job)
+
+    def _place_worker(
+        self,
+        tx: Transaction,
+        job: Doc,
+        spec: JobSpec,
+        w: Doc,
+        d: Placement,
+        slots: list[tuple[str, int, int]],
+        now: datetime,
+        epoch: int,
+    ) -> list[Doc]:
+        node = d.node
+        placement_id = uuid.uuid4().hex
+        fraction = d.fraction
+        w.update(
+            state=WorkerState.placed.value,
+            placement_id=placement_id,
+            node_id=node.node_id,
+            minion_id=node.minion_id,
+            region=node.region,
+            gpu_model=node.gpu_model,
+            gpu_indices=list(d.gpu_indices),
+            claims=[[g, s] for _, g, s in slots],
+            gpu_fraction=None if fraction is None else str(fraction),
+            rate=str(d.rate),
+            rate_per_gpu_hour=str(d.rate_per_gpu_hour),
+            charge=d.charge,
+            placed_at=now,
+            epoch=epoch,
+        )
+        emit(
+            tx,
+            WorkerPlaced(
+                job_id=job["_id"],
+                worker=w["index"],
                 placement_id=placement_id,
                 node_id=node.node_id,
                 minion_id=node.minion_id,
                 region=node.region,
-                gpu_model=node.gpu_model,
+                gpu_model=node.gpu_model or "",
                 gpu_indices=list(d.gpu_indices),
-                rate=str(d.rate),
+                gpu_count=len(d.gpu_indices),
+                rate=d.rate,
                 charge=d.charge,
+                payer=job["owner"],
+                node_owner=node.owner,
                 placed_at=now,
-            )
-            job["queue_reason"] = None
-            await self._save(tx, job, now)
-            emit(
-                tx,
-                WorkerPlaced(
-                    job_id=job["_id"],
-                    worker=w["index"],
-                    placement_id=placement_id,
-                    node_id=node.node_id,
-                    minion_id=node.minion_id,
-                    region=node.region,
-                    gpu_model=node.gpu_model or "",
-                    gpu_indices=list(d.gpu_indices),
-                    gpu_count=len(d.gpu_indices),
-                    rate=d.rate,
-                    charge=d.charge,
-                    payer=job["owner"],
-                    node_owner=node.owner,
-                    placed_at=now,
-                    creator=job["creator"],
-                    job_type=spec.type,
-                ),
-            )
-            emit(
-                tx,
-                StartWorker(
-                    minion_id=node.minion_id,
-                    job_id=job["_id"],
-                    job_name=job["name"],
-                    worker=w["index"],
-                    command=spec.command,
-                    env=spec.env,
-                    gpu_indices=list(d.gpu_indices),
-                    placement_id=placement_id,
-                ),
-            )
+                creator=job["creator"],
+                job_type=spec.type,
+                gpu_fraction=fraction,
+                rate_per_gpu_hour=d.rate_per_gpu_hour,
+            ),
+        )
+        mp = mounts.plan(spec, w["index"])
+        memory = _share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
+        emit(
+            tx,
+            StartWorker(
+                minion_id=node.minion_id,
+                job_id=job["_id"],
+                job_name=job["name"],
+                worker=w["index"],
+                command=spec.command_for(w["index"]),
+                env=spec.env,
+                gpu_indices=list(d.gpu_indices),
+                placement_id=placement_id,
+                mounts=list(mp.mounts),
+                output_archive=mp.output_archive,
+                output_upload=mp.output_upload,
+                gpu_fraction=fraction,
+                gpu_memory_limit_mb=memory,
+                disk_size_gb=spec.disk_size_gb,
+            ),
+        )
+        return [
+            {
+                "_id": cid,
+                "node_id": node.node_id,
+                "gpu_index": g,
+                "share": s,
+                "job_id": job["_id"],
+                "worker": w["index"],
+                "placement_id": placement_id,
+                "epoch": epoch,
+            }
+            for cid, g, s in slots
+        ]
 
-        try:
-            await self.store.transaction(body)
-        except (DuplicateKeyError, BulkWriteError, StaleJob) as exc:
-            log.warning("placement of %s/%s lost a race: %s", job["_id"], w["index"], exc)
-            return False
-        return True
+    async def _explain(self, result: PassResult, now: datetime) -> None:
+        """Keep every waiting job's reason current; say when unplaceable demand changes."""
+        per_job: dict[str, NoPlacement] = {}
+        for w in result.waiting:
+            r = result.reasons.get(w.key)
+            if r is not None and w.req.job_id not in per_job:
+                per_job[w.req.job_id] = r
+        updates = []
+        for job_id, r in per_job.items():
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            text, detail = r.explain(), r.structured()
+            if job.get("queue_reason") == text:
+                continue
+            job["queue_reason"], job["queue_detail"] = text, detail
+            updates.append(
+                UpdateOne(
+                    {"_id": job_id},
+                    {
+                        "$set": {
+                            "queue_reason": text,
+                            "queue_detail": detail,
+                            "explained_ms": now_ms(now),
+                        }
+                    },
+                )
+            )
+        if updates:
+            await self.db.jobs.bulk_write(updates, ordered=False)
+        demand = frozenset(
+            (
+                w.req.job_id,
+                w.req.worker,
+                per_job[w.req.job_id].explain() if w.req.job_id in per_job else None,
+            )
+            for w in result.waiting
+        )
+        if demand == self._demand:
+            return
+        self._demand = demand
+        demands = [self._demand_of(w, per_job.get(w.req.job_id)) for w in result.waiting]
+
+        async def body(tx: Transaction) -> None:
+            emit(tx, PendingDemandChanged(demands=[d for d in demands if d], at=now))
+
+        await self._tx(body)
+
+    def _demand_of(self, w: Waiting, why: NoPlacement | None) -> Demand | None:
+        job = self.jobs.get(w.req.job_id)
+        if job is None:
+            return None
+        spec = self._spec(job)
+        return Demand(
+            job_id=w.req.job_id,
+            worker=w.req.worker,
+            owner=w.req.owner,
+            project=spec.project,
+            gpu_types=list(w.req.gpu_types),
+            gpu_count=w.req.gpu_count,
+            max_price=w.req.max_price,
+            region=w.req.region,
+            burst_allowed=spec.allow_burst,
+            waiting_since=from_ms(w.queued_ms) or self.clock(),
+            gpu_fraction=w.req.fraction,
+            reason=None if why is None else why.explain(),
+        )
 
     # --- queries --------------------------------------------------------------------
 
@@ -360,12 +835,14 @@ class Scheduler:
             "creator": job["creator"],
             "state": job["state"],
             "queue_reason": job.get("queue_reason"),
+            "queue_detail": job.get("queue_detail") or [],
             "rate": rates.pop() if len(rates) == 1 else (sorted(rates) or None),
             "spec": job["spec"],
             "history": [
-                {"state": h["state"], "at": h["at"].isoformat(), "reason": h.get("reason")}
+                {"state": h["state"], "at": _iso(h["at"]), "reason": h.get("reason")}
                 for h in job["history"]
             ],
+            "notes": [{"at": _iso(n["at"]), "note": n["note"]} for n in job.get("notes") or []],
             "workers": [
                 {
                     "index": w["index"],
@@ -375,6 +852,7 @@ class Scheduler:
                     "region": w.get("region"),
                     "gpu_model": w.get("gpu_model"),
                     "gpu_indices": w.get("gpu_indices"),
+                    "gpu_fraction": w.get("gpu_fraction"),
                     "rate": w.get("rate"),
                     "charge": w.get("charge"),
                     "started_at": _iso(w.get("started_at")),
@@ -382,11 +860,12 @@ class Scheduler:
                     "run_seconds": _seconds(w.get("started_at"), w.get("ended_at")),
                     "exit_code": w.get("exit_code"),
                     "reason": w.get("reason"),
+                    "attempts": len(w.get("attempts") or []),
                     "log_tail": w.get("log_tail", ""),
                 }
                 for w in job["workers"]
             ],
-            "queued_at": job["queued_at"].isoformat(),
+            "queued_at": _iso(job["queued_at"]),
         }
 
     # --- helpers --------------------------------------------------------------------
@@ -418,9 +897,8 @@ class Scheduler:
         job["history"].append({"state": new.value, "at": at, "reason": reason})
         return JobState(previous)
 
-    async def _save(
-        self, tx: Transaction, job: Doc, at: datetime, reason: str | None = None
-    ) -> None:
+    def _bump(self, tx: Transaction, job: Doc, at: datetime, reason: str | None) -> int:
+        """Record the job's new state (and its event); returns the version it had."""
         previous = self._record_state(job, at, reason)
         if previous is not None:
             emit(
@@ -433,9 +911,21 @@ class Scheduler:
                     at=at,
                 ),
             )
-        version = job["version"]
+        version = int(job["version"])
         job["version"] = version + 1
         job["updated_at"] = self.clock()
+        return version
+
+    def _replace(
+        self, tx: Transaction, job: Doc, at: datetime, reason: str | None = None
+    ) -> ReplaceOne[Doc]:
+        version = self._bump(tx, job, at, reason)
+        return ReplaceOne({"_id": job["_id"], "version": version}, job)
+
+    async def _save(
+        self, tx: Transaction, job: Doc, at: datetime, reason: str | None = None
+    ) -> None:
+        version = self._bump(tx, job, at, reason)
         res = await self.db.jobs.replace_one(
             {"_id": job["_id"], "version": version}, job, session=tx.session
         )
@@ -443,37 +933,55 @@ class Scheduler:
             job["version"] = version
             raise StaleJob(job["_id"])
 
-    async def _fleet(self) -> dict[str, NodeView]:
-        claimed: dict[str, set[int]] = {}
-        async for c in self.db.claims.find({}):
-            claimed.setdefault(c["node_id"], set()).add(c["gpu_index"])
-        nodes = {}
-        async for n in self.db.nodes.find({}):
-            indices = tuple(n.get("gpu_indices", []))
-            nodes[n["_id"]] = NodeView(
-                node_id=n["_id"],
-                minion_id=n["minion_id"],
-                region=n["region"],
-                owner=n["owner"],
-                state=n["state"],
-                gpu_model=n.get("gpu_model"),
-                gpu_indices=indices,
-                free_indices=tuple(i for i in indices if i not in claimed.get(n["_id"], set())),
-                price_per_gpu_hour=Decimal(n["price_per_gpu_hour"])
-                if n.get("price_per_gpu_hour")
-                else None,
-                allow_public_jobs=bool(n.get("allow_public_jobs")),
-            )
-        return nodes
+
+_PLACEMENT_KEYS = (
+    "placement_id",
+    "node_id",
+    "minion_id",
+    "region",
+    "gpu_model",
+    "gpu_indices",
+    "claims",
+    "gpu_fraction",
+    "rate",
+    "rate_per_gpu_hour",
+    "charge",
+    "placed_at",
+    "started_at",
+    "epoch",
+)
 
 
-class StaleJob(Exception):
-    """The job changed under us (optimistic concurrency); the caller retries or skips."""
+def _attempt(w: Doc, reason: str, at: datetime) -> Doc:
+    return {k: w.get(k) for k in ("placement_id", "minion_id", "started_at")} | {
+        "reason": reason,
+        "ended_at": at,
+    }
 
 
-def _iso(v: datetime | None) -> str | None:
-    return v.isoformat() if v else None
+def _copy(job: Doc) -> Doc:
+    out = dict(job)
+    out["workers"] = [dict(w) for w in job["workers"]]
+    out["history"] = list(job["history"])
+    return out
 
 
-def _seconds(a: datetime | None, b: datetime | None) -> float | None:
-    return round((b - a).total_seconds(), 3) if a and b else None
+def _share_memory(model: str | None, memory_mb: int | None, fraction: Decimal | None) -> int | None:
+    if fraction is None:
+        return None
+    total = memory_mb or (
+        catalog().gpus[model].memory_gb * 1024 if model in catalog().gpus else None
+    )
+    return None if total is None else int(total * fraction)
+
+
+def _iso(v: Any) -> str | None:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    return None if v is None else str(v)
+
+
+def _seconds(a: Any, b: Any) -> float | None:
+    if isinstance(a, datetime) and isinstance(b, datetime):
+        return round((b - a).total_seconds(), 3)
+    return None

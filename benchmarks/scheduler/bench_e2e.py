@@ -1,0 +1,390 @@
+"""End to end through JetStream and the database, and restart at fleet scale.
+
+    uv run python benchmarks/scheduler/bench_e2e.py [--nodes 10000] [--jobs 3000]
+
+Starts its own nats-server (JetStream) and embedded MongoDB (nx-27017) on free ports, and
+the scheduler as its own process (`python -m gpufleet_scheduler`), as in production.
+
+1. Raw ceilings, same run, same machine: JetStream publishes with acks (500 in flight),
+   core NATS request/reply (256 in flight), store insert_many (batches of 500), single
+   inserts, and one-insert transactions.
+2. Submit-to-placed: `--jobs` SubmitJob requests (256 in flight) against a fleet of
+   `--nodes` nodes; a job is placed when its WorkerPlaced event arrives on JetStream (so
+   the time includes the outbox relay). Sustained throughput = jobs / (last placed - first
+   sent).
+3. Latency at half that offered load (fixed interval, open loop): p50/p99 submit-to-placed.
+4. Restart: `--restart-jobs` queued jobs (default 100,000) and the fleet in the store; a
+   fresh scheduler process is started; time until it has rebuilt its memory (its log line)
+   and until the first WorkerPlaced of the resumed queue arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+from gpufleet_contracts.jobs import JobSpec, SubmitJob, WorkerPlaced
+from gpufleet_devstack import EmbeddedMongo, NatsServer
+from gpufleet_store import Store, StoreSettings
+from pymongo import AsyncMongoClient
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synth import fleet
+
+PREFIX = "bench"
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * len(values)))]
+
+
+async def bus_ceiling(url: str, n: int = 20_000) -> dict[str, float]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(name="BENCH_RAW", subjects=["bench.raw.>"])
+    payload = b"x" * 600
+    sem = asyncio.Semaphore(500)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await js.publish(f"bench.raw.{i % 16}", payload)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    js_rate = n / (time.perf_counter() - t0)
+    await js.delete_stream("BENCH_RAW")
+
+    async def echo(msg: Any) -> None:
+        await msg.respond(msg.data)
+
+    await nc.subscribe("bench.echo", cb=echo)
+    sem2 = asyncio.Semaphore(256)
+
+    async def req(i: int) -> None:
+        async with sem2:
+            await nc.request("bench.echo", payload, timeout=10)
+
+    m = n // 2
+    t0 = time.perf_counter()
+    await asyncio.gather(*(req(i) for i in range(m)))
+    rr_rate = m / (time.perf_counter() - t0)
+    await nc.close()
+    return {"jetstream_publish_acked_per_s": round(js_rate), "request_reply_per_s": round(rr_rate)}
+
+
+async def store_ceiling(mongo_url: str) -> dict[str, float]:
+    store = Store.connect("raw", StoreSettings(mongo_url=mongo_url, db_prefix=PREFIX))
+    coll = store.db["raw"]
+    doc = {"spec": {"name": "x" * 40, "gpu_types": ["RTX 3090"], "command": ["python", "t.py"]}}
+    n = 20_000
+    t0 = time.perf_counter()
+    for i in range(0, n, 500):
+        await coll.insert_many([{**doc, "i": j} for j in range(i, i + 500)])
+    many = n / (time.perf_counter() - t0)
+    m = 1000
+    t0 = time.perf_counter()
+    for i in range(m):
+        await coll.insert_one({**doc, "k": i})
+    single = m / (time.perf_counter() - t0)
+
+    async def body(tx: Any) -> None:
+        await coll.insert_one({**doc}, session=tx.session)
+
+    t0 = time.perf_counter()
+    for _ in range(500):
+        await store.transaction(body)
+    txs = 500 / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    read = len(await coll.find({}).to_list(None))
+    reads = read / (time.perf_counter() - t0)
+    await store.db.drop_collection("raw")
+    await store.close()
+    return {
+        "store_insert_many_docs_per_s": round(many),
+        "store_insert_one_per_s": round(single),
+        "store_transactions_per_s": round(txs),
+        "store_find_docs_per_s": round(reads),
+    }
+
+
+def node_doc(n: Any) -> dict[str, Any]:
+    return {
+        "_id": n.node_id,
+        "minion_id": n.minion_id,
+        "region": n.region,
+        "owner": n.owner,
+        "state": n.state,
+        "name": n.minion_id,
+        "gpu_model": n.gpu_model,
+        "gpu_indices": list(n.gpu_indices),
+        "gpu_memory_mb": n.gpu_memory_mb,
+        "gpu_shares": n.gpu_shares,
+        "price_per_gpu_hour": str(n.price_per_gpu_hour),
+        "allow_public_jobs": n.allow_public_jobs,
+        "updated_ms": 0,
+    }
+
+
+def job_doc(spec: JobSpec, owner: str, at: datetime) -> dict[str, Any]:
+    return {
+        "_id": "j" + uuid.uuid4().hex[:12],
+        "name": spec.name,
+        "project": spec.project,
+        "owner": owner,
+        "creator": owner,
+        "spec": spec.model_dump(mode="json"),
+        "state": "queued",
+        "history": [{"state": "queued", "at": at, "reason": None}],
+        "notes": [],
+        "queue_reason": "not yet considered",
+        "queue_detail": [],
+        "queued_at": at,
+        "queued_ms": int(at.timestamp() * 1000),
+        "updated_at": at,
+        "version": 0,
+        "cancel_requested": False,
+        "workers": [{"index": 0, "state": "waiting", "attempts": []}],
+    }
+
+
+def start_scheduler(nats_url: str, mongo_url: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "GPUFLEET_NATS_URL": nats_url,
+        "GPUFLEET_MONGO_URL": mongo_url,
+        "GPUFLEET_DB_PREFIX": PREFIX,
+        "GPUFLEET_LOG_LEVEL": "INFO",
+        "GPUFLEET_SCHEDULER_RESYNC_S": "3600",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpufleet_scheduler"],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+MODELS = ("RTX 3090", "RTX A4000", "RTX A6000", "T4", "V100", "A100 40GB", "A100 80GB")
+
+
+def spec(i: int, rng: random.Random) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": f"b{i}",
+            "gpu_types": rng.sample(MODELS, 2),
+            "gpu_count": 1,
+            "max_price": "3",
+            "command": ["true"],
+        }
+    )
+
+
+class Placed:
+    """Arrival time of each job's WorkerPlaced (core subscription on the event subject)."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.changed = asyncio.Event()
+
+    async def cb(self, msg: Any) -> None:
+        evt = WorkerPlaced.from_bytes(msg.data)
+        self.at.setdefault(evt.job_id, time.perf_counter())
+        self.changed.set()
+
+    async def wait(self, ids: set[str], limit_s: float) -> None:
+        deadline = time.perf_counter() + limit_s
+        while not ids <= self.at.keys() and time.perf_counter() < deadline:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+
+
+async def submit(nc: Any, s: JobSpec, owner: str) -> tuple[str, float]:
+    t = time.perf_counter()
+    reply = await nc.request(
+        SubmitJob.SUBJECT,
+        SubmitJob(spec=s).to_bytes(),
+        timeout=60,
+        headers={"gpufleet-account": owner},
+    )
+    body = json.loads(reply.data)
+    return body["id"], t
+
+
+async def throughput(nc: Any, placed: Placed, n: int, rng: random.Random) -> dict[str, float]:
+    sem = asyncio.Semaphore(256)
+    sent: dict[str, float] = {}
+
+    async def one(i: int) -> None:
+        async with sem:
+            job_id, t = await submit(nc, spec(i, rng), f"acct{i % 200:03d}")
+            sent[job_id] = t
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    t_acc = time.perf_counter() - t0
+    await placed.wait(set(sent), 600)
+    done = [placed.at[j] for j in sent if j in placed.at]
+    elapsed = max(done) - t0 if done else float("nan")
+    return {
+        "jobs": n,
+        "placed": len(done),
+        "submit_accepted_per_s": round(n / t_acc),
+        "submit_to_placed_per_s": round(len(done) / elapsed),
+    }
+
+
+async def latency(
+    nc: Any, placed: Placed, rate: float, seconds: float, rng: random.Random
+) -> dict[str, float]:
+    sent: dict[str, float] = {}
+    tasks = []
+    interval = 1.0 / rate
+    t0 = time.perf_counter()
+    i = 0
+
+    async def one(k: int, t_send: float) -> None:
+        job_id, _ = await submit(nc, spec(100_000 + k, rng), f"acct{k % 200:03d}")
+        sent[job_id] = t_send
+
+    while time.perf_counter() - t0 < seconds:
+        target = t0 + i * interval
+        delay = target - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, time.perf_counter())))
+        i += 1
+    await asyncio.gather(*tasks)
+    await placed.wait(set(sent), 120)
+    lat = [(placed.at[j] - t) * 1000 for j, t in sent.items() if j in placed.at]
+    return {
+        "offered_per_s": round(rate, 1),
+        "jobs": len(sent),
+        "placed": len(lat),
+        "p50_ms": round(pct(lat, 0.5), 1),
+        "p99_ms": round(pct(lat, 0.99), 1),
+        "max_ms": round(max(lat), 1),
+    }
+
+
+async def restart(
+    nats_url: str, mongo_url: str, log: Path, placed: Placed, jobs: int, nodes: int
+) -> dict[str, float]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    db = client[f"{PREFIX}_scheduler"]
+    rng = random.Random(9)
+    now = datetime.now(UTC)
+    t0 = time.perf_counter()
+    batch = []
+    for i in range(jobs):
+        batch.append(job_doc(spec(200_000 + i, rng), f"acct{i % 200:03d}", now))
+        if len(batch) == 1000:
+            await db.jobs.insert_many(batch)
+            batch = []
+    if batch:
+        await db.jobs.insert_many(batch)
+    seed_s = time.perf_counter() - t0
+    await client.close()
+    before = len(placed.at)
+    log.write_text("")  # noqa: ASYNC240
+    t0 = time.perf_counter()
+    proc = start_scheduler(nats_url, mongo_url, log)
+    loaded_at = None
+    first_placed = None
+    while time.perf_counter() - t0 < 300:
+        await asyncio.sleep(0.05)
+        if loaded_at is None and "loaded" in log.read_text():  # noqa: ASYNC240
+            loaded_at = time.perf_counter() - t0
+        if len(placed.at) > before:
+            first_placed = time.perf_counter() - t0
+            break
+    proc.terminate()
+    proc.wait(10)
+    text = log.read_text()  # noqa: ASYNC240
+    line = next((ln for ln in text.splitlines() if "loaded" in ln), "")
+    return {
+        "queued_jobs_in_store": jobs,
+        "nodes": nodes,
+        "seed_s": round(seed_s, 1),
+        "process_start_to_state_rebuilt_s": round(loaded_at or float("nan"), 2),
+        "process_start_to_first_placement_s": round(first_placed or float("nan"), 2),
+        "log": line.split("gpufleet.scheduler:")[-1].strip(),
+    }
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--jobs", type=int, default=3_000)
+    ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--restart-jobs", type=int, default=100_000)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
+    ns = NatsServer(tmp / "nats")
+    mg = EmbeddedMongo(tmp / "mongo")
+    ns.start()
+    mg.start()
+    results: dict[str, Any] = {"machine_cpus": os.cpu_count()}
+    proc = None
+    try:
+        results["raw"] = {**await bus_ceiling(ns.url), **await store_ceiling(mg.url)}
+        print(json.dumps(results, indent=2), flush=True)
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mg.url)
+        db = client[f"{PREFIX}_scheduler"]
+        nodes = fleet(a.nodes)
+        for i in range(0, len(nodes), 1000):
+            await db.nodes.insert_many([node_doc(n) for n in nodes[i : i + 1000]])
+        await client.close()
+        log = tmp / "scheduler.log"
+        proc = start_scheduler(ns.url, mg.url, log)
+        nc = await nats.connect(ns.url)
+        placed = Placed()
+        await nc.subscribe(WorkerPlaced.SUBJECT, cb=placed.cb)
+        rng = random.Random(3)
+        # Warm up: wait until the process answers (imports, connects, loads the fleet).
+        deadline = time.perf_counter() + 120
+        while True:
+            try:
+                await submit(nc, spec(0, rng), "acct000")
+                break
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                if time.perf_counter() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        await throughput(nc, placed, 50, rng)
+        tp = await throughput(nc, placed, a.jobs, rng)
+        results["submit_to_placed"] = tp
+        print(json.dumps(results, indent=2), flush=True)
+        rate = max(1.0, tp["submit_to_placed_per_s"] / 2)
+        results["latency_at_half_load"] = await latency(nc, placed, rate, a.latency_seconds, rng)
+        print(json.dumps(results, indent=2), flush=True)
+        proc.terminate()
+        proc.wait(10)
+        proc = None
+        if a.restart_jobs:
+            results["restart"] = await restart(ns.url, mg.url, log, placed, a.restart_jobs, a.nodes)
+        await nc.close()
+    finally:
+        if proc is not None:
+            proc.terminate()
+        ns.stop()
+        mg.stop()
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,558 @@
+"""The parts of a job specification (PRODUCT.md R-JOB-2..7, R-RES-1..3, R-SCHED-4).
+
+Every model is frozen and refuses unknown fields; every refusal names its field (by its
+path), the rule it broke and what would be valid (`ctx["rule"]`, `ctx["valid"]`, which
+`errors.field_errors` reads). `JobSpec` in `jobs.py` composes them; cross-field rules that
+need the job type are checked there, on the field that breaks them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .errors import rule, ruled
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def bad(code: str, message: str, rule_id: str, valid: str, **ctx: Any) -> PydanticCustomError:
+    """A validation error that carries its rule and what would be valid."""
+    return PydanticCustomError(code, message, {**ctx, "rule": rule_id, "valid": valid})
+
+
+def dir_name(name: str) -> str:
+    """R-JOB-3/4: a dataset or checkpoint directory is its name with spaces as underscores."""
+    return re.sub(r"\s+", "_", name.strip())
+
+
+# --- data (R-JOB-3) -------------------------------------------------------------------
+
+
+class StorageType(StrEnum):
+    aws = "aws"
+    azure = "azure"
+    gcp = "gcp"
+    local = "local"
+    wasabi = "wasabi"
+    web = "web"
+    regional_datastore = "regional_datastore"
+    platform = "platform"
+    git = "git"  # model code only
+
+
+# The path forms each storage type accepts (R-JOB-3, R-JOB-4).
+PATH_FORMS: dict[StorageType, tuple[tuple[str, ...], str]] = {
+    StorageType.aws: (("s3://",), "s3://bucket/path"),
+    StorageType.azure: (("https://",), "https://account.blob.core.windows.net/..."),
+    StorageType.gcp: (("gs://",), "gs://bucket/path"),
+    StorageType.local: (("/", "~/", "$"), "/abs/path, ~/path or $VAR/path (never ./)"),
+    StorageType.wasabi: (("s3://",), "s3://bucket/path (with an endpoint)"),
+    StorageType.web: (
+        ("http://", "https://", "ftp://", "ftps://"),
+        "http(s):// or ftp(s):// URL",
+    ),
+    StorageType.regional_datastore: (("/",), "an absolute path inside the datastore"),
+    StorageType.git: (
+        ("http://", "https://", "ssh://", "git@"),
+        "http(s) or ssh git clone URL",
+    ),
+}
+PLATFORM_OUTPUTS = ("model", "dataset", "checkpoint")
+WEB_ONLY_INPUT = "web is an input type only"
+
+
+def _check_location(
+    kind: StorageType, path: str, endpoint: str | None, datastore: str | None, rule_id: str
+) -> None:
+    if kind is StorageType.platform:
+        return  # checked by the direction (output: model | dataset | checkpoint)
+    prefixes, valid = PATH_FORMS[kind]
+    if not path.startswith(prefixes) or path.startswith("./"):
+        raise bad(
+            "storage_path",
+            "{kind} path must start with {forms}, got {path!r}",
+            rule_id,
+            valid,
+            kind=kind.value,
+            forms=" or ".join(prefixes),
+            path=path,
+        )
+    if kind is StorageType.regional_datastore:
+        _check_inside_root(path, rule_id)
+        if not datastore:
+            raise bad(
+                "datastore_required",
+                "a regional_datastore location names its datastore",
+                "R-RES-2",
+                "datastore: <name of a datastore in the region>",
+            )
+    if kind is StorageType.wasabi and not endpoint:
+        raise bad(
+            "endpoint_required",
+            "wasabi needs the endpoint (service URL) of the bucket",
+            rule_id,
+            "endpoint: https://s3.<region>.wasabisys.com",
+        )
+    if endpoint and kind is not StorageType.wasabi:
+        raise bad(
+            "endpoint_only_wasabi",
+            "endpoint is for wasabi only, not {kind}",
+            rule_id,
+            "leave endpoint out",
+            kind=kind.value,
+        )
+
+
+def _check_inside_root(path: str, rule_id: str) -> None:
+    """R-RES-2: nothing may resolve outside the datastore root."""
+    lowered = path.lower()
+    parts = path.split("/")
+    if "\0" in path or ".." in parts or "%2e" in lowered or "%00" in lowered or "\\" in path:
+        raise bad(
+            "outside_root",
+            "path {path!r} would resolve outside the datastore root",
+            "R-RES-2",
+            "an absolute path without .., NUL, backslashes or encoded dots",
+            path=path,
+        )
+    _ = rule_id
+
+
+class _Located(BaseModel):
+    """A storage location: type + path (+ endpoint for wasabi, datastore+region for regional)."""
+
+    model_config = _FROZEN
+
+    type: StorageType = Field(json_schema_extra=rule("R-JOB-3"))
+    path: str = Field(min_length=1, max_length=1024, json_schema_extra=rule("R-JOB-3"))
+    endpoint: str | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
+    datastore: str | None = Field(default=None, json_schema_extra=rule("R-RES-2"))
+    region: str | None = Field(default=None, json_schema_extra=rule("R-RES-1"))
+
+
+@ruled
+class InputData(_Located):
+    """Inference input, downloaded before the workers start (R-JOB-3)."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> InputData:
+        if self.type in (StorageType.platform, StorageType.git):
+            raise bad(
+                "input_type",
+                "{kind} is not an input data type",
+                "R-JOB-3",
+                "aws, azure, gcp, local, wasabi, web, regional_datastore",
+                kind=self.type.value,
+            )
+        _check_location(self.type, self.path, self.endpoint, self.datastore, "R-JOB-3")
+        return self
+
+
+@ruled
+class OutputData(_Located):
+    """Where ML_OUTPUT_PATH is uploaded when a worker ends (R-JOB-3)."""
+
+    @model_validator(mode="after")
+    def _valid(self) -> OutputData:
+        if self.type in (StorageType.web, StorageType.git):
+            raise bad(
+                "output_type",
+                "{kind} is not an output data type",
+                "R-JOB-3",
+                "aws, azure, gcp, local, wasabi, regional_datastore, platform",
+                kind=self.type.value,
+            )
+        if self.type is StorageType.platform:
+            if self.path not in PLATFORM_OUTPUTS:
+                raise bad(
+                    "platform_output",
+                    "platform output must be model, dataset or checkpoint, got {path!r}",
+                    "R-JOB-3",
+                    ", ".join(PLATFORM_OUTPUTS),
+                    path=self.path,
+                )
+            return self
+        _check_location(self.type, self.path, self.endpoint, self.datastore, "R-JOB-3")
+        return self
+
+
+@ruled
+class Dataset(BaseModel):
+    """A persistent dataset attached to a notebook or training job (R-JOB-3)."""
+
+    model_config = _FROZEN
+
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
+        json_schema_extra=rule("R-JOB-3", **{"x-valid": "1-128 letters, digits, space, _ . -"}),
+    )
+    public: bool = False
+
+
+@ruled
+class Checkpoint(BaseModel):
+    """A checkpoint mounted into every worker (R-JOB-4)."""
+
+    model_config = _FROZEN
+
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
+        json_schema_extra=rule("R-JOB-4", **{"x-valid": "1-128 letters, digits, space, _ . -"}),
+    )
+    public: bool = False
+
+
+@ruled
+class ModelSource(BaseModel):
+    """Model code, loaded at /opt/ml/models (R-JOB-4)."""
+
+    model_config = _FROZEN
+
+    source: StorageType = Field(json_schema_extra=rule("R-JOB-4"))
+    path: str = Field(min_length=1, max_length=1024, json_schema_extra=rule("R-JOB-4"))
+    endpoint: str | None = Field(default=None, json_schema_extra=rule("R-JOB-4"))
+
+    @model_validator(mode="after")
+    def _valid(self) -> ModelSource:
+        if self.source is StorageType.regional_datastore:
+            raise bad(
+                "model_source",
+                "model code cannot come from a regional datastore",
+                "R-JOB-4",
+                "aws, azure, gcp, git, local, wasabi, web, platform",
+            )
+        if self.source is not StorageType.platform:
+            _check_location(self.source, self.path, self.endpoint, None, "R-JOB-4")
+        return self
+
+
+# --- endpoints (R-JOB-6) --------------------------------------------------------------
+
+
+class ParamType(StrEnum):
+    string = "string"
+    integer = "integer"
+    float = "float"
+    boolean = "boolean"
+    object = "object"
+    list = "list"
+
+
+_LITERAL_TYPES: dict[ParamType, tuple[type, ...]] = {
+    ParamType.string: (str,),
+    ParamType.integer: (int,),
+    ParamType.float: (float, int),
+    ParamType.boolean: (bool,),
+    ParamType.object: (dict,),
+    ParamType.list: (list, tuple),
+}
+
+
+@ruled
+class RouteParam(BaseModel):
+    model_config = _FROZEN
+
+    name: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "a Python identifier"}),
+    )
+    type: ParamType = Field(json_schema_extra=rule("R-JOB-6"))
+    optional: bool = False
+    default: str | None = Field(
+        default=None,
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "a Python literal, e.g. None, 0, 'x'"}),
+    )
+
+    @model_validator(mode="after")
+    def _default(self) -> RouteParam:
+        if not self.optional:
+            if self.default is not None:
+                raise bad(
+                    "default_not_optional",
+                    "parameter {name!r} has a default but is not optional",
+                    "R-JOB-6",
+                    "optional: true, or no default",
+                    name=self.name,
+                )
+            return self
+        if self.default is None:
+            raise bad(
+                "default_required",
+                "optional parameter {name!r} needs a default",
+                "R-JOB-6",
+                "a Python literal, e.g. None",
+                name=self.name,
+            )
+        try:
+            value = ast.literal_eval(self.default)
+        except (ValueError, SyntaxError) as exc:
+            raise bad(
+                "default_literal",
+                "default of {name!r} is not a valid Python literal: {default!r}",
+                "R-JOB-6",
+                "a Python literal (None, not null)",
+                name=self.name,
+                default=self.default,
+            ) from exc
+        ok = _LITERAL_TYPES[self.type]
+        if value is not None and (
+            not isinstance(value, ok) or (self.type is not ParamType.boolean and value is True)
+        ):
+            raise bad(
+                "default_type",
+                "default of {name!r} is not a {type}",
+                "R-JOB-6",
+                f"a {self.type.value} literal or None",
+                name=self.name,
+                type=self.type.value,
+            )
+        return self
+
+
+@ruled
+class Route(BaseModel):
+    model_config = _FROZEN
+
+    verb: str = Field(
+        default="POST", json_schema_extra=rule("R-JOB-6", **{"x-valid": "POST (the only verb)"})
+    )
+    path: str = Field(
+        pattern=r"^/[A-Za-z0-9_\-./{}]*$",
+        max_length=256,
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "a URL path starting with /"}),
+    )
+    file: str = Field(
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "relative .py path in the model code"})
+    )
+    function: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "a Python function name"}),
+    )
+    positional: bool = False
+    body: list[RouteParam] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
+
+    @field_validator("verb")
+    @classmethod
+    def _post_only(cls, v: str) -> str:
+        if v.upper() != "POST":
+            raise bad("verb", "only POST routes are supported, got {v}", "R-JOB-6", "POST", v=v)
+        return "POST"
+
+    @field_validator("file")
+    @classmethod
+    def _relative_py(cls, v: str) -> str:
+        parts = v.split("/")
+        if v.startswith(("/", "~", "$")) or ".." in parts or "\\" in v or not v.endswith(".py"):
+            raise bad(
+                "route_file",
+                "route file must be a relative .py path inside the model code, got {v!r}",
+                "R-JOB-6",
+                "e.g. subdir/predict.py",
+                v=v,
+            )
+        return v
+
+    @field_validator("body")
+    @classmethod
+    def _unique_params(cls, v: list[RouteParam]) -> list[RouteParam]:
+        dup = _dups(p.name for p in v)
+        if dup:
+            raise bad(
+                "param_unique",
+                "body parameter name(s) used twice: {dup}",
+                "R-JOB-6",
+                "unique parameter names",
+                dup=", ".join(dup),
+            )
+        return v
+
+
+@ruled
+class Reservation(BaseModel):
+    """A regional port reservation the job serves on (R-RES-3); pins the region."""
+
+    model_config = _FROZEN
+
+    region: str = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
+    name: str = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
+
+
+@ruled
+class EndpointSpec(BaseModel):
+    model_config = _FROZEN
+
+    server_command: list[str] | None = Field(
+        default=None,
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "a command serving on port 80"}),
+    )
+    routes: list[Route] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
+
+    @model_validator(mode="after")
+    def _one_way(self) -> EndpointSpec:
+        if bool(self.server_command) == bool(self.routes):
+            raise bad(
+                "endpoint_mode",
+                "an endpoint has either a manual server_command or routes (exactly one)",
+                "R-JOB-6",
+                "server_command: [...] (listening on port 80) or routes: [...]",
+            )
+        dup = _dups(f"{r.verb} {r.path}" for r in self.routes)
+        if dup:
+            raise bad(
+                "route_unique",
+                "two routes share verb + path: {dup}",
+                "R-JOB-6",
+                "unique verb + path per route",
+                dup=", ".join(dup),
+            )
+        return self
+
+
+# --- environment (R-JOB-7) ------------------------------------------------------------
+
+
+class Framework(StrEnum):
+    deep_learning = "deep_learning"
+    pytorch = "pytorch"
+    tensorflow = "tensorflow"
+    mxnet = "mxnet"
+
+
+PYTHON_VERSIONS = ("3.8", "3.9", "3.10", "3.11", "3.12")
+THIRD_PARTY_KEYS = (
+    "aws",
+    "azure",
+    "gcp",
+    "wasabi",
+    "docker",
+    "ngc",
+    "huggingface",
+    "wandb",
+    "kaggle",
+    "git",
+)
+# What a customer image must provide for these job types (R-JOB-7).
+IMAGE_NEEDS = {
+    "notebook": ("jupyterlab",),
+    "endpoint": ("fastapi", "pydantic", "uvicorn[standard]", "python-multipart"),
+}
+
+
+@ruled
+class Packages(BaseModel):
+    """Installed in the order apt, conda, requirements.txt, pip (R-JOB-7)."""
+
+    model_config = _FROZEN
+
+    apt: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    conda: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    pip: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+
+    @field_validator("apt", "conda", "pip")
+    @classmethod
+    def _one_per_entry(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not p.strip() or any(c in p for c in "\n;&|`"):
+                raise bad(
+                    "package",
+                    "not a single package specification: {p!r}",
+                    "R-JOB-7",
+                    "one package per entry, e.g. numpy==1.26",
+                    p=p,
+                )
+        return v
+
+    INSTALL_ORDER: ClassVar[tuple[str, ...]] = ("apt", "conda", "requirements.txt", "pip")
+
+
+@ruled
+class Environment(BaseModel):
+    model_config = _FROZEN
+
+    python_version: str = Field(
+        default="3.11",
+        json_schema_extra=rule("R-JOB-7", **{"x-valid": ", ".join(PYTHON_VERSIONS)}),
+    )
+    framework: Framework = Field(default=Framework.deep_learning, json_schema_extra=rule("R-JOB-7"))
+    framework_version: str | None = Field(default=None, json_schema_extra=rule("R-JOB-7"))
+    image: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$",
+        max_length=256,
+        json_schema_extra=rule("R-JOB-7", **{"x-valid": "registry/name:tag"}),
+    )
+    image_size_gb: int | None = Field(
+        default=None, ge=0, json_schema_extra=rule("R-JOB-7", **{"x-valid": "<= disk_size_gb"})
+    )
+    image_packages: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    packages: Packages = Field(default_factory=Packages, json_schema_extra=rule("R-JOB-7"))
+    keys: list[str] = Field(
+        default_factory=list,
+        json_schema_extra=rule("R-JOB-7", **{"x-valid": ", ".join(THIRD_PARTY_KEYS)}),
+    )
+
+    @field_validator("python_version")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if v not in PYTHON_VERSIONS:
+            raise bad(
+                "python_version",
+                "no base environment for Python {v}",
+                "R-JOB-7",
+                ", ".join(PYTHON_VERSIONS),
+                v=v,
+            )
+        return v
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        unknown = [k for k in v if k not in THIRD_PARTY_KEYS]
+        if unknown:
+            raise bad(
+                "third_party_key",
+                "unknown third-party key type(s): {unknown}",
+                "R-JOB-7",
+                ", ".join(THIRD_PARTY_KEYS),
+                unknown=", ".join(unknown),
+            )
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _image(self) -> Environment:
+        if self.image is None and (self.image_size_gb is not None or self.image_packages):
+            raise bad(
+                "image_fields",
+                "image_size_gb and image_packages describe a customer image; set image",
+                "R-JOB-7",
+                "image: registry/name:tag",
+            )
+        if self.image is not None and self.framework_version is not None:
+            raise bad(
+                "image_or_base",
+                "a customer image replaces the base environment; drop framework_version",
+                "R-JOB-7",
+                "either image or python_version/framework/framework_version",
+            )
+        return self
+
+
+def _dups(items: Any) -> list[str]:
+    seen: set[str] = set()
+    dup: list[str] = []
+    for item in items:
+        if item in seen and item not in dup:
+            dup.append(item)
+        seen.add(item)
+    return dup

@@ -1,0 +1,124 @@
+"""The scheduler's picture of the fleet: nodes and which GPU (shares) are claimed. Pure.
+
+A claim is one document per GPU share, unique id: `<node>:<gpu>` on an undivided node,
+`<node>:<gpu>:<share>` on a node divided into shares (R-SCHED-4). A whole GPU on a divided
+node is all of its shares. The unique id is what makes giving a GPU twice impossible, even
+to two schedulers at once; this class only mirrors what the `claims` collection holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+from .index import PlacementIndex
+from .placement import NodeView, Placement
+
+Doc = dict[str, Any]
+
+
+def claim_id(node_id: str, gpu: int, share: int, shares: int) -> str:
+    return f"{node_id}:{gpu}" if shares == 1 else f"{node_id}:{gpu}:{share}"
+
+
+def node_view(doc: Doc) -> NodeView:
+    """A node document (as written by `Scheduler.node_changed`) with nothing claimed."""
+    indices = tuple(doc.get("gpu_indices") or [])
+    price = doc.get("price_per_gpu_hour")
+    return NodeView(
+        node_id=doc["_id"],
+        minion_id=doc["minion_id"],
+        region=doc["region"],
+        owner=doc["owner"],
+        state=doc["state"],
+        gpu_model=doc.get("gpu_model"),
+        gpu_indices=indices,
+        free_indices=indices,
+        price_per_gpu_hour=Decimal(price) if price else None,
+        allow_public_jobs=bool(doc.get("allow_public_jobs")),
+        gpu_shares=int(doc.get("gpu_shares") or 1),
+        gpu_memory_mb=doc.get("gpu_memory_mb"),
+    )
+
+
+class Fleet:
+    def __init__(self) -> None:
+        self.base: dict[str, NodeView] = {}  # as registered, nothing claimed
+        self.used: dict[str, dict[int, set[int]]] = {}  # node -> GPU -> claimed shares
+        self.index = PlacementIndex()
+
+    def load(self, nodes: list[Doc], claims: list[Doc]) -> None:
+        self.base = {n["_id"]: node_view(n) for n in nodes}
+        self.used = {}
+        for c in claims:
+            self._mark(c["node_id"], c["gpu_index"], int(c.get("share", 0)), True)
+        self.index = PlacementIndex([self.view(nid) for nid in self.base])
+
+    def upsert(self, node: NodeView) -> None:
+        self.base[node.node_id] = node
+        self._refresh(node.node_id)
+
+    def set_state(self, node_id: str, state: str) -> NodeView | None:
+        node = self.base.get(node_id)
+        if node is None:
+            return None
+        self.base[node_id] = replace(node, state=state)
+        self._refresh(node_id)
+        return self.base[node_id]
+
+    def view(self, node_id: str) -> NodeView:
+        """The node with its current free GPUs and partly used GPUs."""
+        node = self.base[node_id]
+        used = self.used.get(node_id, {})
+        free = tuple(i for i in node.gpu_indices if not used.get(i))
+        partial = tuple(
+            (i, node.gpu_shares - len(used[i]))
+            for i in node.gpu_indices
+            if used.get(i) and len(used[i]) < node.gpu_shares
+        )
+        return replace(node, free_indices=free, partial=partial)
+
+    def claims_for(self, p: Placement) -> list[tuple[str, int, int]]:
+        """(claim id, GPU, share) for placement `p`: every share of a whole GPU, or the
+        lowest free shares of the chosen GPU."""
+        node = self.base[p.node.node_id]
+        used = self.used.get(node.node_id, {})
+        out: list[tuple[str, int, int]] = []
+        for gpu in p.gpu_indices:
+            taken = used.get(gpu, set())
+            free = [s for s in range(node.gpu_shares) if s not in taken]
+            want = free[: p.shares] if p.shares else free
+            out += [(claim_id(node.node_id, gpu, s, node.gpu_shares), gpu, s) for s in want]
+        return out
+
+    def claim(self, node_id: str, slots: list[tuple[str, int, int]]) -> None:
+        for _, gpu, share in slots:
+            self._mark(node_id, gpu, share, True)
+        self._refresh(node_id)
+
+    def release(self, node_id: str, slots: list[tuple[int, int]]) -> None:
+        for gpu, share in slots:
+            self._mark(node_id, gpu, share, False)
+        self._refresh(node_id)
+
+    def _mark(self, node_id: str, gpu: int, share: int, on: bool) -> None:
+        gpus = self.used.setdefault(node_id, {})
+        if on:
+            gpus.setdefault(gpu, set()).add(share)
+        else:
+            gpus.get(gpu, set()).discard(share)
+
+    def _refresh(self, node_id: str) -> None:
+        if node_id in self.base:
+            self.index.upsert(self.view(node_id))
+
+    def regions_with(self, gpu_types: list[str]) -> dict[str, set[str]]:
+        """Region -> the job's GPU types it has (any node not removed) (R-RES-1)."""
+        out: dict[str, set[str]] = {}
+        for n in self.base.values():
+            if n.state != "removed" and n.gpu_model is not None:
+                out.setdefault(n.region, set())
+                if n.gpu_model in gpu_types:
+                    out[n.region].add(n.gpu_model)
+        return out

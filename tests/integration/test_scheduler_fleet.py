@@ -1,0 +1,343 @@
+"""The scheduler against the real bus and database: node changes, region pins, fractional
+GPUs, price changes, pending demand, restart, and two instances at once (fencing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import nats
+import pytest
+from gpufleet_bus import publish
+from gpufleet_contracts.jobs import (
+    GetJob,
+    JobSpec,
+    PendingDemandChanged,
+    StartWorker,
+    StopWorker,
+    SubmitJob,
+    WorkerFinished,
+)
+from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState, NodeStateChanged
+from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_scheduler.app import build_app
+from gpufleet_scheduler.leadership import Deposed, Lease
+from gpufleet_scheduler.service import Scheduler, SchedulerSettings
+
+from .conftest import broker_for, running, store_for
+from .test_bus import read_stream
+
+
+def registered(
+    minion: str,
+    *,
+    gpus: int = 2,
+    model: str = "RTX 3090",
+    region: str = "local",
+    owner: str = "local",
+    shares: int = 1,
+    price: str | None = None,
+    public: bool = False,
+    state: NodeState = NodeState.active,
+) -> NodeRegistered:
+    return NodeRegistered(
+        node_id="n-" + minion,
+        minion_id=minion,
+        name=minion,
+        region=region,
+        owner=owner,
+        state=state,
+        gpus=[
+            GpuInfo(index=i, uuid=f"{minion}-{i}", model=model, nvml_name=model, memory_mb=24576)
+            for i in range(gpus)
+        ],
+        simulated=True,
+        price_per_gpu_hour=None if price is None else Decimal(price),
+        allow_public_jobs=public,
+        gpu_shares=shares,
+        at=datetime.now(UTC),
+    )
+
+
+def state_changed(minion: str, state: NodeState) -> NodeStateChanged:
+    return NodeStateChanged(
+        node_id="n-" + minion, minion_id=minion, state=state, at=datetime.now(UTC)
+    )
+
+
+class Sys:
+    def __init__(self, nc: nats.NATS, broker: Any, url: str, sched: Scheduler) -> None:
+        self.nc, self.broker, self.url, self.sched = nc, broker, url, sched
+
+    async def call(self, subject: str, payload: bytes, account: str = "local") -> dict[str, Any]:
+        reply = await self.nc.request(
+            subject, payload, timeout=10, headers={"gpufleet-account": account}
+        )
+        data: dict[str, Any] = json.loads(reply.data)
+        return data
+
+    async def submit(self, name: str, account: str = "local", **kw: Any) -> dict[str, Any]:
+        spec = JobSpec.model_validate(
+            {"name": name, "gpu_types": ["RTX 3090"], "command": ["true"], **kw}
+        )
+        return await self.call(SubmitJob.SUBJECT, SubmitJob(spec=spec).to_bytes(), account)
+
+    async def job(self, job_id: str, account: str = "local") -> dict[str, Any]:
+        return await self.call(GetJob.SUBJECT, GetJob(job_id=job_id).to_bytes(), account)
+
+    async def node(self, evt: NodeRegistered | NodeStateChanged) -> None:
+        await publish(self.broker, evt, source="test")
+
+    async def until(self, job_id: str, state: str, account: str = "local") -> dict[str, Any]:
+        async def reached() -> bool:
+            return bool((await self.job(job_id, account))["state"] == state)
+
+        await wait_for_async(reached, timeout=10)
+        return await self.job(job_id, account)
+
+    async def starts(self, minion: str) -> list[StartWorker]:
+        msgs = await read_stream(self.url, StartWorker.SUBJECT.format(minion_id=minion))
+        return [StartWorker.from_bytes(m.data) for m in msgs]
+
+
+@pytest.fixture
+async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
+    app, sched = build_app(
+        store_for("scheduler", mongo_server.url, db_prefix),
+        broker_for("scheduler", fresh_nats.url),
+        settings=SchedulerSettings(starve_after_s=3600),
+    )
+    async with running(app):
+        nc = await nats.connect(fresh_nats.url)
+        yield Sys(nc, app.broker, fresh_nats.url, sched)
+        await nc.close()
+
+
+async def known(s: Sys, *minions: str) -> None:
+    async def all_known() -> bool:
+        n = await s.sched.db.nodes.count_documents({"minion_id": {"$in": list(minions)}})
+        return bool(n == len(minions))
+
+    await wait_for_async(all_known, timeout=10)
+
+
+async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) -> None:
+    s = system
+    await s.node(registered("a", gpus=2))
+    await known(s, "a")
+    train = await s.submit("train")
+    note = await s.submit("nb", type="notebook")
+    await s.until(train["id"], "starting")
+    await s.until(note["id"], "starting")
+    await s.node(registered("b", gpus=2, model="RTX 3090"))
+    await known(s, "b")
+    await s.node(state_changed("a", NodeState.lost))
+
+    async def moved() -> bool:
+        job = await s.job(train["id"])
+        return bool(job["workers"][0]["node"] == "b")
+
+    await wait_for_async(moved, timeout=10)
+    job = await s.job(train["id"])
+    assert job["state"] == "starting" and job["workers"][0]["attempts"] == 1
+    assert any("requeued: node a lost" in n["note"] for n in job["notes"])
+    nb = await s.until(note["id"], "failed")
+    assert "notebooks are not restarted" in nb["notes"][0]["note"]
+    stops = [
+        StopWorker.from_bytes(m.data)
+        for m in await read_stream(s.url, "gpufleet.v1.cmd.node.a.stop_worker")
+    ]
+    assert {x.job_id for x in stops} == {train["id"], note["id"]}
+    finished = await read_stream(s.url, WorkerFinished.SUBJECT)
+    closed = [WorkerFinished.from_bytes(m.data) for m in finished]
+    assert {(f.job_id, f.reason) for f in closed} >= {(train["id"], "node a lost")}
+    claims = await s.sched.db.claims.find({}).to_list(None)
+    assert {c["node_id"] for c in claims} == {"n-b"}
+
+
+async def test_maintenance_takes_no_new_work_and_active_runs_the_queue(system: Sys) -> None:
+    s = system
+    await s.node(registered("a", gpus=1))
+    await known(s, "a")
+    running_job = await s.submit("running")
+    await s.until(running_job["id"], "starting")
+    await s.node(state_changed("a", NodeState.maintenance))
+
+    async def in_maintenance() -> bool:
+        n = await s.sched.db.nodes.find_one({"minion_id": "a"})
+        return bool(n and n["state"] == "maintenance")
+
+    await wait_for_async(in_maintenance, timeout=10)
+    await s.node(registered("b", gpus=1, state=NodeState.maintenance))
+    await known(s, "b")
+    waiting = await s.submit("waits")
+    assert waiting["state"] == "queued"
+    assert "2 nodes: maintenance, not active" in waiting["queue_reason"]
+    assert (await s.job(running_job["id"]))["state"] == "starting"  # untouched
+    await s.node(state_changed("b", NodeState.active))
+    job = await s.until(waiting["id"], "starting")
+    assert job["workers"][0]["node"] == "b"
+
+
+async def test_a_pin_to_a_region_without_the_gpu_type_is_refused(system: Sys) -> None:
+    s = system
+    await s.node(registered("a", region="eu"))
+    await s.node(registered("t", region="us", model="T4"))
+    await known(s, "a", "t")
+    reply = await s.submit("pinned", region="us")
+    assert reply["ok"] is False
+    (field,) = reply["error"]["fields"]
+    assert field["field"] == "spec.region" and field["rule"] == "R-RES-1"
+    assert field["valid"] == "a region with RTX 3090: eu"
+    jobs = await s.sched.db.jobs.count_documents({})
+    assert jobs == 0
+    ok = await s.submit("pinned", region="eu")
+    assert ok["state"] == "starting"
+
+
+async def test_fractions_are_packed_onto_shares_and_the_agent_gets_the_limit(system: Sys) -> None:
+    s = system
+    await s.node(registered("f", gpus=1, shares=4))
+    await known(s, "f")
+    jobs = [await s.submit(f"q{i}", gpu_count="0.5") for i in range(3)]
+    assert [j["state"] for j in jobs] == ["starting", "starting", "queued"]
+    assert "no GPU with 2 of 4 shares free" in jobs[2]["queue_reason"]
+    starts = await s.starts("f")
+    assert [st.gpu_fraction for st in starts] == [Decimal("0.5")] * 2
+    assert {st.gpu_memory_limit_mb for st in starts} == {12288}
+    assert all(st.mounts and st.mounts[-1].target == "/opt/ml/output" for st in starts)
+    claims = sorted(c["_id"] for c in await s.sched.db.claims.find({}).to_list(None))
+    assert claims == [f"n-f:0:{i}" for i in range(4)]
+    job = await s.job(jobs[0]["id"])
+    assert job["rate"] == "0.025000"  # half of the 0.05 usage fee
+
+
+async def test_a_price_drop_starts_a_job_that_waited_for_it(system: Sys) -> None:
+    s = system
+    await s.node(registered("p", owner="seller", price="2.10", public=True))
+    await known(s, "p")
+    job = await s.submit("cheap", max_price="1.50")
+    assert job["queue_reason"] == "1 node: 2.10 > max price 1.50"
+    assert job["queue_detail"] == [{"reason": "2.10 > max price 1.50", "nodes": 1}]
+    await s.node(registered("p", owner="seller", price="1.00", public=True))
+    placed = await s.until(job["id"], "starting")
+    assert placed["rate"] == "1.00" and placed["workers"][0]["charge"] == "market"
+
+
+async def test_unplaceable_work_is_published_as_pending_demand(system: Sys) -> None:
+    s = system
+    job = await s.submit("nowhere", gpu_types=["H100 80GB"], allow_burst=True)
+    assert job["queue_reason"] == "no nodes registered"
+
+    async def published() -> bool:
+        msgs = await read_stream(s.url, PendingDemandChanged.SUBJECT)
+        return any(
+            d.job_id == job["id"] and d.burst_allowed
+            for m in msgs
+            for d in PendingDemandChanged.from_bytes(m.data).demands
+        )
+
+    await wait_for_async(published, timeout=10)
+
+
+async def test_a_restarted_scheduler_rebuilds_from_the_store(
+    fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    def make() -> Any:
+        return build_app(
+            store_for("scheduler", mongo_server.url, db_prefix),
+            broker_for("scheduler", fresh_nats.url),
+            lease=None,
+        )
+
+    app, sched = make()
+    async with running(app):
+        nc = await nats.connect(fresh_nats.url)
+        s = Sys(nc, app.broker, fresh_nats.url, sched)
+        await s.node(registered("a", gpus=1))
+        await known(s, "a")
+        first = await s.submit("first")
+        second = await s.submit("second")
+        assert second["state"] == "queued"
+        await nc.close()
+    app2, sched2 = make()
+    async with running(app2):
+        nc = await nats.connect(fresh_nats.url)
+        s = Sys(nc, app2.broker, fresh_nats.url, sched2)
+        assert sched2.loaded and len(sched2.jobs) == 2
+        start = (await s.starts("a"))[0]
+        assert start.job_id == first["id"]
+        await publish(
+            app2.broker,
+            WorkerFinished(
+                job_id=first["id"],
+                worker=0,
+                placement_id=start.placement_id,
+                minion_id="a",
+                state="finished",
+                exit_code=0,
+                ended_at=datetime.now(UTC),
+            ),
+            source="test",
+        )
+        await s.until(second["id"], "starting")
+        await nc.close()
+
+
+async def test_two_schedulers_never_give_one_gpu_twice(
+    fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    apps = [
+        build_app(
+            store_for("scheduler", mongo_server.url, db_prefix),
+            broker_for("scheduler", fresh_nats.url),
+            lease=None,
+        )
+        for _ in range(2)
+    ]
+    async with running(*(a for a, _ in apps)):
+        nc = await nats.connect(fresh_nats.url)
+        s = Sys(nc, apps[0][0].broker, fresh_nats.url, apps[0][1])
+        for m in ("a", "b"):
+            await s.node(registered(m, gpus=2))
+        await known(s, "a", "b")
+        # Requests go to either instance (queue group); both race to place.
+        jobs = await asyncio.gather(*(s.submit(f"j{i}") for i in range(8)))
+        await asyncio.gather(*(sched.schedule() for _, sched in apps))
+
+        async def four_placed() -> bool:
+            return bool(await s.sched.db.claims.count_documents({}) == 4)
+
+        await wait_for_async(four_placed, timeout=15)
+        claims = await s.sched.db.claims.find({}).to_list(None)
+        assert len({c["_id"] for c in claims}) == 4
+        leaders = [sched for _, sched in apps if sched.lease.held]
+        assert len(leaders) == 1
+        states = [(await s.job(j["id"]))["state"] for j in jobs]
+        assert states.count("starting") == 4 and states.count("queued") == 4
+        await nc.close()
+
+
+async def test_a_deposed_leader_cannot_place(mongo_server: EmbeddedMongo, db_prefix: str) -> None:
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    clock = {"now": 1_000_000}
+    a = Lease(store.db, ttl_ms=1000, owner="a", now_ms=lambda: clock["now"])
+    b = Lease(store.db, ttl_ms=1000, owner="b", now_ms=lambda: clock["now"])
+    assert await a.acquire() and not await b.acquire()
+    clock["now"] += 5000  # a stalls past its lease; b takes over
+    assert await b.acquire() and b.epoch == 2
+
+    async def fenced(tx: Any) -> None:
+        await a.fence(tx.session)
+
+    with pytest.raises(Deposed):
+        await store.transaction(fenced)
+
+    async def fine(tx: Any) -> int:
+        return await b.fence(tx.session)
+
+    assert await store.transaction(fine) == 2
+    await store.close()
