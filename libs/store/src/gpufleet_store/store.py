@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,18 @@ class Transaction:
         return msg_id
 
 
+_TX_LOCKS: dict[tuple[int, str], asyncio.Lock] = {}
+
+
+def _tx_lock(db_name: str) -> asyncio.Lock:
+    """One lock per database and event loop, shared by every Store of the process."""
+    key = (id(asyncio.get_running_loop()), db_name)
+    lock = _TX_LOCKS.get(key)
+    if lock is None:
+        lock = _TX_LOCKS[key] = asyncio.Lock()
+    return lock
+
+
 class Store:
     """One service's database, its indexes and its transactions."""
 
@@ -96,8 +109,16 @@ class Store:
         return sorted(await self.db.list_collection_names())
 
     async def transaction(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
-        """Run `body` in a multi-document transaction, then write its outbox in the same one."""
+        """Run `body` in a multi-document transaction, then write its outbox in the same one.
 
+        Transactions on one database run one at a time in a process: the embedded nx-27017
+        cannot run two at once (docs/nx-27017-gaps.md), and a service's own transactions
+        serialising costs little against MongoDB, where they would otherwise conflict and retry.
+        """
+        async with _tx_lock(self.db.name):
+            return await self._transaction(body)
+
+    async def _transaction(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
         async with self.client.start_session() as session:
 
             async def run(s: AsyncClientSession) -> T:
