@@ -47,6 +47,9 @@ def test_one_job_from_submission_to_bill(system: System) -> None:
         timeout=15,
         message=f"cost of {job_id} never became {from_micro(expected)}",
     )
+    breakdown = system.json("billing", "job-cost", job_id)
+    assert breakdown["cost_micro"] == expected
+    assert sum(-e["amount_micro"] for e in breakdown["entries"]) == expected
     balance = system.json("billing", "balance")
     assert balance["balance_micro"] <= -expected
 
