@@ -3,7 +3,6 @@ Decimal strings, exact)."""
 
 from __future__ import annotations
 
-import json
 from datetime import date, datetime
 from typing import Annotated, Any
 
@@ -11,7 +10,8 @@ import typer
 from gpufleet_contracts import subjects
 from rich.table import Table
 
-from . import client, render, views
+from . import render, views
+from .common import JsonFlag, call
 
 app = typer.Typer(
     help="Credits: balance, ledger entries, job costs, earnings.", no_args_is_help=True
@@ -21,10 +21,6 @@ BALANCE = subjects.rpc("billing", "balance")
 ENTRIES = subjects.rpc("billing", "entries")
 JOB_COST = subjects.rpc("billing", "job_cost")
 EARNINGS = subjects.rpc("billing", "earnings")
-
-JsonFlag = Annotated[
-    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
-]
 
 
 def _iso(value: str | None, flag: str) -> str | None:
@@ -63,10 +59,8 @@ def _range(from_: str | None, to: str | None) -> dict[str, Any]:
 @app.command()
 def balance(as_json: JsonFlag = False) -> None:
     """The acting account's balance (negative: credits spent) and its unpaid earnings."""
-    with render.reported(as_json):
-        reply = client.request(BALANCE, b"{}")
+    reply = call(BALANCE, {}, as_json)
     if as_json:
-        render.emit_json(reply)
         return
     render.out().print(
         f"balance: {render.text(reply.get('balance'))} credits "
@@ -92,11 +86,8 @@ def entries(
 ) -> None:
     """The ledger entries of the acting account (and of its earnings sub-account)."""
     body = {"limit": limit, **_range(from_, to)}
-    with render.reported(as_json):
-        reply = client.request(ENTRIES, json.dumps(body).encode())
-    if as_json:
-        render.emit_json(reply)
-    else:
+    reply = call(ENTRIES, body, as_json)
+    if not as_json:
         views.entry_table([e for e in reply.get("entries") or [] if isinstance(e, dict)])
 
 
@@ -105,10 +96,8 @@ def job_cost(
     job_id: Annotated[str, typer.Argument(help="The job's id.")], as_json: JsonFlag = False
 ) -> None:
     """What one job cost the acting account, by kind of charge."""
-    with render.reported(as_json):
-        reply = client.request(JOB_COST, json.dumps({"job_id": job_id}).encode())
+    reply = call(JOB_COST, {"job_id": job_id}, as_json)
     if as_json:
-        render.emit_json(reply)
         return
     table = Table("Kind", "Cost")
     for kind, v in (reply.get("by_kind") or {}).items():
@@ -120,10 +109,8 @@ def job_cost(
 @app.command()
 def earnings(from_: FromOpt = None, to: ToOpt = None, as_json: JsonFlag = False) -> None:
     """Credits earned selling capacity (R-BILL-4), per node and per region, and paid out."""
-    with render.reported(as_json):
-        reply = client.request(EARNINGS, json.dumps(_range(from_, to)).encode())
+    reply = call(EARNINGS, _range(from_, to), as_json)
     if as_json:
-        render.emit_json(reply)
         return
     table = Table("Region", "Node", "Earned")
     for row in reply.get("by_node") or []:

@@ -15,14 +15,12 @@ from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListJobs, Submi
 
 from . import client, logs, render, spec, views
 from .client import CliError, StreamRecord
+from .common import JsonFlag
 
 app = typer.Typer(help="Submit, inspect, follow and cancel jobs.", no_args_is_help=True)
 
 BILLING_JOB_COST = subjects.rpc("billing", "job_cost")
 
-JsonFlag = Annotated[
-    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
-]
 JobId = Annotated[
     str, typer.Argument(metavar="ID", help="The job id (as printed by `job submit`).")
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -10,7 +9,8 @@ from gpufleet_contracts import subjects
 from rich.markup import escape
 from rich.table import Table
 
-from . import client, render, views
+from . import render, views
+from .common import JsonFlag, call
 
 app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
 
@@ -20,23 +20,11 @@ SHOW_NODE = subjects.rpc("provisioner", "show_node")
 TOGGLE = subjects.rpc("provisioner", "toggle_maintenance")
 REMOVE = subjects.rpc("provisioner", "remove_node")
 
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
-]
-
-
-def _call(subject: str, body: dict[str, Any], as_json: bool) -> dict[str, Any]:
-    with render.reported(as_json):
-        reply = client.request(subject, json.dumps(body).encode())
-    if as_json:
-        render.emit_json(reply)
-    return reply
-
 
 @app.command("list")
-def list_(as_json: JsonOpt = False) -> None:
+def list_(as_json: JsonFlag = False) -> None:
     """Your nodes: region, state, GPUs, simulated or real, last heartbeat."""
-    reply = _call(LIST_NODES, {}, as_json)
+    reply = call(LIST_NODES, {}, as_json)
     if not as_json:
         nodes = [n for n in reply.get("nodes") or [] if isinstance(n, dict)]
         views.node_table(nodes)
@@ -74,7 +62,7 @@ def add(
     kind: Annotated[str, typer.Option(help="compute | storage")] = "compute",
     upnp: Annotated[bool, typer.Option("--upnp/--no-upnp")] = True,
     mining: Annotated[bool, typer.Option("--mining/--no-mining")] = False,
-    as_json: JsonOpt = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Add a compute or storage node by its minion id (R-NODE-2/3)."""
     body = {
@@ -85,7 +73,7 @@ def add(
         "upnp": upnp,
         "mining": mining,
     }
-    reply = _call(ADD_NODE, body, as_json)
+    reply = call(ADD_NODE, body, as_json)
     if not as_json:
         _show(reply)
 
@@ -95,7 +83,7 @@ def replace_storage(
     region: Annotated[str, typer.Option()],
     name: Annotated[str, typer.Option()],
     minion_id: Annotated[str, typer.Option("--minion-id")],
-    as_json: JsonOpt = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Replace the region's storage node with a new one (R-NODE-3)."""
     body = {
@@ -105,36 +93,36 @@ def replace_storage(
         "kind": "storage",
         "replace": True,
     }
-    reply = _call(ADD_NODE, body, as_json)
+    reply = call(ADD_NODE, body, as_json)
     if not as_json:
         _show(reply)
 
 
 @app.command("show")
 def show(
-    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonOpt = False
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """One node: state, history, hardware check results."""
-    reply = _call(SHOW_NODE, {"node": node}, as_json)
+    reply = call(SHOW_NODE, {"node": node}, as_json)
     if not as_json:
         _show(reply)
 
 
 @app.command("maintenance")
 def maintenance(
-    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonOpt = False
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """Toggle maintenance: active <-> maintenance (only active nodes receive work)."""
-    reply = _call(TOGGLE, {"node": node}, as_json)
+    reply = call(TOGGLE, {"node": node}, as_json)
     if not as_json:
         _show(reply)
 
 
 @app.command("remove")
 def remove(
-    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonOpt = False
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """Remove a node; its running workers are requeued."""
-    reply = _call(REMOVE, {"node": node}, as_json)
+    reply = call(REMOVE, {"node": node}, as_json)
     if not as_json:
         _show(reply)

@@ -12,24 +12,13 @@ from gpufleet_contracts import subjects
 from rich.table import Table
 
 from . import client, render
+from .common import JsonFlag, call
 
 app = typer.Typer(help="Providers: physical (on-prem) and gcp.", no_args_is_help=True)
 
 ENABLE = subjects.rpc("provisioner", "enable_provider")
 LIST = subjects.rpc("provisioner", "list_providers")
 POLICY = subjects.rpc("provisioner", "set_burst_policy")
-
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print only the service's JSON object on stdout.")
-]
-
-
-def call(subject: str, body: dict[str, Any], as_json: bool) -> dict[str, Any]:
-    with render.reported(as_json):
-        reply = client.request(subject, json.dumps(body).encode())
-    if as_json:
-        render.emit_json(reply)
-    return reply
 
 
 def show(obj: dict[str, Any], title: str) -> None:
@@ -53,7 +42,7 @@ def enable(
             "provisioner, stored encrypted, never shown again.",
         ),
     ] = None,
-    as_json: JsonOpt = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Enable a provider for your account (once each)."""
     body: dict[str, Any] = {"provider": provider, "payment_mode": payment_mode}
@@ -77,7 +66,7 @@ def enable(
 
 
 @app.command("list")
-def list_(as_json: JsonOpt = False) -> None:
+def list_(as_json: JsonFlag = False) -> None:
     """Your providers (never their keys)."""
     reply = call(LIST, {}, as_json)
     if not as_json:
@@ -99,7 +88,7 @@ def policy(
     max_nodes_per_region: Annotated[int | None, typer.Option()] = None,
     max_new_per_pass: Annotated[int | None, typer.Option(help="instances asked at once")] = None,
     idle_s: Annotated[float | None, typer.Option(help="delete after idle this long")] = None,
-    as_json: JsonOpt = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Set the gcp burst policy (R-SCHED-3); unset options keep their value."""
     body = {

@@ -9,7 +9,8 @@ from gpufleet_contracts import subjects
 from rich.table import Table
 
 from . import render
-from .provider import JsonOpt, call, show
+from .common import JsonFlag, call
+from .provider import show
 
 app = typer.Typer(help="Regions of your providers.", no_args_is_help=True)
 
@@ -27,7 +28,7 @@ def create(
         bool, typer.Option("--allow-public-jobs", help="physical: sell spare capacity")
     ] = False,
     storage_class: Annotated[str, typer.Option(help="gcp: standard | large")] = "standard",
-    as_json: JsonOpt = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Create a region."""
     body = {
@@ -43,7 +44,7 @@ def create(
 
 
 @app.command("list")
-def list_(as_json: JsonOpt = False) -> None:
+def list_(as_json: JsonFlag = False) -> None:
     """Your regions."""
     reply = call(LIST, {}, as_json)
     if not as_json:
@@ -63,7 +64,7 @@ def list_(as_json: JsonOpt = False) -> None:
 @app.command("quotas")
 def quotas(
     name: Annotated[str, typer.Argument(help="a supported GCP region")],
-    as_json: JsonOpt = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """A GCP region's quotas (limit and usage) and runnable jobs per GPU type (R-REG-3)."""
     reply = call(QUOTAS, {"name": name}, as_json)
