@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet_bus import emit
 from gpufleet_store import Transaction
+from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
@@ -72,6 +73,8 @@ async def write_stage(
             }
         )
     await db.ledger.insert_many(entries, session=tx.session)
+    for e in entries:
+        METRICS.ledger_entries.add(1, {"kind": str(e.get("kind"))})
     for e in entries:
         emit(tx, event_for(e), msg_id=e["key"])
     return entries

@@ -33,6 +33,7 @@ from gpufleet_contracts.nodes import (
 )
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind, RegionCreated
 from gpufleet_store import Store, Transaction, from_ms, now_ms
+from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel
 
 from .hardware import check_hardware
@@ -587,6 +588,8 @@ class Provisioner:
         if node is None:
             return
         update: Doc = {"last_seen_ms": now, "telemetry": hb.model_dump(mode="json")}
+        for g in hb.gpus:
+            METRICS.set_gpu_utilization(hb.minion_id, g.index, g.utilization_pct)
         busy = bool(hb.running)
         if busy:
             update["busy"] = True

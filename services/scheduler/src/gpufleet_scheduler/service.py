@@ -49,6 +49,7 @@ from gpufleet_contracts.jobs import (
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_store import Store, Transaction, from_ms, now_ms
+from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel, ReplaceOne, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
@@ -277,6 +278,7 @@ class Scheduler:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
+            METRICS.jobs_submitted.add(len(batch))
             async with self.lock:
                 await self._changed([d for d, _, _ in batch])
             for _, _, fut in batch:
@@ -515,6 +517,7 @@ class Scheduler:
                 await self._save(tx, job, evt.ended_at, reason)
 
             await self._tx(body)
+            METRICS.worker_runs.add(1, {"state": evt.state.value})
             if self.loaded and w.get("node_id") in self.fleet.base:
                 node = self.fleet.base[w["node_id"]]
                 if not slots:  # placed before claims were recorded per share
@@ -607,8 +610,9 @@ class Scheduler:
             self.fleet.claim(p.node.node_id, s)
             slots.append(s)
 
+        waiting = self._waiting()
         result = plan(
-            self._waiting(),
+            waiting,
             self.fleet.index,
             now_ms(now),
             starve_after_ms=int(self.settings.starve_after_s * 1000),
@@ -625,6 +629,8 @@ class Scheduler:
         for i in range(0, len(jobs), COMMIT_CHUNK):  # the relay starts on the first chunk
             await self._commit({j: by_job[j] for j in jobs[i : i + COMMIT_CHUNK]}, now)
         await self._explain(result, now)
+        METRICS.jobs_placed.add(len(result.placed))
+        METRICS.set_queue_depth(len(waiting) - len(result.placed))
         return len(result.placed)
 
     async def _commit(
