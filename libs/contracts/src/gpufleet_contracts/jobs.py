@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 from . import subjects
 from .base import Command, Event
 from .catalog import catalog
-from .errors import rule, ruled
+from .errors import ErrorBody, rule, ruled
 from .jobspec import (
     IMAGE_NEEDS,
     Checkpoint,
@@ -448,6 +448,22 @@ class SubmitJob(Command):
     spec: JobSpec
 
 
+class EnqueueJob(Command):
+    """Durable command (JetStream) from another system: validate and queue a job.
+
+    The same validation as `SubmitJob`. The outcome is an event: `JobQueued` carrying this
+    `request_id`, or `JobRejected`; a body that does not validate is dead-lettered with its
+    field errors (stream GPUFLEET_DLQ). The job id is derived from the account and
+    `request_id`, so a redelivered or re-sent command never queues a second job.
+    The acting account comes from the connection's `gpufleet-account` header.
+    """
+
+    TYPE = "gpufleet.job.enqueue.v1"
+    SUBJECT = subjects.command("scheduler", "enqueue_job", key="jobs")
+    request_id: str = Field(min_length=1, max_length=128)
+    spec: JobSpec
+
+
 class CancelJob(Command):
     TYPE = "gpufleet.job.cancel.v1"
     SUBJECT = subjects.rpc("scheduler", "cancel_job")
@@ -509,6 +525,7 @@ class JobQueued(Event):
     creator: str
     spec: JobSpec
     queued_at: datetime
+    request_id: str | None = None  # the EnqueueJob this answers, if any
 
 
 class JobStateChanged(Event):
@@ -626,4 +643,15 @@ class PendingDemandChanged(Event):
     TYPE = "gpufleet.scheduler.pending_demand_changed.v1"
     SUBJECT = subjects.event("scheduler", "pending_demand_changed")
     demands: list[Demand]
+    at: datetime
+
+
+class JobRejected(Event):
+    """An `EnqueueJob` was refused (e.g. a region pin that can never start, R-RES-1)."""
+
+    TYPE = "gpufleet.job.rejected.v1"
+    SUBJECT = subjects.event("job", "rejected")
+    request_id: str
+    account: str
+    error: ErrorBody
     at: datetime

@@ -13,12 +13,14 @@ from typing import Any, TypeVar
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of
+from gpufleet_bus import ServiceRuntime, account_of, publish
 from gpufleet_contracts import error, subjects
 from gpufleet_contracts.jobs import (
     CancelJob,
+    EnqueueJob,
     GetJob,
     JobQueued,
+    JobRejected,
     JobStateChanged,
     ListJobs,
     PendingDemandChanged,
@@ -71,6 +73,7 @@ def build_app(
     )
     rt.publishes(
         JobQueued,
+        JobRejected,
         JobStateChanged,
         WorkerPlaced,
         WorkerFinished,
@@ -141,6 +144,22 @@ def build_app(
     @rt.on_event(NodeStateChanged, "node-state-changed")
     async def on_node_state_changed(body: NodeStateChanged) -> None:
         await sched.node_changed(body)
+
+    @rt.on_event(EnqueueJob, "enqueue-job")
+    async def on_enqueue_job(body: EnqueueJob, msg: NatsMessage) -> None:
+        """Another system's submission; invalid bodies never get here (dead-lettered)."""
+        account = account_of(msg.headers)
+        try:
+            await sched.submit(body.spec, account, wait=False, request_id=body.request_id)
+        except Refused as exc:
+            rejected = JobRejected(
+                request_id=body.request_id, account=account, error=exc.reply.error, at=clock()
+            )
+            await publish(
+                broker, rejected, source=rt.source, msg_id=f"rejected:{account}:{body.request_id}"
+            )
+            return
+        sched.request_pass()
 
     @rt.on_event(WorkerStarted, "worker-started")
     async def on_worker_started(body: WorkerStarted) -> None:

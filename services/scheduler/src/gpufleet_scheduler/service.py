@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -210,10 +211,19 @@ class Scheduler:
 
     # --- commands -------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, account: str, wait: bool = True) -> Doc:
+    async def submit(
+        self, spec: JobSpec, account: str, wait: bool = True, request_id: str | None = None
+    ) -> Doc:
+        """Queue a job. With `request_id` (EnqueueJob) the id is derived from it, and a job
+        already queued for the same account and request is returned instead of a new one."""
+        job_id = "j" + uuid.uuid4().hex[:12]
+        if request_id is not None:
+            job_id = "j" + hashlib.sha256(f"{account}\n{request_id}".encode()).hexdigest()[:12]
+            existing = await self.db.jobs.find_one({"_id": job_id})
+            if existing is not None:
+                return self.view(existing)
         await self._check_region(spec)
         now = self.clock()
-        job_id = "j" + uuid.uuid4().hex[:12]
         doc: Doc = {
             "_id": job_id,
             "name": spec.name,
@@ -231,6 +241,7 @@ class Scheduler:
             "updated_at": now,
             "version": 0,
             "cancel_requested": False,
+            "request_id": request_id,
             "workers": [
                 {"index": i, "state": WorkerState.waiting.value, "attempts": []}
                 for i in range(spec.workers)
@@ -264,6 +275,7 @@ class Scheduler:
                             creator=d["creator"],
                             spec=spec,
                             queued_at=d["queued_at"],
+                            request_id=d.get("request_id"),
                         ),
                     )
                     emit(
