@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -116,7 +117,16 @@ class Store:
         serialising costs little against MongoDB, where they would otherwise conflict and retry.
         """
         async with _tx_lock(self.db.name):
-            return await self._transaction(body)
+            # A caller cancelled mid-way (a service stopping) must not abandon the transaction
+            # half-way: nx-27017 can leave an interrupted one half-applied. It runs to its
+            # commit or abort, then the cancellation goes on.
+            task = asyncio.ensure_future(self._transaction(body))
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await task
+                raise
 
     async def _transaction(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
         async with self.client.start_session() as session:

@@ -29,6 +29,7 @@ from .queries import Queries, parse_time
 from .service import INDEXES, Billing
 
 SERVICE = "billing"
+STOP_GRACE_S = 10.0
 log = logging.getLogger("gpufleet.billing")
 
 
@@ -108,25 +109,34 @@ def build_app(
         )
 
     ticker: list[asyncio.Task[None]] = []
+    wake = asyncio.Event()  # set on shutdown, so the clock does not sleep out its period
 
     async def run_clock() -> None:
-        while True:
+        while not billing.stopping:
             try:
                 await billing.tick()
             except Exception:  # the next tick retries; every settlement is idempotent
                 log.exception("billing tick failed")
-            await asyncio.sleep(period)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=period)
 
     async def start_clock() -> None:
         if period > 0:
             ticker.append(asyncio.create_task(run_clock(), name="billing-clock"))
 
     async def stop_clock() -> None:
+        """Let the clock finish the settlement in hand (it stops between settlements), and
+        cancel it only if that takes too long."""
+        billing.stopping = True
+        wake.set()
         while ticker:
             task = ticker.pop()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout=STOP_GRACE_S)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     rt.app.after_startup(start_clock)
     rt.app.on_shutdown(stop_clock)

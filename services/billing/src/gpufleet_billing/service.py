@@ -60,6 +60,7 @@ class Billing:
         self.db = store.db
         self.clock = clock
         self.lock = asyncio.Lock()
+        self.stopping = False  # set on shutdown: the clock stops between settlements
 
     async def _write(self, body: Callable[[Transaction], Awaitable[int]]) -> int:
         """Run a settling transaction (the caller holds the lock); recompute if another
@@ -182,6 +183,8 @@ class Billing:
         for p in await running.to_list(None):
             due = full_hours(int(p["started_ms"]), now_ms)
             for k in range(int(p.get("hours_billed", 0)) + 1, due + 1):
+                if self.stopping:
+                    return written  # the next start catches up from here
                 written += await self._bill_hour(p["_id"], k)
         return written
 
@@ -266,6 +269,8 @@ class Billing:
         """Charge every finished day not charged yet, for every account with devices."""
         written = 0
         for account in sorted(set(await self.db.devices.distinct("account"))):
+            if self.stopping:
+                break
             async with self.lock:  # the days and the cursor move together
                 spans = await self._spans(account)
                 if not spans:
@@ -301,6 +306,8 @@ class Billing:
         written = 0
         yesterday = today - timedelta(days=1)
         for acc in await self.db.payout_accounts.find({}).to_list(None):
+            if self.stopping:
+                break
             account, key = acc["_id"], f"payout:{acc['_id']}"
             since = day_of(int(acc["since_ms"]))
             async with self.lock:
