@@ -1,4 +1,21 @@
-"""Publishes what services wrote to their `outbox` collection, in order, after commit."""
+"""Publishes what services wrote to their `outbox` collection, in order, after commit.
+
+A batch at a time: every message of the batch is sent without waiting in between (JetStream
+keeps the order of one connection's publishes), then the acks are awaited together. Only the
+longest acknowledged prefix is marked done; the rest is sent again under the same ids, which
+JetStream drops if it already has them, so nothing is lost and nothing is doubled. Waiting
+for each ack in turn cost about 1 ms a message and capped the scheduler near 60 jobs/s
+(benchmarks/scheduler).
+
+Messages go out on the broker's own connection through nats-py's JetStream context, not
+FastStream's `publish`: its per-publish middleware (an OpenTelemetry span each) cost more CPU
+than the rest of a job's path on a 2-core machine. The bytes and CloudEvents headers are the
+same; what is not recorded is a producer span per outbox message.
+
+Published rows are kept for `keep` (default one hour, for inspection), or deleted at once
+with `keep=timedelta(0)`: nx-27017 scans the whole outbox for `{published: false}`, 70 ms a
+poll at 20,000 kept rows (measured), so a high-rate service keeps none.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +23,25 @@ import asyncio
 import contextlib
 import logging
 from datetime import timedelta
+from typing import Any
 
+from faststream.nats import NatsBroker
+from gpufleet_contracts import Envelope
 from gpufleet_store import Store, now_ms, utcnow
 from gpufleet_store.store import OUTBOX
 
-from .publish import Publisher, publish_raw
+from .streams import stream_for
 
 log = logging.getLogger("gpufleet.outbox")
+
+BATCH = 500
 
 
 class OutboxRelay:
     def __init__(
         self,
         store: Store,
-        broker: Publisher,
+        broker: NatsBroker,
         source: str,
         poll_s: float = 1.0,
         keep: timedelta = timedelta(hours=1),
@@ -37,30 +59,46 @@ class OutboxRelay:
         """Publish every unpublished message; returns how many were published."""
         sent = 0
         coll = self.store.db[OUTBOX]
+        js = (await self.broker.connect()).jetstream()
         while True:
-            batch = await coll.find({"published": False}).sort("created_at", 1).to_list(200)
+            batch = await coll.find({"published": False}).sort("created_at", 1).to_list(BATCH)
             if not batch:
                 return sent
-            for doc in batch:
-                await publish_raw(
-                    self.broker,
-                    doc["subject"],
-                    bytes(doc["payload"]),
-                    type_=doc["type"],
-                    source=self.source,
-                    msg_id=doc["_id"],
-                )
-                await coll.update_one(
-                    {"_id": doc["_id"]}, {"$set": {"published": True, "published_ms": now_ms()}}
-                )
-                sent += 1
+            results = await asyncio.gather(
+                *(self._send(js, doc) for doc in batch), return_exceptions=True
+            )
+            ok = next((i for i, r in enumerate(results) if isinstance(r, BaseException)), None)
+            done = [d["_id"] for d in batch[: len(batch) if ok is None else ok]]
+            if done:
+                if self.keep:
+                    await coll.update_many(
+                        {"_id": {"$in": done}},
+                        {"$set": {"published": True, "published_ms": now_ms()}},
+                    )
+                else:
+                    await coll.delete_many({"_id": {"$in": done}})
+                sent += len(done)
+            if ok is not None:
+                failed = results[ok]
+                assert isinstance(failed, BaseException)
+                raise failed
+
+    async def _send(self, js: Any, doc: dict[str, Any]) -> object:
+        env = Envelope(type=doc["type"], source=self.source, subject=doc["subject"], id=doc["_id"])
+        return await js.publish(
+            doc["subject"],
+            bytes(doc["payload"]),
+            timeout=5.0,
+            stream=stream_for(doc["subject"]),
+            headers=env.headers(),
+        )
 
     async def _run(self) -> None:
         last_purge = utcnow()
         while True:
             try:
                 await self.drain()
-                if utcnow() - last_purge > timedelta(minutes=5):
+                if self.keep and utcnow() - last_purge > timedelta(minutes=5):
                     await self.store.db[OUTBOX].delete_many(
                         {
                             "published": True,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
@@ -29,7 +30,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .deadletter import dead_letter_middleware
 from .outbox import OutboxRelay
-from .publish import Publisher
 from .streams import ensure_streams, stream_for
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -75,6 +75,7 @@ class ServiceRuntime:
         *,
         indexes: IndexSpec | None = None,
         bus: BusSettings | None = None,
+        outbox_keep: timedelta = timedelta(hours=1),
     ) -> None:
         self.service = service
         self.broker = broker
@@ -83,7 +84,7 @@ class ServiceRuntime:
         self.bus = bus or BusSettings()
         self.source = f"gpufleet/{service}"
         self.relay = (
-            OutboxRelay(store, cast(Publisher, broker), self.source) if store is not None else None
+            OutboxRelay(store, broker, self.source, keep=outbox_keep) if store is not None else None
         )
         self.app = FastStream(
             broker,

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from faststream import FastStream
@@ -35,7 +35,6 @@ from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_store import Store, utcnow
 
 from .leadership import Lease
-from .relay import PipelinedRelay
 from .service import INDEXES, NotFound, Refused, Scheduler, SchedulerSettings
 
 SERVICE = "scheduler"
@@ -60,8 +59,9 @@ def build_app(
     settings: SchedulerSettings | None = None,
     lease: Lease | None = None,
 ) -> tuple[FastStream, Scheduler]:
-    rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES)
-    rt.relay = PipelinedRelay(store, broker, rt.source)
+    # Published outbox rows are deleted at once: at the scheduler's rate, kept rows slow
+    # every poll on nx-27017 (gpufleet_bus.outbox).
+    rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES, outbox_keep=timedelta(0))
     ttl_ms = int(float(os.environ.get("GPUFLEET_LEASE_TTL_S", "10")) * 1000)
     lease = lease or Lease(store.db, ttl_ms=ttl_ms)
 
