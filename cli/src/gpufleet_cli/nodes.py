@@ -21,6 +21,13 @@ TOGGLE = subjects.rpc("provisioner", "toggle_maintenance")
 REMOVE = subjects.rpc("provisioner", "remove_node")
 
 
+def _act(subject: str, body: dict[str, Any], as_json: bool) -> None:
+    """Send a node request and show the node it answers with."""
+    reply = call(subject, body, as_json)
+    if not as_json:
+        _show(reply)
+
+
 @app.command("list")
 def list_(as_json: JsonFlag = False) -> None:
     """Your nodes: region, state, GPUs, simulated or real, last heartbeat."""
@@ -73,9 +80,7 @@ def add(
         "upnp": upnp,
         "mining": mining,
     }
-    reply = call(ADD_NODE, body, as_json)
-    if not as_json:
-        _show(reply)
+    _act(ADD_NODE, body, as_json)
 
 
 @app.command("replace-storage")
@@ -93,9 +98,7 @@ def replace_storage(
         "kind": "storage",
         "replace": True,
     }
-    reply = call(ADD_NODE, body, as_json)
-    if not as_json:
-        _show(reply)
+    _act(ADD_NODE, body, as_json)
 
 
 @app.command("show")
@@ -103,9 +106,7 @@ def show(
     node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """One node: state, history, hardware check results."""
-    reply = call(SHOW_NODE, {"node": node}, as_json)
-    if not as_json:
-        _show(reply)
+    _act(SHOW_NODE, {"node": node}, as_json)
 
 
 @app.command("maintenance")
@@ -113,9 +114,7 @@ def maintenance(
     node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """Toggle maintenance: active <-> maintenance (only active nodes receive work)."""
-    reply = call(TOGGLE, {"node": node}, as_json)
-    if not as_json:
-        _show(reply)
+    _act(TOGGLE, {"node": node}, as_json)
 
 
 @app.command("remove")
@@ -123,6 +122,4 @@ def remove(
     node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """Remove a node; its running workers are requeued."""
-    reply = call(REMOVE, {"node": node}, as_json)
-    if not as_json:
-        _show(reply)
+    _act(REMOVE, {"node": node}, as_json)

@@ -23,8 +23,6 @@ from faststream import BaseMiddleware, StreamMessage
 from gpufleet_contracts import ErrorBody, ErrorReply, field_errors, subjects
 from pydantic import ValidationError
 
-from .streams import STREAMS
-
 log = logging.getLogger("gpufleet.bus")
 
 MAX_DELIVER = 20
@@ -71,7 +69,6 @@ def _attempt(msg: StreamMessage[Any]) -> int:
 
 def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
     dlq_subject = subjects.dead_letter(service)
-    dlq_stream = next(s.name for s in STREAMS if s.name == subjects.STREAM_DLQ)
 
     class DeadLetterMiddleware(BaseMiddleware):
         async def _dead_letter(
@@ -81,7 +78,7 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
             await broker.publish(
                 dead_letter_record(service, msg, reason, errors),
                 dlq_subject,
-                stream=dlq_stream,
+                stream=subjects.STREAM_DLQ,
                 timeout=5.0,
             )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpufleet_contracts import Message, envelope_for
+from gpufleet_contracts import Envelope, Message, envelope_for
 
 from .streams import stream_for
 
@@ -25,8 +25,6 @@ async def publish_raw(
     broker: Publisher, subject: str, payload: bytes, *, type_: str, source: str, msg_id: str
 ) -> None:
     """Publish bytes; to JetStream (waiting for its ack) when a stream holds the subject."""
-    from gpufleet_contracts import Envelope
-
     env = Envelope(type=type_, source=source, subject=subject, id=msg_id)
     await broker.publish(
         payload, subject, headers=env.headers(), stream=stream_for(subject), timeout=5.0

@@ -10,7 +10,7 @@ Any instance answers requests and handles events (writing to the store); an inst
 does not lead tells the leader which jobs and nodes changed (`sync`), so the leader's
 memory follows; a periodic reload bounds the staleness should such a note be lost.
 
-Transactions on one database run one at a time in a process (`_tx`): nx-27017 cannot
+Transactions on one database run one at a time in a process (`Store.transaction`): nx-27017 cannot
 interleave two transactions at all ("no such savepoint", and the failed one may be left
 half-applied), even from one client. Two scheduler *processes* against nx-27017 can still
 collide; run one scheduler process with nx-27017 (as `just up` does). MongoDB has no such
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from gpufleet_bus import emit
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError
@@ -62,7 +62,6 @@ from .placement import NoPlacement, Placement, WorkerRequest
 from .queue import PassResult, Waiting, plan
 
 log = logging.getLogger("gpufleet.scheduler")
-T = TypeVar("T")
 Doc = dict[str, Any]
 
 INDEXES = {
@@ -137,10 +136,6 @@ class Scheduler:
         self._pass_waiters: list[asyncio.Future[int]] = []
         self._passer: asyncio.Task[None] | None = None
         self._loaded_at = 0.0
-
-    async def _tx(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
-        """A store transaction (one at a time per database in a process: see Store)."""
-        return await self.store.transaction(body)
 
     # --- leadership and memory ---------------------------------------------------------
 
@@ -284,7 +279,7 @@ class Scheduler:
                     )
 
             try:
-                await self._tx(body)
+                await self.store.transaction(body)
             except Exception as exc:
                 for _, _, fut in batch:
                     if not fut.done():
@@ -354,7 +349,7 @@ class Scheduler:
                 job["cancel_requested"] = True
                 await self._save(tx, job, now, "cancelled by user")
 
-            await self._tx(body)
+            await self.store.transaction(body)
             await self._changed([job])
         self.request_pass()
         return await self.get(job_id, account)
@@ -479,7 +474,7 @@ class Scheduler:
                 job.setdefault("notes", []).append({"at": now, "note": note})
             await self._save(tx, job, now, reason)
 
-        await self._tx(body)
+        await self.store.transaction(body)
 
     async def worker_started(self, evt: WorkerStarted) -> None:
         async with self.lock:
@@ -493,7 +488,7 @@ class Scheduler:
             async def body(tx: Transaction) -> None:
                 await self._save(tx, job, evt.started_at)
 
-            await self._tx(body)
+            await self.store.transaction(body)
             await self._changed([job])
 
     async def worker_finished(self, evt: WorkerFinished) -> None:
@@ -528,7 +523,7 @@ class Scheduler:
                 )
                 await self._save(tx, job, evt.ended_at, reason)
 
-            await self._tx(body)
+            await self.store.transaction(body)
             METRICS.worker_runs.add(1, {"state": evt.state.value})
             if self.loaded and w.get("node_id") in self.fleet.base:
                 node = self.fleet.base[w["node_id"]]
@@ -673,7 +668,7 @@ class Scheduler:
             if res.matched_count != len(replaces):
                 raise StaleJob(f"{len(replaces) - res.matched_count} jobs changed")
 
-        await self._tx(body)
+        await self.store.transaction(body)
         for job in docs.values():
             self._cache(job)
 
@@ -811,7 +806,7 @@ class Scheduler:
         async def body(tx: Transaction) -> None:
             emit(tx, PendingDemandChanged(demands=[d for d in demands if d], at=now))
 
-        await self._tx(body)
+        await self.store.transaction(body)
 
     def _demand_of(self, w: Waiting, why: NoPlacement | None) -> Demand | None:
         job = self.jobs.get(w.req.job_id)
