@@ -36,6 +36,19 @@ def dead_letter_record(
     service: str, msg: StreamMessage[Any], reason: str, errors: list[dict[str, Any]]
 ) -> bytes:
     raw: bytes = msg.body if isinstance(msg.body, bytes) else bytes(msg.body)
+    subject = getattr(msg.raw_message, "subject", None)
+    return dead_letter_bytes(service, subject, raw, msg.headers, reason, errors)
+
+
+def dead_letter_bytes(
+    service: str,
+    subject: str | None,
+    raw: bytes,
+    headers: dict[str, Any] | None,
+    reason: str,
+    errors: list[dict[str, Any]],
+) -> bytes:
+    """The DLQ record: what arrived (bytes, CloudEvents headers), why it was refused."""
     try:
         payload: Any = raw.decode()
         encoding = "utf-8"
@@ -44,10 +57,10 @@ def dead_letter_record(
     return json.dumps(
         {
             "service": service,
-            "subject": getattr(msg.raw_message, "subject", None),
+            "subject": subject,
             "reason": reason,
             "errors": errors,
-            "headers": {k: v for k, v in (msg.headers or {}).items() if k.startswith("ce-")},
+            "headers": {k: v for k, v in (headers or {}).items() if k.startswith("ce-")},
             "payload": payload,
             "payload_encoding": encoding,
             "at": datetime.now(UTC).isoformat(),

@@ -29,6 +29,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .deadletter import dead_letter_middleware
+from .fastpath import FastRequests, Handler
 from .outbox import OutboxRelay
 from .streams import ensure_streams, stream_for
 
@@ -86,11 +87,16 @@ class ServiceRuntime:
         self.relay = (
             OutboxRelay(store, broker, self.source, keep=outbox_keep) if store is not None else None
         )
+        # Subjects served on the raw connection (fastpath.py) are declared here, for the
+        # AsyncAPI document only: this broker is never connected.
+        self.schema_broker = NatsBroker(broker.specification.url, logger=None)
+        self.fast = FastRequests(service, broker, self.schema_broker)
         self.app = FastStream(
             broker,
             logger=logging.getLogger(f"gpufleet.{service}"),
             specification=AsyncAPI(
                 broker,
+                self.schema_broker,
                 title=f"gpufleet {service}",
                 version=VERSION,
                 description=f"Subjects the gpufleet {service} handles and publishes.",
@@ -109,10 +115,12 @@ class ServiceRuntime:
             await self.store.ensure_indexes(self.indexes)
 
     async def _started(self) -> None:
+        await self.fast.start()
         if self.relay is not None:
             self.relay.start()
 
     async def _stopping(self) -> None:
+        await self.fast.stop()
         if self.relay is not None:
             await self.relay.stop()
 
@@ -188,6 +196,13 @@ class ServiceRuntime:
                 description=description,
             )
         )
+
+    def on_fast_request(
+        self, verb: str, model: type[Message], *, description: str | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Like `on_request`, served on the raw nats-py connection (see fastpath.py): for the
+        subjects that carry a fleet's load. The handler gets the decoded body and the headers."""
+        return self.fast.route(verb, model, description)
 
     @staticmethod
     def _decorator(subscriber: Any) -> Callable[[F], F]:

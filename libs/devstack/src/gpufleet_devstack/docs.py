@@ -62,7 +62,26 @@ def _apps() -> dict[str, Callable[[], FastStream]]:
 def asyncapi(app: FastStream) -> dict[str, Any]:
     spec = app.schema.to_specification()
     data: dict[str, Any] = json.loads(spec.to_json())
-    return data
+    return _one_server(data)
+
+
+def _one_server(data: dict[str, Any]) -> dict[str, Any]:
+    """A service's fast-path subjects are declared on a second, never-connected broker with
+    the same servers (gpufleet_bus.fastpath); FastStream lists each broker's servers, so
+    identical ones are folded back into the one "development" server."""
+    servers = data.get("servers") or {}
+    if len(servers) < 2 or len({json.dumps(v, sort_keys=True) for v in servers.values()}) > 1:
+        return data
+    text = json.dumps(data)
+    for name in servers:
+        text = text.replace(f'"#/servers/{name}"', '"#/servers/development"')
+    folded: dict[str, Any] = json.loads(text)
+    folded["servers"] = {"development": next(iter(servers.values()))}
+    for channel in folded.get("channels", {}).values():
+        refs = channel.get("servers")
+        if refs:
+            channel["servers"] = [dict(t) for t in {tuple(r.items()) for r in refs}]
+    return folded
 
 
 def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -111,10 +111,14 @@ def build_app(
         return register
 
     # --- requests (core NATS) ---
-    @concurrent_request("submit_job", "Validate and queue a job; replies {id, state}.")
-    async def submit_job(body: SubmitJob, msg: NatsMessage) -> dict[str, Any]:
+    @rt.on_fast_request(
+        "submit_job", SubmitJob, description="Validate and queue a job; replies {id, state}."
+    )
+    async def submit_job(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, Any]:
+        """Served on the raw connection (gpufleet_bus.fastpath): the fleet's hottest subject."""
+
         async def run() -> dict[str, Any]:
-            job = await sched.submit(body.spec, account_of(msg.headers))
+            job = await sched.submit(body.spec, account_of(dict(headers)))
             return {
                 "id": job["id"],
                 "state": job["state"],

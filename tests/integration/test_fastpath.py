@@ -1,0 +1,94 @@
+"""Requests served on the raw connection (gpufleet_bus.fastpath), against a real nats-server:
+the same validation, error replies and dead-letter record as FastStream's path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+
+import nats
+from gpufleet_bus import ServiceRuntime
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import SubmitJob
+from gpufleet_devstack import NatsServer
+
+from .conftest import broker_for, running
+from .test_bus import read_stream
+
+GOOD = {"spec": {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"]}}
+
+
+async def test_fast_request_validates_like_every_other_request(fresh_nats: NatsServer) -> None:
+    broker = broker_for("svc", fresh_nats.url)
+    rt = ServiceRuntime("svc", broker, None)
+    seen: list[tuple[str, str | None]] = []
+
+    @rt.on_fast_request("submit", SubmitJob)
+    async def submit(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, str]:
+        seen.append((body.spec.name, headers.get("gpufleet-account")))
+        return {"id": "j1"}
+
+    async with running(rt.app):
+        nc = await nats.connect(fresh_nats.url)
+        subject = subjects.rpc("svc", "submit")
+        ok = await nc.request(
+            subject, json.dumps(GOOD).encode(), timeout=5, headers={"gpufleet-account": "acme"}
+        )
+        bad = {"spec": {**GOOD["spec"], "disk_size_gb": 5}}
+        refused = await nc.request(subject, json.dumps(bad).encode(), timeout=5)
+        garbage = await nc.request(subject, b"\xff not json", timeout=5)
+        await nc.close()
+    assert json.loads(ok.data) == {"id": "j1"}
+    assert seen == [("x", "acme")]
+    body = json.loads(refused.data)
+    assert body["ok"] is False and body["error"]["code"] == "invalid"
+    assert body["error"]["fields"] == [
+        {
+            "field": "spec.disk_size_gb",
+            "rule": "R-JOB-2",
+            "message": "Input should be greater than or equal to 10",
+            "valid": "10..1000 GB per worker",
+        }
+    ]
+    assert json.loads(garbage.data)["error"]["code"] == "invalid"
+    dead = [
+        json.loads(m.data) for m in await read_stream(fresh_nats.url, subjects.dead_letter("svc"))
+    ]
+    assert [d["reason"] for d in dead] == ["invalid", "invalid"]
+    assert json.loads(dead[0]["payload"]) == bad  # kept byte for byte
+    assert dead[1]["payload_encoding"] == "base64"
+
+
+async def test_fast_request_failure_answers_internal_and_requests_run_concurrently(
+    fresh_nats: NatsServer,
+) -> None:
+    broker = broker_for("svc", fresh_nats.url)
+    rt = ServiceRuntime("svc", broker, None)
+    gate = asyncio.Event()
+    inside = 0
+
+    @rt.on_fast_request("slow", SubmitJob)
+    async def slow(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, int]:
+        nonlocal inside
+        inside += 1
+        if body.spec.name == "boom":
+            raise RuntimeError("database away")
+        if inside >= 20:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), 5)  # only returns once 20 are in at once
+        return {"inside": inside}
+
+    async with running(rt.app):
+        nc = await nats.connect(fresh_nats.url)
+        subject = subjects.rpc("svc", "slow")
+        replies = await asyncio.gather(
+            *(nc.request(subject, json.dumps(GOOD).encode(), timeout=10) for _ in range(20))
+        )
+        boom = {"spec": {**GOOD["spec"], "name": "boom"}}
+        failed = await nc.request(subject, json.dumps(boom).encode(), timeout=5)
+        await nc.close()
+    assert all(json.loads(r.data)["inside"] >= 20 for r in replies)
+    error = json.loads(failed.data)["error"]
+    assert (error["code"], error["message"]) == ("internal", "RuntimeError")
+    assert await read_stream(fresh_nats.url, subjects.dead_letter("svc")) == []  # not invalid
