@@ -225,8 +225,10 @@ async def submit(nc: Any, s: JobSpec, owner: str) -> tuple[str, float]:
     return body["id"], t
 
 
-async def throughput(nc: Any, placed: Placed, n: int, rng: random.Random) -> dict[str, float]:
-    sem = asyncio.Semaphore(256)
+async def throughput(
+    nc: Any, placed: Placed, n: int, rng: random.Random, in_flight: int = 256
+) -> dict[str, float]:
+    sem = asyncio.Semaphore(in_flight)
     sent: dict[str, float] = {}
 
     async def one(i: int) -> None:
@@ -242,6 +244,7 @@ async def throughput(nc: Any, placed: Placed, n: int, rng: random.Random) -> dic
     elapsed = max(done) - t0 if done else float("nan")
     return {
         "jobs": n,
+        "in_flight": in_flight,
         "placed": len(done),
         "submit_accepted_per_s": round(n / t_acc),
         "submit_to_placed_per_s": round(len(done) / elapsed),
@@ -281,9 +284,47 @@ async def latency(
     }
 
 
+async def _start_and_wait(
+    nats_url: str, mongo_url: str, log: Path, placed: Placed, until: str = "placed"
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start the scheduler; time until its memory is rebuilt (its `loaded` line) and, with
+    until="placed", until the first WorkerPlaced of the resumed queue arrives."""
+    log.write_text("")  # noqa: ASYNC240
+    before = len(placed.at)
+    t0 = time.perf_counter()
+    proc = start_scheduler(nats_url, mongo_url, log)
+    loaded_at = first_placed = None
+    while time.perf_counter() - t0 < 300:
+        await asyncio.sleep(0.05)
+        if loaded_at is None and " loaded " in log.read_text():  # noqa: ASYNC240
+            loaded_at = time.perf_counter() - t0
+            if until == "loaded":
+                break
+        if len(placed.at) > before:
+            first_placed = time.perf_counter() - t0
+            break
+    line = next((ln for ln in log.read_text().splitlines() if " loaded " in ln), "")  # noqa: ASYNC240
+    return proc, {
+        "process_start_to_state_rebuilt_s": round(loaded_at or float("nan"), 2),
+        "process_start_to_first_placement_s": round(first_placed or float("nan"), 2),
+        "log": line.split("gpufleet.scheduler:")[-1].strip(),
+    }
+
+
+async def _wait_for_log(log: Path, text: str, limit_s: float = 300) -> None:
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        if text in log.read_text():  # noqa: ASYNC240
+            return
+        await asyncio.sleep(0.2)
+
+
 async def restart(
-    nats_url: str, mongo_url: str, log: Path, placed: Placed, jobs: int, nodes: int
-) -> dict[str, float]:
+    nats_url: str, mongo_url: str, log: Path, placed: Placed, jobs: int, nodes: int, nc: Any
+) -> dict[str, Any]:
+    """Three restarts with `jobs` queued: the first ever (no checkpoint: every document is
+    read), after a clean stop (SIGTERM: the leader writes a checkpoint as it stops), and
+    after kill -9 with 2,000 jobs submitted since the last checkpoint (read as changes)."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
     db = client[f"{PREFIX}_scheduler"]
     rng = random.Random(9)
@@ -297,39 +338,37 @@ async def restart(
             batch = []
     if batch:
         await db.jobs.insert_many(batch)
+    await db.checkpoints.delete_many({})
     seed_s = time.perf_counter() - t0
     await client.close()
-    before = len(placed.at)
-    log.write_text("")  # noqa: ASYNC240
-    t0 = time.perf_counter()
-    proc = start_scheduler(nats_url, mongo_url, log)
-    loaded_at = None
-    first_placed = None
-    while time.perf_counter() - t0 < 300:
-        await asyncio.sleep(0.05)
-        if loaded_at is None and "loaded" in log.read_text():  # noqa: ASYNC240
-            loaded_at = time.perf_counter() - t0
-        if len(placed.at) > before:
-            first_placed = time.perf_counter() - t0
-            break
+    out: dict[str, Any] = {"queued_jobs_in_store": jobs, "nodes": nodes, "seed_s": round(seed_s, 1)}
+
+    proc, out["first_start_no_checkpoint"] = await _start_and_wait(nats_url, mongo_url, log, placed)
+    await _wait_for_log(log, "checkpoint at rev")  # written after a long load
+    await _wait_for_log(log, "long pass")  # the first pass over the whole queue is over
     proc.terminate()
+    proc.wait(60)
+
+    proc, out["after_clean_stop"] = await _start_and_wait(nats_url, mongo_url, log, placed)
+    await asyncio.gather(
+        *(submit(nc, spec(400_000 + i, rng), f"acct{i % 200:03d}") for i in range(2000))
+    )
+    proc.kill()
     proc.wait(10)
-    text = log.read_text()  # noqa: ASYNC240
-    line = next((ln for ln in text.splitlines() if "loaded" in ln), "")
-    return {
-        "queued_jobs_in_store": jobs,
-        "nodes": nodes,
-        "seed_s": round(seed_s, 1),
-        "process_start_to_state_rebuilt_s": round(loaded_at or float("nan"), 2),
-        "process_start_to_first_placement_s": round(first_placed or float("nan"), 2),
-        "log": line.split("gpufleet.scheduler:")[-1].strip(),
-    }
+
+    proc, out["after_kill_9_with_2000_later_jobs"] = await _start_and_wait(
+        nats_url, mongo_url, log, placed
+    )
+    proc.terminate()
+    proc.wait(60)
+    return out
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=3_000)
+    ap.add_argument("--in-flight", type=int, default=1_000, help="submissions awaiting a reply")
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--restart-jobs", type=int, default=100_000)
     a = ap.parse_args()
@@ -366,7 +405,7 @@ async def main() -> None:
                     raise
                 await asyncio.sleep(0.5)
         await throughput(nc, placed, 50, rng)
-        tp = await throughput(nc, placed, a.jobs, rng)
+        tp = await throughput(nc, placed, a.jobs, rng, a.in_flight)
         results["submit_to_placed"] = tp
         print(json.dumps(results, indent=2), flush=True)
         rate = max(1.0, tp["submit_to_placed_per_s"] / 2)
@@ -376,7 +415,9 @@ async def main() -> None:
         proc.wait(10)
         proc = None
         if a.restart_jobs:
-            results["restart"] = await restart(ns.url, mg.url, log, placed, a.restart_jobs, a.nodes)
+            results["restart"] = await restart(
+                ns.url, mg.url, log, placed, a.restart_jobs, a.nodes, nc
+            )
         await nc.close()
     finally:
         if proc is not None:

@@ -10,7 +10,7 @@ second that is most of a core, so `SubmitJob` is served here instead:
 - an invalid body gets the same structured `ErrorReply` as every other request, and the
   original bytes go to the dead-letter stream, as the dead-letter middleware does;
 - any other exception is logged and answered `internal`;
-- up to `concurrency` requests run at once (nats-py calls a subscription's callback one
+- up to `concurrency` requests of a subject run at once (nats-py calls a subscription's callback one
   message at a time, so each request gets its own task).
 
 What is not recorded is an OpenTelemetry span per request. The subjects are still declared
@@ -43,27 +43,29 @@ class _Route:
     subject: str
     model: type[Message]
     handler: Handler
+    slots: asyncio.Semaphore
 
 
 class FastRequests:
-    def __init__(
-        self, service: str, broker: NatsBroker, schema_broker: NatsBroker, concurrency: int = 256
-    ) -> None:
+    def __init__(self, service: str, broker: NatsBroker, schema_broker: NatsBroker) -> None:
         self.service = service
         self.broker = broker
         self.schema_broker = schema_broker
         self.routes: list[_Route] = []
-        self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Any] = []
 
     def route(
-        self, verb: str, model: type[Message], description: str | None = None
+        self,
+        verb: str,
+        model: type[Message],
+        description: str | None = None,
+        concurrency: int = 256,
     ) -> Callable[[Handler], Handler]:
         subject = subjects.rpc(self.service, verb)
 
         def register(fn: Handler) -> Handler:
-            self.routes.append(_Route(subject, model, fn))
+            self.routes.append(_Route(subject, model, fn, asyncio.Semaphore(concurrency)))
             self.schema_broker.subscriber(
                 subject,
                 queue=f"{self.service}-rpc",
@@ -93,16 +95,13 @@ class FastRequests:
 
     def _dispatch(self, route: _Route) -> Callable[[Any], Awaitable[None]]:
         async def cb(msg: Any) -> None:
-            await self._slots.acquire()  # back-pressure: nats-py buffers the rest
+            await route.slots.acquire()  # back-pressure: nats-py buffers the rest
             task = asyncio.create_task(self._serve(route, msg))
             self._tasks.add(task)
-            task.add_done_callback(self._done)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _: route.slots.release())
 
         return cb
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._slots.release()
 
     async def _serve(self, route: _Route, msg: Any) -> None:
         headers: Mapping[str, str] = msg.headers or {}

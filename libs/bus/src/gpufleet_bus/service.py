@@ -198,11 +198,16 @@ class ServiceRuntime:
         )
 
     def on_fast_request(
-        self, verb: str, model: type[Message], *, description: str | None = None
+        self,
+        verb: str,
+        model: type[Message],
+        *,
+        description: str | None = None,
+        concurrency: int = 256,
     ) -> Callable[[Handler], Handler]:
         """Like `on_request`, served on the raw nats-py connection (see fastpath.py): for the
         subjects that carry a fleet's load. The handler gets the decoded body and the headers."""
-        return self.fast.route(verb, model, description)
+        return self.fast.route(verb, model, description, concurrency)
 
     @staticmethod
     def _decorator(subscriber: Any) -> Callable[[F], F]:

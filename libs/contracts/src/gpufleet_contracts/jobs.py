@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
@@ -644,6 +644,11 @@ class PendingDemandChanged(Event):
     SUBJECT = subjects.event("scheduler", "pending_demand_changed")
     demands: list[Demand]
     at: datetime
+    # At most MAX_DEMANDS, oldest first, so the event fits a NATS message (1 MB by default);
+    # `waiting` counts every waiting worker (a fleet's queue can hold 100,000).
+    waiting: int | None = None
+
+    MAX_DEMANDS: ClassVar[int] = 1000
 
 
 class JobRejected(Event):

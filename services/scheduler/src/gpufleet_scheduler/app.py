@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
@@ -40,6 +41,9 @@ from .service import INDEXES, NotFound, Refused, Scheduler, SchedulerSettings
 SERVICE = "scheduler"
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 SUBMIT_WORKERS = 256
+# Submissions in progress at once: each waits for its batch's transaction and the next
+# placement pass, so the batches (and the throughput) grow with this (benchmarks/scheduler).
+SUBMIT_CONCURRENCY = 4096
 # Core NATS, every instance: "these jobs/nodes changed" from an instance that does not lead.
 SYNC_SUBJECT = f"{subjects.ROOT}.internal.scheduler.sync"
 
@@ -48,6 +52,7 @@ def settings_from_env() -> SchedulerSettings:
     return SchedulerSettings(
         starve_after_s=float(os.environ.get("GPUFLEET_STARVE_AFTER_S", "300")),
         resync_s=float(os.environ.get("GPUFLEET_SCHEDULER_RESYNC_S", "30")),
+        checkpoint_s=float(os.environ.get("GPUFLEET_SCHEDULER_CHECKPOINT_S", "60")),
     )
 
 
@@ -112,7 +117,10 @@ def build_app(
 
     # --- requests (core NATS) ---
     @rt.on_fast_request(
-        "submit_job", SubmitJob, description="Validate and queue a job; replies {id, state}."
+        "submit_job",
+        SubmitJob,
+        description="Validate and queue a job; replies {id, state}.",
+        concurrency=SUBMIT_CONCURRENCY,
     )
     async def submit_job(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, Any]:
         """Served on the raw connection (gpufleet_bus.fastpath): the fleet's hottest subject."""
@@ -180,11 +188,17 @@ def build_app(
     tasks: list[asyncio.Task[None]] = []
 
     async def keep_leading() -> None:
-        """Renew the lease; a newly elected leader rebuilds its memory and runs the queue."""
+        """Renew the lease; a newly elected leader rebuilds its memory and runs the queue;
+        the leader writes a checkpoint now and then (checkpoint.py)."""
+        loop = asyncio.get_running_loop()
+        last_checkpoint = loop.time()
         while True:
             await asyncio.sleep(lease.ttl_ms / 3000)
             with contextlib.suppress(Exception):
                 await sched.request_pass()
+            if loop.time() - last_checkpoint > sched.settings.checkpoint_s:
+                last_checkpoint = loop.time()
+                sched.checkpoint_soon()
 
     async def first_pass() -> None:
         await sched.schedule()  # jobs that were queued while the scheduler was down
@@ -193,6 +207,11 @@ def build_app(
     async def stop() -> None:
         for t in tasks:
             t.cancel()
+        if sched.loaded:  # the next leader starts from here, not from every document
+            try:
+                await sched.write_checkpoint()
+            except Exception:
+                logging.getLogger("gpufleet.scheduler").exception("checkpoint at stop failed")
         with contextlib.suppress(Exception):
             await lease.release()
 

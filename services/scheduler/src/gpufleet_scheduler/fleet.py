@@ -3,7 +3,9 @@
 A claim is one document per GPU share, unique id: `<node>:<gpu>` on an undivided node,
 `<node>:<gpu>:<share>` on a node divided into shares (R-SCHED-4). A whole GPU on a divided
 node is all of its shares. The unique id is what makes giving a GPU twice impossible, even
-to two schedulers at once; this class only mirrors what the `claims` collection holds.
+to two schedulers at once. This class mirrors the claims, which the leader rebuilds from
+the open jobs' workers (each holding worker records its claims; the `claims` collection is
+written in the same transaction and holds the same).
 """
 
 from __future__ import annotations
@@ -122,3 +124,22 @@ class Fleet:
                 if n.gpu_model in gpu_types:
                     out[n.region].add(n.gpu_model)
         return out
+
+
+def node_doc(node: NodeView) -> Doc:
+    """The inverse of `node_view`: a node as its document holds it (for checkpoints)."""
+    return {
+        "_id": node.node_id,
+        "minion_id": node.minion_id,
+        "region": node.region,
+        "owner": node.owner,
+        "state": node.state,
+        "gpu_model": node.gpu_model,
+        "gpu_indices": list(node.gpu_indices),
+        "price_per_gpu_hour": None
+        if node.price_per_gpu_hour is None
+        else str(node.price_per_gpu_hour),
+        "allow_public_jobs": node.allow_public_jobs,
+        "gpu_shares": node.gpu_shares,
+        "gpu_memory_mb": node.gpu_memory_mb,
+    }

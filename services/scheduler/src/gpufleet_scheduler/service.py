@@ -54,8 +54,8 @@ from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel, ReplaceOne, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
-from . import mounts
-from .fleet import Fleet, node_view
+from . import checkpoint, mounts
+from .fleet import Fleet, node_doc, node_view
 from .jobstate import job_state
 from .leadership import Deposed, Lease
 from .placement import NoPlacement, Placement, WorkerRequest
@@ -68,8 +68,12 @@ INDEXES = {
     "jobs": [
         IndexModel([("state", ASCENDING), ("queued_at", ASCENDING)]),
         IndexModel([("owner", ASCENDING), ("queued_at", ASCENDING)]),
+        IndexModel([("rev", ASCENDING)]),  # what changed after a checkpoint
     ],
-    "nodes": [IndexModel([("minion_id", ASCENDING)], unique=True)],
+    "nodes": [
+        IndexModel([("minion_id", ASCENDING)], unique=True),
+        IndexModel([("rev", ASCENDING)]),
+    ],
     "claims": [
         IndexModel([("placement_id", ASCENDING)]),
         IndexModel([("node_id", ASCENDING)]),
@@ -81,6 +85,7 @@ HOLDING = (WorkerState.placed.value, WorkerState.running.value)
 MAX_REQUEUES = 3  # a worker whose node is lost this many times fails instead
 SUBMIT_BATCH = 500
 COMMIT_CHUNK = 500  # jobs per placement transaction
+CHECKPOINT_AFTER = 10_000  # documents changed at once that call for a checkpoint now
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,8 @@ class SchedulerSettings:
     starve_after_s: float = 300.0  # anti-starvation: a worker older than this holds a node
     max_holds: int = 16
     explain_budget: int = 256
-    resync_s: float = 30.0  # the leader reloads everything this often (bounds staleness)
+    resync_s: float = 30.0  # the leader reads what changed this often (bounds staleness)
+    checkpoint_s: float = 60.0  # the leader writes its memory this often (checkpoint.py)
 
 
 class NotFound(Exception):
@@ -136,6 +142,11 @@ class Scheduler:
         self._pass_waiters: list[asyncio.Future[int]] = []
         self._passer: asyncio.Task[None] | None = None
         self._loaded_at = 0.0
+        self.rev = 0  # memory holds every change up to this revision (checkpoint.py)
+        self.loaded_from = ""  # "documents" or "checkpoint at rev N"
+        self.checkpointed_rev = 0
+        self._tx_rev: tuple[Transaction, int] | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
 
     # --- leadership and memory ---------------------------------------------------------
 
@@ -154,16 +165,108 @@ class Scheduler:
         return held
 
     async def load(self) -> None:
-        """Rebuild the fleet and the open jobs from the store (start, new leader, resync)."""
-        nodes = await self.db.nodes.find({}).to_list(None)
-        claims = await self.db.claims.find({}).to_list(None)
-        jobs = await self.db.jobs.find({"state": {"$in": OPEN_STATES}}).to_list(None)
-        self.fleet.load(nodes, claims)
-        self.jobs = {j["_id"]: j for j in jobs}
+        """Rebuild the fleet and the open jobs (start, new leader, lost race): from the
+        latest checkpoint and what changed after it, or from every document if none."""
+        t0 = asyncio.get_running_loop().time()
+        cp = await checkpoint.read(self.db)
+        if cp is None:
+            rev = await checkpoint.current_rev(self.db)  # before the reads (checkpoint.py)
+            nodes = await self.db.nodes.find({}).to_list(None)
+            jobs = await self.db.jobs.find({"state": {"$in": OPEN_STATES}}).to_list(None)
+            self.jobs = {j["_id"]: j for j in jobs}
+            read, source = len(nodes) + len(jobs), "documents"
+        else:
+            rev, nodes = cp.rev, cp.nodes
+            self.jobs = {j["_id"]: j for j in cp.jobs}
+            read, source = 0, f"checkpoint at rev {cp.rev}"
         self.specs = {}
+        nodes_by_id = {n["_id"]: n for n in nodes}
+        if cp is not None:
+            rev = await checkpoint.current_rev(self.db)
+            for n in await self.db.nodes.find({"rev": {"$gt": cp.rev}}).to_list(None):
+                nodes_by_id[n["_id"]] = n
+            changed = await self.db.jobs.find({"rev": {"$gt": cp.rev}}).to_list(None)
+            for j in changed:
+                self._cache(j)
+            read = len(changed)
+        self.fleet.load(list(nodes_by_id.values()), self._claims())
+        self.rev = rev
         self.loaded = True
+        self.loaded_from = source
         self._loaded_at = asyncio.get_running_loop().time()
-        log.info("loaded %d nodes, %d claims, %d open jobs", len(nodes), len(claims), len(jobs))
+        log.info(
+            "loaded %d nodes, %d open jobs from %s and %d documents in %.2f s (rev %d)",
+            len(nodes_by_id),
+            len(self.jobs),
+            source,
+            read,
+            self._loaded_at - t0,
+            rev,
+        )
+        if read > CHECKPOINT_AFTER:  # the next start should not read them again
+            self.checkpoint_soon()
+
+    def _claims(self) -> list[Doc]:
+        """What the open jobs hold, as claims (the `claims` collection holds the same)."""
+        out: list[Doc] = []
+        for job in self.jobs.values():
+            for w in job["workers"]:
+                if w["state"] not in HOLDING or not w.get("node_id"):
+                    continue
+                slots = w.get("claims") or [[g, 0] for g in w.get("gpu_indices") or []]
+                out += [{"node_id": w["node_id"], "gpu_index": g, "share": sh} for g, sh in slots]
+        return out
+
+    async def catch_up(self) -> int:
+        """Read what changed after `self.rev` (other instances' writes; a lost note)."""
+        rev = await checkpoint.current_rev(self.db)
+        nodes = await self.db.nodes.find({"rev": {"$gt": self.rev}}).to_list(None)
+        jobs = await self.db.jobs.find({"rev": {"$gt": self.rev}}).to_list(None)
+        for n in nodes:
+            self.fleet.upsert(node_view(n))
+        for j in jobs:
+            mine = self.jobs.get(j["_id"])
+            if mine is None or int(mine.get("version", 0)) <= int(j.get("version", 0)):
+                self._cache(j)
+        if jobs or nodes:  # claims follow the jobs
+            self.fleet.load([node_doc(v) for v in self.fleet.base.values()], self._claims())
+        self.rev = max(self.rev, rev)
+        self._loaded_at = asyncio.get_running_loop().time()
+        return len(nodes) + len(jobs)
+
+    async def _next_rev(self, tx: Transaction) -> int:
+        """The revision of this transaction (one per transaction, however many writes)."""
+        if self._tx_rev is None or self._tx_rev[0] is not tx:
+            self._tx_rev = (tx, await checkpoint.next_rev(self.db, tx.session))
+        return self._tx_rev[1]
+
+    def _committed(self, rev: int | None) -> None:
+        """Our own transaction committed: memory is complete up to it if nothing came between."""
+        if self.loaded and rev is not None and rev == self.rev + 1:
+            self.rev = rev
+
+    def checkpoint_soon(self) -> None:
+        if self._checkpointing is None or self._checkpointing.done():
+            self._checkpointing = asyncio.create_task(self.write_checkpoint())
+
+    async def write_checkpoint(self) -> None:
+        """Write memory as a checkpoint (leader only; skipped when nothing changed)."""
+        if not self.loaded or self.rev == self.checkpointed_rev:
+            return
+        rev = self.rev
+        nodes = [node_doc(v) for v in self.fleet.base.values()]
+        t0 = asyncio.get_running_loop().time()
+        pages = checkpoint.encode(rev, nodes, list(self.jobs.values()))
+        await checkpoint.write(self.db, rev, pages)
+        self.checkpointed_rev = rev
+        log.info(
+            "checkpoint at rev %d: %d jobs, %d nodes, %d bytes in %.2f s",
+            rev,
+            len(self.jobs),
+            len(nodes),
+            sum(map(len, pages)),
+            asyncio.get_running_loop().time() - t0,
+        )
 
     async def sync(self, job_ids: list[str], node_ids: list[str]) -> None:
         """Another instance changed these: read them again (leader only)."""
@@ -204,6 +307,13 @@ class Scheduler:
             spec = self.specs[job["_id"]] = JobSpec.model_validate(job["spec"])
         return spec
 
+    def _req(self, job: Doc) -> Doc:
+        """What placement needs of the spec (kept in the job and in checkpoints)."""
+        req = job.get("req")
+        if req is None:  # a job written before `req` existed
+            req = job["req"] = request_of(self._spec(job))
+        return cast(Doc, req)
+
     # --- commands -------------------------------------------------------------------
 
     async def submit(
@@ -226,6 +336,7 @@ class Scheduler:
             "owner": account,  # a project is owned by the account that uses it (R-TEN-1)
             "creator": account,
             "spec": spec.model_dump(mode="json"),
+            "req": request_of(spec),
             "state": JobState.queued.value,
             "history": [{"state": JobState.queued.value, "at": now, "reason": None}],
             "notes": [],
@@ -259,7 +370,10 @@ class Scheduler:
         while self._submits:
             batch, self._submits = self._submits[:SUBMIT_BATCH], self._submits[SUBMIT_BATCH:]
 
-            async def body(tx: Transaction, batch: list[Any] = batch) -> None:
+            async def body(tx: Transaction, batch: list[Any] = batch) -> int:
+                rev = await self._next_rev(tx)
+                for d, _, _ in batch:
+                    d["rev"] = rev
                 await self.db.jobs.insert_many([d for d, _, _ in batch], session=tx.session)
                 for d, spec, _ in batch:
                     emit(
@@ -277,17 +391,22 @@ class Scheduler:
                         tx,
                         JobStateChanged(job_id=d["_id"], state=JobState.queued, at=d["queued_at"]),
                     )
+                return rev
 
             try:
-                await self.store.transaction(body)
+                rev = await self.store.transaction(body)
             except Exception as exc:
                 for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
             METRICS.jobs_submitted.add(len(batch))
+            if self.loaded:
+                for d, spec, _ in batch:
+                    self.specs[d["_id"]] = spec  # validated once, at submission
             async with self.lock:
                 await self._changed([d for d, _, _ in batch])
+                self._committed(rev)
             for _, _, fut in batch:
                 if not fut.done():
                     fut.set_result(None)
@@ -351,6 +470,7 @@ class Scheduler:
 
             await self.store.transaction(body)
             await self._changed([job])
+            self._committed(job["rev"])
         self.request_pass()
         return await self.get(job_id, account)
 
@@ -387,13 +507,12 @@ class Scheduler:
                     "allow_public_jobs": evt.allow_public_jobs,
                     "updated_ms": now_ms(evt.at),
                 }
-                await self.db.nodes.update_one({"_id": evt.node_id}, {"$set": fields}, upsert=True)
+                await self._write_node(evt.node_id, fields, upsert=True)
                 if self.loaded:
                     self.fleet.upsert(node_view({"_id": evt.node_id, **fields}))
             else:
-                await self.db.nodes.update_one(
-                    {"_id": evt.node_id},
-                    {"$set": {"state": evt.state.value, "updated_ms": now_ms(evt.at)}},
+                await self._write_node(
+                    evt.node_id, {"state": evt.state.value, "updated_ms": now_ms(evt.at)}
                 )
                 if self.loaded:
                     self.fleet.set_state(evt.node_id, evt.state.value)
@@ -403,6 +522,19 @@ class Scheduler:
                 with contextlib.suppress(Exception):
                     await self.notify([], [evt.node_id])
         await self.request_pass()
+
+    async def _write_node(self, node_id: str, fields: Doc, upsert: bool = False) -> None:
+        async def body(tx: Transaction) -> int:
+            rev = await self._next_rev(tx)
+            await self.db.nodes.update_one(
+                {"_id": node_id},
+                {"$set": {**fields, "rev": rev}},
+                upsert=upsert,
+                session=tx.session,
+            )
+            return rev
+
+        self._committed(await self.store.transaction(body))
 
     async def _node_gone(self, evt: NodeStateChanged) -> None:
         """A lost (or removed) node's workers: requeued, or failed for notebooks.
@@ -490,6 +622,7 @@ class Scheduler:
 
             await self.store.transaction(body)
             await self._changed([job])
+            self._committed(job["rev"])
 
     async def worker_finished(self, evt: WorkerFinished) -> None:
         async with self.lock:
@@ -531,6 +664,7 @@ class Scheduler:
                     slots = [(g, 0) for g in w.get("gpu_indices") or []]
                 self.fleet.release(node.node_id, slots)
             await self._changed([job], [] if self.loaded else [str(w.get("node_id"))])
+            self._committed(job["rev"])
         await self.request_pass()
 
     # --- the queue ------------------------------------------------------------------
@@ -566,7 +700,7 @@ class Scheduler:
                 return 0
             loop = asyncio.get_running_loop()
             if loop.time() - self._loaded_at > self.settings.resync_s:
-                await self.load()
+                await self.catch_up()
             try:
                 return await self._pass()
             except (StaleJob, DuplicateKeyError, BulkWriteError, OperationFailure) as exc:
@@ -586,22 +720,22 @@ class Scheduler:
         for job in self.jobs.values():
             if job.get("cancel_requested"):
                 continue
-            spec: JobSpec | None = None
+            req: Doc | None = None
             for w in job["workers"]:
                 if w["state"] != WorkerState.waiting.value:
                     continue
-                spec = spec or self._spec(job)
+                req = req or self._req(job)
                 out.append(
                     Waiting(
                         req=WorkerRequest(
                             job_id=job["_id"],
                             worker=w["index"],
                             owner=job["owner"],
-                            gpu_types=tuple(spec.gpu_types),
-                            gpu_count=spec.gpu_count,
-                            max_price=spec.max_price,
-                            region=spec.pinned_region,
-                            fraction=spec.gpu_fraction,
+                            gpu_types=tuple(req["gpu_types"]),
+                            gpu_count=int(req["gpu_count"]),
+                            max_price=_dec(req.get("max_price")),
+                            region=req.get("region"),
+                            fraction=_dec(req.get("fraction")),
                         ),
                         queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
                     )
@@ -610,6 +744,7 @@ class Scheduler:
 
     async def _pass(self) -> int:
         now = self.clock()
+        started = asyncio.get_running_loop().time()
         slots: list[list[tuple[str, int, int]]] = []
 
         def claim(p: Placement) -> None:
@@ -638,6 +773,16 @@ class Scheduler:
         await self._explain(result, now)
         METRICS.jobs_placed.add(len(result.placed))
         METRICS.set_queue_depth(len(waiting) - len(result.placed))
+        took = asyncio.get_running_loop().time() - started
+        if len(result.placed) + len(per_job_reasons(result)) > CHECKPOINT_AFTER:
+            self.checkpoint_soon()  # a restart should not read all of that again
+        if took > 1.0:
+            log.info(
+                "long pass: %d placed, %d waiting, %.2f s",
+                len(result.placed),
+                len(waiting) - len(result.placed),
+                took,
+            )
         return len(result.placed)
 
     async def _commit(
@@ -647,11 +792,16 @@ class Scheduler:
     ) -> None:
         """Every placement of a pass in one fenced transaction."""
         docs: dict[str, Doc] = {}
+        partial = [j for j in by_job if self.jobs[j].get("partial")]
+        if partial:  # known from a checkpoint: the whole document is needed now
+            for full in await self.db.jobs.find({"_id": {"$in": partial}}).to_list(None):
+                self.jobs[full["_id"]] = full
 
-        async def body(tx: Transaction) -> None:
+        async def body(tx: Transaction) -> int:
             docs.clear()
             docs.update({j: _copy(self.jobs[j]) for j in by_job})
             epoch = await self.lease.fence(tx.session)
+            rev = await self._next_rev(tx)
             claims: list[Doc] = []
             replaces: list[ReplaceOne[Doc]] = []
             for job_id, items in by_job.items():
@@ -662,15 +812,18 @@ class Scheduler:
                     claims += self._place_worker(tx, job, spec, w, p, s, now, epoch)
                 job["queue_reason"] = None
                 job["queue_detail"] = []
+                job["rev"] = rev
                 replaces.append(self._replace(tx, job, now))
             await self.db.claims.insert_many(claims, session=tx.session)
             res = await self.db.jobs.bulk_write(replaces, ordered=False, session=tx.session)
             if res.matched_count != len(replaces):
                 raise StaleJob(f"{len(replaces) - res.matched_count} jobs changed")
+            return rev
 
-        await self.store.transaction(body)
+        rev = await self.store.transaction(body)
         for job in docs.values():
             self._cache(job)
+        self._committed(rev)
 
     def _place_worker(
         self,
@@ -767,7 +920,7 @@ class Scheduler:
             r = result.reasons.get(w.key)
             if r is not None and w.req.job_id not in per_job:
                 per_job[w.req.job_id] = r
-        updates = []
+        sets: list[tuple[str, Doc]] = []
         for job_id, r in per_job.items():
             job = self.jobs.get(job_id)
             if job is None:
@@ -776,20 +929,21 @@ class Scheduler:
             if job.get("queue_reason") == text:
                 continue
             job["queue_reason"], job["queue_detail"] = text, detail
-            updates.append(
-                UpdateOne(
-                    {"_id": job_id},
-                    {
-                        "$set": {
-                            "queue_reason": text,
-                            "queue_detail": detail,
-                            "explained_ms": now_ms(now),
-                        }
-                    },
+            sets.append(
+                (
+                    job_id,
+                    {"queue_reason": text, "queue_detail": detail, "explained_ms": now_ms(now)},
                 )
             )
-        if updates:
-            await self.db.jobs.bulk_write(updates, ordered=False)
+        if sets:
+
+            async def write(tx: Transaction) -> int:
+                rev = await self._next_rev(tx)
+                updates = [UpdateOne({"_id": j}, {"$set": {**f, "rev": rev}}) for j, f in sets]
+                await self.db.jobs.bulk_write(updates, ordered=False, session=tx.session)
+                return rev
+
+            self._committed(await self.store.transaction(write))
         demand = frozenset(
             (
                 w.req.job_id,
@@ -801,10 +955,17 @@ class Scheduler:
         if demand == self._demand:
             return
         self._demand = demand
-        demands = [self._demand_of(w, per_job.get(w.req.job_id)) for w in result.waiting]
+        oldest = sorted(result.waiting, key=lambda w: w.queued_ms)[
+            : PendingDemandChanged.MAX_DEMANDS
+        ]
+        demands = [self._demand_of(w, per_job.get(w.req.job_id)) for w in oldest]
+        waiting = len(result.waiting)
 
         async def body(tx: Transaction) -> None:
-            emit(tx, PendingDemandChanged(demands=[d for d in demands if d], at=now))
+            emit(
+                tx,
+                PendingDemandChanged(demands=[d for d in demands if d], at=now, waiting=waiting),
+            )
 
         await self.store.transaction(body)
 
@@ -812,17 +973,17 @@ class Scheduler:
         job = self.jobs.get(w.req.job_id)
         if job is None:
             return None
-        spec = self._spec(job)
+        req = self._req(job)
         return Demand(
             job_id=w.req.job_id,
             worker=w.req.worker,
             owner=w.req.owner,
-            project=spec.project,
+            project=req["project"],
             gpu_types=list(w.req.gpu_types),
             gpu_count=w.req.gpu_count,
             max_price=w.req.max_price,
             region=w.req.region,
-            burst_allowed=spec.allow_burst,
+            burst_allowed=bool(req["allow_burst"]),
             waiting_since=from_ms(w.queued_ms) or self.clock(),
             gpu_fraction=w.req.fraction,
             reason=None if why is None else why.explain(),
@@ -938,6 +1099,7 @@ class Scheduler:
     async def _save(
         self, tx: Transaction, job: Doc, at: datetime, reason: str | None = None
     ) -> None:
+        job["rev"] = await self._next_rev(tx)
         version = self._bump(tx, job, at, reason)
         res = await self.db.jobs.replace_one(
             {"_id": job["_id"], "version": version}, job, session=tx.session
@@ -963,6 +1125,29 @@ _PLACEMENT_KEYS = (
     "started_at",
     "epoch",
 )
+
+
+def per_job_reasons(result: PassResult) -> set[str]:
+    """The waiting jobs whose explanation this pass may have rewritten."""
+    return {w.req.job_id for w in result.waiting if w.key in result.reasons}
+
+
+def request_of(spec: JobSpec) -> Doc:
+    """What placement needs of a spec, as stored in the job (`req`) and in checkpoints."""
+    return {
+        "gpu_types": list(spec.gpu_types),
+        "gpu_count": spec.gpu_count,
+        "max_price": None if spec.max_price is None else str(spec.max_price),
+        "region": spec.pinned_region,
+        "fraction": None if spec.gpu_fraction is None else str(spec.gpu_fraction),
+        "project": spec.project,
+        "allow_burst": spec.allow_burst,
+        "type": spec.type.value,
+    }
+
+
+def _dec(v: Any) -> Decimal | None:
+    return None if v is None else Decimal(str(v))
 
 
 def _attempt(w: Doc, reason: str, at: datetime) -> Doc:
