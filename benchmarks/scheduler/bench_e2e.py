@@ -349,7 +349,10 @@ async def restart(
     proc.terminate()
     proc.wait(60)
 
-    proc, out["after_clean_stop"] = await _start_and_wait(nats_url, mongo_url, log, placed)
+    # The fleet is full after the first pass, so nothing new is placed: time the rebuild.
+    proc, out["after_clean_stop"] = await _start_and_wait(
+        nats_url, mongo_url, log, placed, until="loaded"
+    )
     await asyncio.gather(
         *(submit(nc, spec(400_000 + i, rng), f"acct{i % 200:03d}") for i in range(2000))
     )
@@ -357,7 +360,7 @@ async def restart(
     proc.wait(10)
 
     proc, out["after_kill_9_with_2000_later_jobs"] = await _start_and_wait(
-        nats_url, mongo_url, log, placed
+        nats_url, mongo_url, log, placed, until="loaded"
     )
     proc.terminate()
     proc.wait(60)

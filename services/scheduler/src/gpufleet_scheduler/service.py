@@ -145,6 +145,7 @@ class Scheduler:
         self.rev = 0  # memory holds every change up to this revision (checkpoint.py)
         self.loaded_from = ""  # "documents" or "checkpoint at rev N"
         self.checkpointed_rev = 0
+        self._loaded_epoch: int | None = None
         self._tx_rev: tuple[Transaction, int] | None = None
         self._checkpointing: asyncio.Task[None] | None = None
 
@@ -152,12 +153,14 @@ class Scheduler:
 
     async def lead(self) -> bool:
         """Take or renew the lease; (re)build memory when newly leading."""
-        was = self.loaded and self.lease.held
-        if was and self.lease.fresh():
+        if self.loaded and self.lease.fresh():
             return True  # renewed recently; every placement is fenced anyway
         held = await self.lease.acquire()
-        if held and not was:
+        # Memory stays valid while the epoch is ours: a lease that lapsed during a long
+        # pass and was renewed by us (same epoch) means no other leader came between.
+        if held and not (self.loaded and self.lease.epoch == self._loaded_epoch):
             await self.load()
+            self._loaded_epoch = self.lease.epoch
         if not held and self.loaded:
             self.loaded = False
             self.jobs.clear()
@@ -177,6 +180,7 @@ class Scheduler:
             read, source = len(nodes) + len(jobs), "documents"
         else:
             rev, nodes = cp.rev, cp.nodes
+            self.checkpointed_rev = cp.rev
             self.jobs = {j["_id"]: j for j in cp.jobs}
             read, source = 0, f"checkpoint at rev {cp.rev}"
         self.specs = {}
