@@ -7,6 +7,7 @@ from gpufleet_bus import OutboxRelay, ServiceRuntime, emit
 from gpufleet_contracts import Event, subjects
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_store import Transaction
+from gpufleet_store.store import outbox_messages
 
 from .conftest import broker_for, running, store_for
 from .test_bus import read_stream
@@ -32,9 +33,13 @@ async def test_commit_writes_state_and_outbox_then_relay_publishes_once(
             emit(tx, Counted(n=1), msg_id="counted-1")
 
         await store.transaction(body)
+        # One outbox document per transaction, its messages packed in one binary field.
+        (doc,) = await store.db.outbox.find().to_list(None)
+        assert doc["count"] == 1 and doc["published"] is False
+        assert [m[0] for m in outbox_messages(doc)] == ["counted-1"]
         relay = OutboxRelay(store, broker, "gpufleet/svc")
         await relay.drain()
-        # A crash after publishing but before marking: the row is published again...
+        # A crash after publishing but before marking: the document is published again...
         await store.db.outbox.update_many({}, {"$set": {"published": False}})
         assert await relay.drain() == 1
     # ...and JetStream keeps one copy, because the outbox id is the message id.
@@ -80,7 +85,7 @@ async def test_relay_catches_up_after_nats_comes_back(
         fresh_nats.restart()
         from gpufleet_devstack import wait_for_async
 
-        async def published() -> bool:
+        async def published() -> bool:  # the transaction's one document
             return await store.db.outbox.count_documents({"published": True}) == 1
 
         await wait_for_async(published, timeout=20)
