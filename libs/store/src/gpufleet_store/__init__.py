@@ -4,7 +4,8 @@ Each service owns one database, `<prefix>_<service>`, and only its own collectio
 State changes and the events they cause are written in one transaction (`Store.transaction`),
 the events into the `outbox` collection; `gpufleet_bus.OutboxRelay` publishes them after the
 commit. A crash between the two loses nothing: the relay publishes what is left on restart,
-and JetStream drops the duplicate because the outbox id is the message id.
+and JetStream drops the duplicate: each message keeps its id (`Nats-Msg-Id`) inside its
+outbox document.
 """
 
 from .store import IndexSpec, Store, StoreSettings, Transaction, from_ms, now_ms, utcnow
