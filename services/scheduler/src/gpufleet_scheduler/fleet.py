@@ -52,6 +52,10 @@ class Fleet:
 
     def load(self, nodes: list[Doc], claims: list[Doc]) -> None:
         self.base = {n["_id"]: node_view(n) for n in nodes}
+        self.set_claims(claims)
+
+    def set_claims(self, claims: list[Doc]) -> None:
+        """Replace every claim (and rebuild the index) with `claims`."""
         self.used = {}
         for c in claims:
             self._mark(c["node_id"], c["gpu_index"], int(c.get("share", 0)), True)

@@ -146,7 +146,6 @@ class Scheduler:
         self.loaded_from = ""  # "documents" or "checkpoint at rev N"
         self.checkpointed_rev = 0
         self._loaded_epoch: int | None = None
-        self._tx_rev: tuple[Transaction, int] | None = None
         self._checkpointing: asyncio.Task[None] | None = None
 
     # --- leadership and memory ---------------------------------------------------------
@@ -172,27 +171,23 @@ class Scheduler:
         latest checkpoint and what changed after it, or from every document if none."""
         t0 = asyncio.get_running_loop().time()
         cp = await checkpoint.read(self.db)
+        rev = await checkpoint.current_rev(self.db)  # before the reads (checkpoint.py)
+        self.specs = {}
         if cp is None:
-            rev = await checkpoint.current_rev(self.db)  # before the reads (checkpoint.py)
             nodes = await self.db.nodes.find({}).to_list(None)
             jobs = await self.db.jobs.find({"state": {"$in": OPEN_STATES}}).to_list(None)
             self.jobs = {j["_id"]: j for j in jobs}
             read, source = len(nodes) + len(jobs), "documents"
         else:
-            rev, nodes = cp.rev, cp.nodes
             self.checkpointed_rev = cp.rev
             self.jobs = {j["_id"]: j for j in cp.jobs}
-            read, source = 0, f"checkpoint at rev {cp.rev}"
-        self.specs = {}
-        nodes_by_id = {n["_id"]: n for n in nodes}
-        if cp is not None:
-            rev = await checkpoint.current_rev(self.db)
-            for n in await self.db.nodes.find({"rev": {"$gt": cp.rev}}).to_list(None):
-                nodes_by_id[n["_id"]] = n
-            changed = await self.db.jobs.find({"rev": {"$gt": cp.rev}}).to_list(None)
+            later = {"rev": {"$gt": cp.rev}}
+            nodes = cp.nodes + await self.db.nodes.find(later).to_list(None)
+            changed = await self.db.jobs.find(later).to_list(None)
             for j in changed:
                 self._cache(j)
-            read = len(changed)
+            read, source = len(changed), f"checkpoint at rev {cp.rev}"
+        nodes_by_id = {n["_id"]: n for n in nodes}  # a later document replaces its entry
         self.fleet.load(list(nodes_by_id.values()), self._claims())
         self.rev = rev
         self.loaded = True
@@ -217,8 +212,9 @@ class Scheduler:
             for w in job["workers"]:
                 if w["state"] not in HOLDING or not w.get("node_id"):
                     continue
-                slots = w.get("claims") or [[g, 0] for g in w.get("gpu_indices") or []]
-                out += [{"node_id": w["node_id"], "gpu_index": g, "share": sh} for g, sh in slots]
+                out += [
+                    {"node_id": w["node_id"], "gpu_index": g, "share": sh} for g, sh in _slots(w)
+                ]
         return out
 
     async def catch_up(self) -> int:
@@ -232,17 +228,15 @@ class Scheduler:
             mine = self.jobs.get(j["_id"])
             if mine is None or int(mine.get("version", 0)) <= int(j.get("version", 0)):
                 self._cache(j)
-        if jobs or nodes:  # claims follow the jobs
-            self.fleet.load([node_doc(v) for v in self.fleet.base.values()], self._claims())
+        if jobs:  # claims follow the jobs
+            self.fleet.set_claims(self._claims())
         self.rev = max(self.rev, rev)
         self._loaded_at = asyncio.get_running_loop().time()
         return len(nodes) + len(jobs)
 
     async def _next_rev(self, tx: Transaction) -> int:
-        """The revision of this transaction (one per transaction, however many writes)."""
-        if self._tx_rev is None or self._tx_rev[0] is not tx:
-            self._tx_rev = (tx, await checkpoint.next_rev(self.db, tx.session))
-        return self._tx_rev[1]
+        """The revision of this transaction; each transaction takes one."""
+        return await checkpoint.next_rev(self.db, tx.session)
 
     def _committed(self, rev: int | None) -> None:
         """Our own transaction committed: memory is complete up to it if nothing came between."""
@@ -639,7 +633,7 @@ class Scheduler:
                 w["state"] = WorkerState.running.value
                 w["started_at"] = evt.started_at
                 self._record_state(job, evt.started_at, None)
-            slots = [(int(g), int(s)) for g, s in w.get("claims") or []]
+            slots = _slots(w)
             w.update(
                 state=evt.state.value,
                 exit_code=evt.exit_code,
@@ -663,10 +657,7 @@ class Scheduler:
             await self.store.transaction(body)
             METRICS.worker_runs.add(1, {"state": evt.state.value})
             if self.loaded and w.get("node_id") in self.fleet.base:
-                node = self.fleet.base[w["node_id"]]
-                if not slots:  # placed before claims were recorded per share
-                    slots = [(g, 0) for g in w.get("gpu_indices") or []]
-                self.fleet.release(node.node_id, slots)
+                self.fleet.release(w["node_id"], slots)
             await self._changed([job], [] if self.loaded else [str(w.get("node_id"))])
             self._committed(job["rev"])
         await self.request_pass()
@@ -774,11 +765,11 @@ class Scheduler:
         jobs = list(by_job)
         for i in range(0, len(jobs), COMMIT_CHUNK):  # the relay starts on the first chunk
             await self._commit({j: by_job[j] for j in jobs[i : i + COMMIT_CHUNK]}, now)
-        await self._explain(result, now)
+        explained = await self._explain(result, now)
         METRICS.jobs_placed.add(len(result.placed))
         METRICS.set_queue_depth(len(waiting) - len(result.placed))
         took = asyncio.get_running_loop().time() - started
-        if len(result.placed) + len(per_job_reasons(result)) > CHECKPOINT_AFTER:
+        if len(result.placed) + explained > CHECKPOINT_AFTER:
             self.checkpoint_soon()  # a restart should not read all of that again
         if took > 1.0:
             log.info(
@@ -917,8 +908,9 @@ class Scheduler:
             for cid, g, s in slots
         ]
 
-    async def _explain(self, result: PassResult, now: datetime) -> None:
-        """Keep every waiting job's reason current; say when unplaceable demand changes."""
+    async def _explain(self, result: PassResult, now: datetime) -> int:
+        """Keep every waiting job's reason current; say when unplaceable demand changes.
+        Returns how many jobs' reasons were rewritten."""
         per_job: dict[str, NoPlacement] = {}
         for w in result.waiting:
             r = result.reasons.get(w.key)
@@ -957,7 +949,7 @@ class Scheduler:
             for w in result.waiting
         )
         if demand == self._demand:
-            return
+            return len(sets)
         self._demand = demand
         oldest = sorted(result.waiting, key=lambda w: w.queued_ms)[
             : PendingDemandChanged.MAX_DEMANDS
@@ -972,6 +964,7 @@ class Scheduler:
             )
 
         await self.store.transaction(body)
+        return len(sets)
 
     def _demand_of(self, w: Waiting, why: NoPlacement | None) -> Demand | None:
         job = self.jobs.get(w.req.job_id)
@@ -1131,11 +1124,6 @@ _PLACEMENT_KEYS = (
 )
 
 
-def per_job_reasons(result: PassResult) -> set[str]:
-    """The waiting jobs whose explanation this pass may have rewritten."""
-    return {w.req.job_id for w in result.waiting if w.key in result.reasons}
-
-
 def request_of(spec: JobSpec) -> Doc:
     """What placement needs of a spec, as stored in the job (`req`) and in checkpoints."""
     return {
@@ -1152,6 +1140,13 @@ def request_of(spec: JobSpec) -> Doc:
 
 def _dec(v: Any) -> Decimal | None:
     return None if v is None else Decimal(str(v))
+
+
+def _slots(w: Doc) -> list[tuple[int, int]]:
+    """(GPU, share) a placed worker holds; a worker placed before claims were recorded per
+    share holds its whole GPUs."""
+    claims = w.get("claims") or [[g, 0] for g in w.get("gpu_indices") or []]
+    return [(int(g), int(sh)) for g, sh in claims]
 
 
 def _attempt(w: Doc, reason: str, at: datetime) -> Doc:
