@@ -171,7 +171,6 @@ def build_app(
                 broker, rejected, source=rt.source, msg_id=f"rejected:{account}:{body.request_id}"
             )
             return
-        sched.request_pass()
 
     @rt.on_event(WorkerStarted, "worker-started")
     async def on_worker_started(body: WorkerStarted) -> None:

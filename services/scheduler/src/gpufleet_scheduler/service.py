@@ -3,8 +3,9 @@
 State lives in the database; the leading instance (leadership.py) also keeps the open jobs
 and the fleet in memory (`fleet.py`, indexed for placement) and rebuilds them from the
 store when it starts or takes the lead. Every change is one transaction that also writes
-the events it causes to the outbox. Submissions are written in batches (one transaction
-per batch) and placements of one pass in one transaction that is fenced by the lease.
+the events it causes to the outbox. On the leader, new submissions join the next placement
+pass and are stored by its transactions (fenced by the lease, up to COMMIT_CHUNK jobs each):
+a job is written once, already placed or with its reason to wait.
 
 Any instance answers requests and handles events (writing to the store); an instance that
 does not lead tells the leader which jobs and nodes changed (`sync`), so the leader's
@@ -24,7 +25,7 @@ import contextlib
 import hashlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -83,7 +84,8 @@ INDEXES = {
 OPEN_STATES = [JobState.queued.value, JobState.starting.value, JobState.running.value]
 HOLDING = (WorkerState.placed.value, WorkerState.running.value)
 MAX_REQUEUES = 3  # a worker whose node is lost this many times fails instead
-SUBMIT_BATCH = 500
+SUBMIT_BATCH = 500  # jobs per transaction when an instance that does not lead stores them
+ADMIT_MAX = 4096  # submissions taken into one placement pass
 COMMIT_CHUNK = 500  # jobs per placement transaction
 CHECKPOINT_AFTER = 10_000  # documents changed at once that call for a checkpoint now
 
@@ -113,6 +115,16 @@ class StaleJob(Exception):
     """The job changed under us (optimistic concurrency); the caller reloads and retries."""
 
 
+@dataclass
+class Submission:
+    """A validated job waiting to be stored. Its future is set once the job is in the store:
+    True when the leader's pass that stored it also tried to place it, else False."""
+
+    doc: Doc
+    spec: JobSpec
+    fut: asyncio.Future[bool]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -137,8 +149,8 @@ class Scheduler:
         self.holds: dict[str, str] = {}
         self.last_pass: PassResult | None = None
         self._demand: frozenset[tuple[str, int, str | None]] = frozenset()
-        self._submits: list[tuple[Doc, JobSpec, asyncio.Future[None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._submits: list[Submission] = []
+        self._pending: dict[str, asyncio.Future[bool]] = {}  # job id -> its submission
         self._pass_waiters: list[asyncio.Future[int]] = []
         self._passer: asyncio.Task[None] | None = None
         self._loaded_at = 0.0
@@ -318,10 +330,18 @@ class Scheduler:
         self, spec: JobSpec, account: str, wait: bool = True, request_id: str | None = None
     ) -> Doc:
         """Queue a job. With `request_id` (EnqueueJob) the id is derived from it, and a job
-        already queued for the same account and request is returned instead of a new one."""
+        already queued for the same account and request is returned instead of a new one.
+
+        The job joins the next placement pass, which stores it in the same transaction as
+        its placement (or its reason to wait): one write per job (see `_pass`). An instance
+        that does not lead stores it alone and tells the leader."""
         job_id = "j" + uuid.uuid4().hex[:12]
         if request_id is not None:
             job_id = "j" + hashlib.sha256(f"{account}\n{request_id}".encode()).hexdigest()[:12]
+            pending = self._pending.get(job_id)
+            if pending is not None:  # the same request twice at once: one job
+                await asyncio.shield(pending)
+                return await self.get(job_id, account)
             existing = await self.db.jobs.find_one({"_id": job_id})
             if existing is not None:
                 return self.view(existing)
@@ -351,63 +371,48 @@ class Scheduler:
                 for i in range(spec.workers)
             ],
         }
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._submits.append((doc, spec, fut))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_submits())
-        await fut
-        if wait:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending[job_id] = fut
+        self._submits.append(Submission(doc, spec, fut))
+        self._kick()
+        try:
+            considered = await fut
+        finally:
+            self._pending.pop(job_id, None)
+        if wait and not considered:
             await self.request_pass()
         cached = self.jobs.get(job_id) if self.loaded else None
         if cached is not None:  # the leader knows it: no read needed
             return self.view(cached)
         return await self.get(job_id, account)
 
-    async def _flush_submits(self) -> None:
-        """Write waiting submissions in batches: one transaction (and outbox) per batch."""
-        while self._submits:
-            batch, self._submits = self._submits[:SUBMIT_BATCH], self._submits[SUBMIT_BATCH:]
+    async def _store(self, batch: list[Submission]) -> None:
+        """Store submissions without placing them (this instance does not lead, or the pass
+        that took them failed): one transaction per SUBMIT_BATCH; errors go to the callers."""
+        for i in range(0, len(batch), SUBMIT_BATCH):
+            part = batch[i : i + SUBMIT_BATCH]
 
-            async def body(tx: Transaction, batch: list[Any] = batch) -> int:
+            async def body(tx: Transaction, part: list[Submission] = part) -> int:
                 rev = await self._next_rev(tx)
-                for d, _, _ in batch:
-                    d["rev"] = rev
-                await self.db.jobs.insert_many([d for d, _, _ in batch], session=tx.session)
-                for d, spec, _ in batch:
-                    emit(
-                        tx,
-                        JobQueued(
-                            job_id=d["_id"],
-                            owner=d["owner"],
-                            creator=d["creator"],
-                            spec=spec,
-                            queued_at=d["queued_at"],
-                            request_id=d.get("request_id"),
-                        ),
-                    )
-                    emit(
-                        tx,
-                        JobStateChanged(job_id=d["_id"], state=JobState.queued, at=d["queued_at"]),
-                    )
+                for s in part:
+                    s.doc["rev"] = rev
+                    _emit_queued(tx, s)
+                await self.db.jobs.insert_many([s.doc for s in part], session=tx.session)
                 return rev
 
             try:
                 rev = await self.store.transaction(body)
             except Exception as exc:
-                for _, _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+                for s in part:
+                    if not s.fut.done():
+                        s.fut.set_exception(exc)
                 continue
-            METRICS.jobs_submitted.add(len(batch))
-            if self.loaded:
-                for d, spec, _ in batch:
-                    self.specs[d["_id"]] = spec  # validated once, at submission
-            async with self.lock:
-                await self._changed([d for d, _, _ in batch])
-                self._committed(rev)
-            for _, _, fut in batch:
-                if not fut.done():
-                    fut.set_result(None)
+            METRICS.jobs_submitted.add(len(part))
+            await self._changed([s.doc for s in part])
+            self._committed(rev)
+            for s in part:
+                if not s.fut.done():
+                    s.fut.set_result(False)
 
     async def _check_region(self, spec: JobSpec) -> None:
         """R-RES-1: refuse a pin to a region that has none of the job's GPU types."""
@@ -668,15 +673,21 @@ class Scheduler:
         """Ask for a placement pass; passes asked for meanwhile are run as one."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pass_waiters.append(fut)
-        if self._passer is None or self._passer.done():
-            self._passer = asyncio.create_task(self._run_passes())
+        self._kick()
         return fut
 
+    def _kick(self) -> None:
+        if self._passer is None or self._passer.done():
+            self._passer = asyncio.create_task(self._run_passes())
+
     async def _run_passes(self) -> None:
-        while self._pass_waiters:
+        """Run passes while some are asked for or submissions wait; each pass takes every
+        request and up to ADMIT_MAX submissions that came meanwhile."""
+        while self._pass_waiters or self._submits:
             waiters, self._pass_waiters = self._pass_waiters, []
+            batch, self._submits = self._submits[:ADMIT_MAX], self._submits[ADMIT_MAX:]
             try:
-                placed = await self.schedule()
+                placed = await self.schedule(batch)
             except Exception as exc:  # the next event or resync tries again
                 log.exception("placement pass failed")
                 for f in waiters:
@@ -687,28 +698,46 @@ class Scheduler:
                 if not f.done():
                     f.set_result(placed)
 
-    async def schedule(self) -> int:
-        """One pass: oldest first, backfill, holds for starving workers (queue.py).
-        Only the leader places. Returns the number of workers placed."""
+    async def schedule(self, new: Sequence[Submission] = ()) -> int:
+        """One pass: oldest first, backfill, holds for starving workers (queue.py), with
+        `new` submissions stored in the pass's transactions. Only the leader places; another
+        instance just stores `new`. Returns the number of workers placed."""
         async with self.lock:
-            if not await self.lead():
-                return 0
-            loop = asyncio.get_running_loop()
-            if loop.time() - self._loaded_at > self.settings.resync_s:
-                await self.catch_up()
             try:
-                return await self._pass()
+                if not await self.lead():
+                    await self._store(list(new))
+                    return 0
+                loop = asyncio.get_running_loop()
+                if loop.time() - self._loaded_at > self.settings.resync_s:
+                    await self.catch_up()
+                return await self._pass(new)
             except (StaleJob, DuplicateKeyError, BulkWriteError, OperationFailure) as exc:
                 log.warning("placement pass lost a race (%s); reloading from the store", exc)
+                await self._store(self._unstored(new))
                 await self.load()
                 return 0
             except Deposed as exc:
                 log.warning("%s; placing nothing", exc)
                 self.loaded = False
+                await self._store(self._unstored(new))
                 return 0
-            except BaseException:
+            except Exception:
                 self.loaded = False  # memory may be ahead of the store: rebuild next time
+                await self._store(self._unstored(new))
                 raise
+            except BaseException:  # cancelled (stopping): nothing more is written
+                self.loaded = False
+                for sub in self._unstored(new):
+                    sub.fut.cancel()
+                raise
+
+    def _unstored(self, new: Sequence[Submission]) -> list[Submission]:
+        """The submissions a failed pass did not store, taken out of memory again."""
+        left = [s for s in new if not s.fut.done()]
+        for s in left:
+            self.jobs.pop(s.doc["_id"], None)
+            s.doc.pop("rev", None)
+        return left
 
     def _waiting(self) -> list[Waiting]:
         out: list[Waiting] = []
@@ -737,9 +766,13 @@ class Scheduler:
                 )
         return out
 
-    async def _pass(self) -> int:
+    async def _pass(self, new: Sequence[Submission] = ()) -> int:
         now = self.clock()
         started = asyncio.get_running_loop().time()
+        fresh = {s.doc["_id"]: s for s in new}
+        for s in new:  # they join memory now; their transactions store them (_commit)
+            self.jobs[s.doc["_id"]] = s.doc
+            self.specs[s.doc["_id"]] = s.spec  # validated once, at submission
         slots: list[list[tuple[str, int, int]]] = []
 
         def claim(p: Placement) -> None:
@@ -762,10 +795,13 @@ class Scheduler:
         by_job: dict[str, list[tuple[Waiting, Placement, list[tuple[str, int, int]]]]] = {}
         for i, (w, p) in enumerate(result.placed):
             by_job.setdefault(w.req.job_id, []).append((w, p, slots[i]))
-        jobs = list(by_job)
+        per_job, changed = self._reasons(result, now)  # new jobs are stored with theirs
+        jobs = list(by_job) + [j for j in fresh if j not in by_job]
         for i in range(0, len(jobs), COMMIT_CHUNK):  # the relay starts on the first chunk
-            await self._commit({j: by_job[j] for j in jobs[i : i + COMMIT_CHUNK]}, now)
-        explained = await self._explain(result, now)
+            chunk = jobs[i : i + COMMIT_CHUNK]
+            await self._commit({j: by_job.get(j, []) for j in chunk}, fresh, now)
+        stored = [c for c in changed if c[0] not in fresh]
+        explained = await self._explain(result, per_job, stored, now)
         METRICS.jobs_placed.add(len(result.placed))
         METRICS.set_queue_depth(len(waiting) - len(result.placed))
         took = asyncio.get_running_loop().time() - started
@@ -773,9 +809,10 @@ class Scheduler:
             self.checkpoint_soon()  # a restart should not read all of that again
         if took > 1.0:
             log.info(
-                "long pass: %d placed, %d waiting, %.2f s",
+                "long pass: %d placed, %d waiting, %d submitted, %.2f s",
                 len(result.placed),
                 len(waiting) - len(result.placed),
+                len(new),
                 took,
             )
         return len(result.placed)
@@ -783,9 +820,11 @@ class Scheduler:
     async def _commit(
         self,
         by_job: dict[str, list[tuple[Waiting, Placement, list[tuple[str, int, int]]]]],
+        fresh: dict[str, Submission],
         now: datetime,
     ) -> None:
-        """Every placement of a pass in one fenced transaction."""
+        """One fenced transaction: the placements of these jobs, and the jobs of `fresh`
+        among them inserted (placed or with their reason to wait) with their JobQueued."""
         docs: dict[str, Doc] = {}
         partial = [j for j in by_job if self.jobs[j].get("partial")]
         if partial:  # known from a checkpoint: the whole document is needed now
@@ -798,27 +837,47 @@ class Scheduler:
             epoch = await self.lease.fence(tx.session)
             rev = await self._next_rev(tx)
             claims: list[Doc] = []
+            inserts: list[Doc] = []
             replaces: list[ReplaceOne[Doc]] = []
             for job_id, items in by_job.items():
                 job = docs[job_id]
-                spec = self._spec(job)
-                for wt, p, s in items:
-                    w = next(x for x in job["workers"] if x["index"] == wt.req.worker)
-                    claims += self._place_worker(tx, job, spec, w, p, s, now, epoch)
-                job["queue_reason"] = None
-                job["queue_detail"] = []
+                sub = fresh.get(job_id)
+                if sub is not None:
+                    _emit_queued(tx, sub)
+                if items:
+                    spec = self._spec(job)
+                    for wt, p, s in items:
+                        w = next(x for x in job["workers"] if x["index"] == wt.req.worker)
+                        claims += self._place_worker(tx, job, spec, w, p, s, now, epoch)
+                    job["queue_reason"] = None
+                    job["queue_detail"] = []
                 job["rev"] = rev
-                replaces.append(self._replace(tx, job, now))
-            await self.db.claims.insert_many(claims, session=tx.session)
-            res = await self.db.jobs.bulk_write(replaces, ordered=False, session=tx.session)
-            if res.matched_count != len(replaces):
-                raise StaleJob(f"{len(replaces) - res.matched_count} jobs changed")
+                if sub is None:
+                    replaces.append(self._replace(tx, job, now))
+                else:
+                    if items:
+                        self._bump(tx, job, now, None)
+                    inserts.append(job)
+            if claims:
+                await self.db.claims.insert_many(claims, session=tx.session)
+            if inserts:
+                await self.db.jobs.insert_many(inserts, session=tx.session)
+            if replaces:
+                res = await self.db.jobs.bulk_write(replaces, ordered=False, session=tx.session)
+                if res.matched_count != len(replaces):
+                    raise StaleJob(f"{len(replaces) - res.matched_count} jobs changed")
             return rev
 
         rev = await self.store.transaction(body)
         for job in docs.values():
             self._cache(job)
         self._committed(rev)
+        stored = [fresh[j] for j in by_job if j in fresh]
+        if stored:
+            METRICS.jobs_submitted.add(len(stored))
+        for sub in stored:
+            if not sub.fut.done():
+                sub.fut.set_result(True)
 
     def _place_worker(
         self,
@@ -908,9 +967,11 @@ class Scheduler:
             for cid, g, s in slots
         ]
 
-    async def _explain(self, result: PassResult, now: datetime) -> int:
-        """Keep every waiting job's reason current; say when unplaceable demand changes.
-        Returns how many jobs' reasons were rewritten."""
+    def _reasons(
+        self, result: PassResult, now: datetime
+    ) -> tuple[dict[str, NoPlacement], list[tuple[str, Doc]]]:
+        """Every waiting job's reason, made current in memory: (reason per job, the
+        (job, fields) that changed and must be stored)."""
         per_job: dict[str, NoPlacement] = {}
         for w in result.waiting:
             r = result.reasons.get(w.key)
@@ -925,17 +986,28 @@ class Scheduler:
             if job.get("queue_reason") == text:
                 continue
             job["queue_reason"], job["queue_detail"] = text, detail
-            sets.append(
-                (
-                    job_id,
-                    {"queue_reason": text, "queue_detail": detail, "explained_ms": now_ms(now)},
-                )
-            )
+            job["explained_ms"] = now_ms(now)
+            sets.append((job_id, {"queue_reason": text, "queue_detail": detail}))
+        return per_job, sets
+
+    async def _explain(
+        self,
+        result: PassResult,
+        per_job: dict[str, NoPlacement],
+        sets: list[tuple[str, Doc]],
+        now: datetime,
+    ) -> int:
+        """Store the reasons that changed (`_reasons`); say when unplaceable demand changes.
+        Returns how many jobs' reasons were rewritten."""
         if sets:
+            at = now_ms(now)
 
             async def write(tx: Transaction) -> int:
                 rev = await self._next_rev(tx)
-                updates = [UpdateOne({"_id": j}, {"$set": {**f, "rev": rev}}) for j, f in sets]
+                updates = [
+                    UpdateOne({"_id": j}, {"$set": {**f, "explained_ms": at, "rev": rev}})
+                    for j, f in sets
+                ]
                 await self.db.jobs.bulk_write(updates, ordered=False, session=tx.session)
                 return rev
 
@@ -1122,6 +1194,22 @@ _PLACEMENT_KEYS = (
     "started_at",
     "epoch",
 )
+
+
+def _emit_queued(tx: Transaction, sub: Submission) -> None:
+    d = sub.doc
+    emit(
+        tx,
+        JobQueued(
+            job_id=d["_id"],
+            owner=d["owner"],
+            creator=d["creator"],
+            spec=sub.spec,
+            queued_at=d["queued_at"],
+            request_id=d.get("request_id"),
+        ),
+    )
+    emit(tx, JobStateChanged(job_id=d["_id"], state=JobState.queued, at=d["queued_at"]))
 
 
 def request_of(spec: JobSpec) -> Doc:

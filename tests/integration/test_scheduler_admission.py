@@ -1,0 +1,93 @@
+"""How the leader stores submissions: in the placement pass that considers them, one
+transaction for the job, its placement and their events; and nothing is lost when that
+pass fails (services/scheduler/.../service.py, `_pass`). No relay runs here, so each
+transaction's events stay in the outbox to be read back."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gpufleet_contracts.jobs import (
+    JobQueued,
+    JobSpec,
+    JobStateChanged,
+    StartWorker,
+    WorkerPlaced,
+)
+from gpufleet_devstack import EmbeddedMongo
+from gpufleet_scheduler.leadership import Lease
+from gpufleet_scheduler.service import Scheduler
+from gpufleet_store import Store
+from gpufleet_store.store import OUTBOX, outbox_messages
+
+from .conftest import store_for
+from .test_scheduler_fleet import registered
+
+
+def spec(name: str, gpus: int = 1) -> JobSpec:
+    return JobSpec.model_validate(
+        {"name": name, "gpu_types": ["RTX 3090"], "gpu_count": gpus, "command": ["true"]}
+    )
+
+
+async def transactions(store: Store) -> list[list[str]]:
+    """The event types of each transaction, oldest first."""
+    docs = await store.db[OUTBOX].find({}).sort([("created_at", 1), ("seq", 1)]).to_list(None)
+    return [[type_ for _, _, type_, _ in outbox_messages(d)] for d in docs]
+
+
+def clock() -> datetime:
+    return datetime.now(UTC)
+
+
+async def test_a_job_is_stored_once_with_its_placement(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    sched = Scheduler(store, clock)
+    await sched.node_changed(registered("a", gpus=1))
+    await store.db[OUTBOX].delete_many({})
+
+    placed = await sched.submit(spec("fits"), "local")
+    waits = await sched.submit(spec("too-big", gpus=4), "local")
+
+    assert placed["state"] == "starting"
+    assert [h["state"] for h in placed["history"]] == ["queued", "starting"]
+    assert waits["state"] == "queued"
+    assert waits["queue_reason"] and "not yet considered" not in waits["queue_reason"]
+    stored = await store.db.jobs.find_one({"_id": waits["id"]})
+    assert stored is not None and stored["queue_reason"] == waits["queue_reason"]
+    # Each submission is one transaction: its JobQueued with what the pass did about it.
+    txs = await transactions(store)
+    queued = [JobQueued.TYPE, JobStateChanged.TYPE]
+    assert txs[0] == [*queued, WorkerPlaced.TYPE, StartWorker.TYPE, JobStateChanged.TYPE]
+    assert txs[1][:2] == queued and WorkerPlaced.TYPE not in txs[1]
+    await store.close()
+
+
+async def test_submissions_are_kept_when_the_pass_is_fenced_off(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """A leader deposed behind its back (its lease looks fresh to it) has its pass's
+    transaction refused by the fence; the jobs it was storing are stored all the same,
+    unplaced, for the new leader."""
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    now = {"a": 1_000_000, "b": 1_000_000}
+    a = Lease(store.db, ttl_ms=60_000, owner="a", now_ms=lambda: now["a"])
+    b = Lease(store.db, ttl_ms=60_000, owner="b", now_ms=lambda: now["b"])
+    sched = Scheduler(store, clock, lease=a)
+    await sched.node_changed(registered("a", gpus=2))
+    assert sched.loaded and a.fresh()
+    now["b"] += 120_000  # b's clock: a's lease has expired, so b takes over
+    assert await b.acquire()
+
+    jobs: list[dict[str, Any]] = [await sched.submit(spec(f"j{i}"), "local") for i in range(2)]
+
+    assert [j["state"] for j in jobs] == ["queued", "queued"]
+    for j in jobs:
+        stored = await store.db.jobs.find_one({"_id": j["id"]})
+        assert stored is not None and stored["state"] == "queued"
+    assert await store.db.claims.count_documents({}) == 0
+    assert not sched.loaded  # it rebuilds its memory should it lead again
+    await store.close()
