@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -158,6 +159,7 @@ class Scheduler:
         self.loaded_from = ""  # "documents" or "checkpoint at rev N"
         self.checkpointed_rev = 0
         self._loaded_epoch: int | None = None
+        self._first_pass = False  # the next pass is the first since loading (logged)
         self._checkpointing: asyncio.Task[None] | None = None
 
     # --- leadership and memory ---------------------------------------------------------
@@ -180,7 +182,19 @@ class Scheduler:
 
     async def load(self) -> None:
         """Rebuild the fleet and the open jobs (start, new leader, lost race): from the
-        latest checkpoint and what changed after it, or from every document if none."""
+        latest checkpoint and what changed after it, or from every document if none.
+
+        The cyclic garbage collector is paused meanwhile and what was loaded is frozen
+        (`gc.freeze`) after: building ~10^6 containers otherwise triggers a collection every
+        700 allocations, full ones walking everything loaded so far (the checkpoint's decode
+        alone took 3.8 s instead of 1.6 s at 100,000 jobs), and every later full collection
+        would walk the long-lived memory again. Jobs and nodes are plain trees that reference
+        counting frees, so freezing them keeps nothing alive that would be collected."""
+        with _gc_paused():
+            await self._load()
+        gc.freeze()
+
+    async def _load(self) -> None:
         t0 = asyncio.get_running_loop().time()
         cp = await checkpoint.read(self.db)
         rev = await checkpoint.current_rev(self.db)  # before the reads (checkpoint.py)
@@ -203,6 +217,7 @@ class Scheduler:
         self.fleet.load(list(nodes_by_id.values()), self._claims())
         self.rev = rev
         self.loaded = True
+        self._first_pass = True
         self.loaded_from = source
         self._loaded_at = asyncio.get_running_loop().time()
         log.info(
@@ -807,14 +822,16 @@ class Scheduler:
         took = asyncio.get_running_loop().time() - started
         if len(result.placed) + explained > CHECKPOINT_AFTER:
             self.checkpoint_soon()  # a restart should not read all of that again
-        if took > 1.0:
+        if took > 1.0 or self._first_pass:
             log.info(
-                "long pass: %d placed, %d waiting, %d submitted, %.2f s",
+                "%s: %d placed, %d waiting, %d submitted, %.2f s",
+                "first pass after loading" if self._first_pass else "long pass",
                 len(result.placed),
                 len(waiting) - len(result.placed),
                 len(new),
                 took,
             )
+        self._first_pass = False
         return len(result.placed)
 
     async def _commit(
@@ -1224,6 +1241,17 @@ def request_of(spec: JobSpec) -> Doc:
         "allow_burst": spec.allow_burst,
         "type": spec.type.value,
     }
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _dec(v: Any) -> Decimal | None:
