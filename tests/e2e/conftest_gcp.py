@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from cryptography.fernet import Fernet
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from gpufleet_gcp_emulator.testing import EmulatorProcess
+from gpufleet_gcp_emulator.testing import service_account_key as emulated_key
 
 from .conftest import System
 
@@ -23,24 +22,7 @@ IDLE_S = 3
 
 
 def service_account_key(project: str) -> str:
-    pem = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        .private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        .decode()
-    )
-    return json.dumps(
-        {
-            "type": "service_account",
-            "project_id": project,
-            "private_key_id": "e2e",
-            "private_key": pem,
-            "client_email": f"gpufleet@{project}.iam.gserviceaccount.com",
-        }
-    )
+    return json.dumps(emulated_key(project, "e2e"))
 
 
 class GcpSystem(System):

@@ -17,13 +17,11 @@ from typing import Any
 import nats
 import pytest
 from cryptography.fernet import Fernet
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import Demand, PendingDemandChanged
 from gpufleet_contracts.nodes import GpuInfo, NodeHeartbeat, RegisterNode
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
-from gpufleet_gcp_emulator.testing import EmulatorProcess
+from gpufleet_gcp_emulator.testing import EmulatorProcess, service_account_key
 from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.gcp import GcpEndpoints
 from gpufleet_provisioner.settings import ProvisionerSettings
@@ -31,28 +29,12 @@ from gpufleet_provisioner.settings import ProvisionerSettings
 from .conftest import broker_for, running, store_for
 from .test_provisioner_nodes import Bus
 
-PEM = (
-    rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    .private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    .decode()
-)
+PEM = service_account_key("any", "k1")["private_key"]
 SECRET_MARKER = PEM.splitlines()[5]  # a line of the key's body, to look for in outputs
 
 
 def key_json(project: str) -> str:
-    return json.dumps(
-        {
-            "type": "service_account",
-            "project_id": project,
-            "private_key_id": "k1",
-            "private_key": PEM,
-            "client_email": f"gpufleet@{project}.iam.gserviceaccount.com",
-        }
-    )
+    return json.dumps({**service_account_key(project, "k1"), "private_key": PEM})
 
 
 @pytest.fixture(scope="module")

@@ -445,24 +445,9 @@ async def enable_emulated_gcp(stack: Stack) -> list[str]:
     import json
 
     import nats
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    from gpufleet_gcp_emulator.testing import service_account_key
 
-    pem = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        .private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        .decode()
-    )
-    key = {
-        "type": "service_account",
-        "project_id": GCP_PROJECT,
-        "private_key": pem,
-        "client_email": f"gpufleet@{GCP_PROJECT}.iam.gserviceaccount.com",
-    }
+    key = service_account_key(GCP_PROJECT)
     said: list[str] = []
     nc = await nats.connect(stack.nats.url, connect_timeout=5)
     try:

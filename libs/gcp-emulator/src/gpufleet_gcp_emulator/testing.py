@@ -89,3 +89,27 @@ class EmulatorProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+def service_account_key(project: str, key_id: str = "emulated") -> dict[str, str]:
+    """A service-account key in Google's JSON layout, with a fresh RSA key: what an operator
+    pastes to enable the gcp provider, for tests and `just up --gcp` against the emulator."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    return {
+        "type": "service_account",
+        "project_id": project,
+        "private_key_id": key_id,
+        "private_key": pem,
+        "client_email": f"gpufleet@{project}.iam.gserviceaccount.com",
+    }
