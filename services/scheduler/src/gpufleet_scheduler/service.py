@@ -751,7 +751,6 @@ class Scheduler:
         left = [s for s in new if not s.fut.done()]
         for s in left:
             self.jobs.pop(s.doc["_id"], None)
-            s.doc.pop("rev", None)
         return left
 
     def _waiting(self) -> list[Waiting]:
