@@ -3,6 +3,7 @@ published in order with async publish, retried whole on any failure, never doubl
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -197,3 +198,70 @@ async def test_a_subject_no_stream_holds_is_published_without_waiting_for_an_ack
     assert await stream_ids(fresh_nats.url) == ["tick-1"]
     assert await store.db.outbox.count_documents({}) == 0
     await nc.close()
+
+
+async def wait_for_stream(nats_url: str, n: int, limit_s: float = 10.0) -> list[str]:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while True:
+        ids = await stream_ids(nats_url)
+        if len(ids) >= n or asyncio.get_running_loop().time() > deadline:
+            return ids
+
+
+async def test_committed_documents_go_out_from_memory_without_reading_the_outbox_back(
+    fresh_nats: NatsServer, store: Store, broker: NatsBroker
+) -> None:
+    await declare_streams(broker)
+    relay = OutboxRelay(store, broker, SOURCE, poll_s=60, keep=timedelta(0))
+    relay.start()
+    try:
+        batches = [[f"t{t}-{i}" for i in range(3)] for t in range(5)]
+        for ids in batches:
+            await write(store, ids)
+        expected = [i for ids in batches for i in ids]
+        assert await wait_for_stream(fresh_nats.url, len(expected)) == expected
+        assert relay.store_reads == 1  # once at start; the rest came from memory
+        assert await store.db.outbox.count_documents({}) == 0
+    finally:
+        await relay.stop()
+
+
+async def test_what_another_process_left_in_the_outbox_goes_out_at_the_next_poll(
+    fresh_nats: NatsServer,
+    store: Store,
+    broker: NatsBroker,
+    mongo_server: EmbeddedMongo,
+    db_prefix: str,
+) -> None:
+    await declare_streams(broker)
+    relay = OutboxRelay(store, broker, SOURCE, poll_s=0.2, keep=timedelta(0))
+    relay.start()
+    other = store_for("svc", mongo_server.url, db_prefix)
+    try:
+        await write(store, ["mine-1"])
+        await write(other, ["theirs-1"])  # no relay of this process is told about it
+        await write(store, ["mine-2"])
+        ids = await wait_for_stream(fresh_nats.url, 3)
+        assert sorted(ids) == ["mine-1", "mine-2", "theirs-1"]
+        assert ids.index("mine-1") < ids.index("mine-2")
+    finally:
+        await relay.stop()
+        await other.close()
+
+
+async def test_after_a_failed_round_memory_is_dropped_and_the_store_keeps_the_order(
+    fresh_nats: NatsServer, store: Store, broker: NatsBroker
+) -> None:
+    relay = OutboxRelay(store, broker, SOURCE, poll_s=60, keep=timedelta(0))
+    await relay.drain()  # the store is empty: from now on, memory
+    await write(store, ["a1", "a2"])
+    with pytest.raises(OutboxPublishError, match="503"):  # no stream yet
+        await relay._drain(read_store=False)
+    await write(store, ["b1"])  # committed after the failure, in memory too
+    await declare_streams(broker)
+    reads = relay.store_reads
+    assert await relay._drain(read_store=False) == 3  # from the store, oldest first
+    assert relay.store_reads == reads + 1
+    assert await stream_ids(fresh_nats.url) == ["a1", "a2", "b1"]
+    assert await store.db.outbox.count_documents({}) == 0
+    assert await relay._drain(read_store=False) == 0

@@ -161,7 +161,9 @@ class Store:
     def __init__(self, client: AsyncMongoClient[Doc], db: AsyncDatabase[Doc]) -> None:
         self.client = client
         self.db = db
-        self.outbox_written: Callable[[], None] = lambda: None
+        # Called after each commit with the outbox documents it wrote (the relay publishes
+        # them from memory instead of reading them back; `gpufleet_bus.outbox`).
+        self.outbox_written: Callable[[list[Doc]], None] = lambda docs: None
 
     @classmethod
     def connect(cls, service: str, settings: StoreSettings | None = None) -> Store:
@@ -212,17 +214,22 @@ class Store:
                 raise
 
     async def _transaction(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
+        written: list[Doc] = []
+
         async with self.client.start_session() as session:
 
             async def run(s: AsyncClientSession) -> T:
                 tx = Transaction(session=s)
+                written.clear()  # with_transaction may run the body again
                 result = await body(tx)
                 if tx.outbox:
-                    await self.db[OUTBOX].insert_many(outbox_documents(tx.outbox), session=s)
+                    written.extend(outbox_documents(tx.outbox))
+                    await self.db[OUTBOX].insert_many(written, session=s)
                 return result
 
             result = await session.with_transaction(run)
-        self.outbox_written()
+        if written:
+            self.outbox_written(written)
         return result
 
     async def close(self) -> None:
