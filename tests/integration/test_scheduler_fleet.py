@@ -114,6 +114,21 @@ async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix:
         nc = await nats.connect(fresh_nats.url)
         yield Sys(nc, app.broker, fresh_nats.url, sched)
         await nc.close()
+        async with sched.lock:
+            assert_unplaced_current(sched)
+
+
+def assert_unplaced_current(sched: Scheduler) -> None:
+    """What a pass reads (`unplaced`, kept as jobs change) is what walking every open job
+    would find: checked after each test of this module, whatever the test did."""
+    if not sched.loaded:
+        return
+    walked = {
+        job_id: [w.key for w in sched._waiting_of(job)]
+        for job_id, job in sched.jobs.items()
+        if not job.get("cancel_requested") and sched._waiting_of(job)
+    }
+    assert {j: [w.key for w in ws] for j, ws in sched.unplaced.items()} == walked
 
 
 async def known(s: Sys, *minions: str) -> None:

@@ -518,6 +518,8 @@ class StopWorker(Command):
 
 
 class JobQueued(Event):
+    """A job was accepted: its first state, `queued` (no JobStateChanged is sent for it)."""
+
     TYPE = "gpufleet.job.queued.v1"
     SUBJECT = subjects.event("job", "queued")
     job_id: str
@@ -529,6 +531,8 @@ class JobQueued(Event):
 
 
 class JobStateChanged(Event):
+    """A job's state changed from `previous` (its first state is told by JobQueued)."""
+
     TYPE = "gpufleet.job.state_changed.v1"
     SUBJECT = subjects.event("job", "state_changed")
     job_id: str

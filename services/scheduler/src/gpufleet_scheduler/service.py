@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hashlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -58,6 +57,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
 from . import checkpoint, mounts
 from .fleet import Fleet, node_doc, node_view
+from .heap import Heap, collector_paused
 from .jobstate import job_state
 from .leadership import Deposed, Lease
 from .placement import NoPlacement, Placement, WorkerRequest
@@ -145,6 +145,9 @@ class Scheduler:
         self.lock = asyncio.Lock()
         self.fleet = Fleet()
         self.jobs: dict[str, Doc] = {}  # open jobs, while leading
+        # The waiting workers of each job that has some, kept current by `_track` whenever a
+        # job enters memory: a pass reads them instead of walking every open job.
+        self.unplaced: dict[str, list[Waiting]] = {}
         self.specs: dict[str, JobSpec] = {}
         self.loaded = False
         self.holds: dict[str, str] = {}
@@ -161,6 +164,7 @@ class Scheduler:
         self._loaded_epoch: int | None = None
         self._first_pass = False  # the next pass is the first since loading (logged)
         self._checkpointing: asyncio.Task[None] | None = None
+        self.heap = Heap()  # freezes long-lived memory after loads and passes (heap.py)
 
     # --- leadership and memory ---------------------------------------------------------
 
@@ -178,6 +182,7 @@ class Scheduler:
             self.loaded = False
             self.jobs.clear()
             self.specs.clear()
+            self.unplaced.clear()
         return held
 
     async def load(self) -> None:
@@ -185,14 +190,12 @@ class Scheduler:
         latest checkpoint and what changed after it, or from every document if none.
 
         The cyclic garbage collector is paused meanwhile and what was loaded is frozen
-        (`gc.freeze`) after: building ~10^6 containers otherwise triggers a collection every
+        after (heap.py): building ~10^6 containers otherwise triggers a collection every
         700 allocations, full ones walking everything loaded so far (the checkpoint's decode
-        alone took 3.8 s instead of 1.6 s at 100,000 jobs), and every later full collection
-        would walk the long-lived memory again. Jobs and nodes are plain trees that reference
-        counting frees, so freezing them keeps nothing alive that would be collected."""
-        with _gc_paused():
+        alone took 3.8 s instead of 1.6 s at 100,000 jobs)."""
+        with collector_paused():
             await self._load()
-        gc.freeze()
+        self.heap.settle()
 
     async def _load(self) -> None:
         t0 = asyncio.get_running_loop().time()
@@ -213,6 +216,9 @@ class Scheduler:
             for j in changed:
                 self._cache(j)
             read, source = len(changed), f"checkpoint at rev {cp.rev}"
+        self.unplaced = {}
+        for job in self.jobs.values():
+            self._track(job)
         nodes_by_id = {n["_id"]: n for n in nodes}  # a later document replaces its entry
         self.fleet.load(list(nodes_by_id.values()), self._claims())
         self.rev = rev
@@ -325,6 +331,20 @@ class Scheduler:
         else:
             self.jobs.pop(job["_id"], None)
             self.specs.pop(job["_id"], None)
+        self._track(job)
+
+    def _track(self, job: Doc) -> None:
+        """Keep `unplaced` current for this job (every change of a job in memory comes
+        through here: `_cache`, a pass's new jobs, a load)."""
+        waiting = (
+            self._waiting_of(job)
+            if job["state"] in OPEN_STATES and not job.get("cancel_requested")
+            else []
+        )
+        if waiting:
+            self.unplaced[job["_id"]] = waiting
+        else:
+            self.unplaced.pop(job["_id"], None)
 
     def _spec(self, job: Doc) -> JobSpec:
         spec = self.specs.get(job["_id"])
@@ -709,6 +729,8 @@ class Scheduler:
                     if not f.done():
                         f.set_exception(exc)
                 continue
+            finally:
+                self.heap.settle()  # the jobs it stored live on: out of the collector's way
             for f in waiters:
                 if not f.done():
                     f.set_result(placed)
@@ -751,33 +773,34 @@ class Scheduler:
         left = [s for s in new if not s.fut.done()]
         for s in left:
             self.jobs.pop(s.doc["_id"], None)
+            self.unplaced.pop(s.doc["_id"], None)
         return left
 
     def _waiting(self) -> list[Waiting]:
+        return [w for ws in self.unplaced.values() for w in ws]
+
+    def _waiting_of(self, job: Doc) -> list[Waiting]:
         out: list[Waiting] = []
-        for job in self.jobs.values():
-            if job.get("cancel_requested"):
+        req: Doc | None = None
+        for w in job["workers"]:
+            if w["state"] != WorkerState.waiting.value:
                 continue
-            req: Doc | None = None
-            for w in job["workers"]:
-                if w["state"] != WorkerState.waiting.value:
-                    continue
-                req = req or self._req(job)
-                out.append(
-                    Waiting(
-                        req=WorkerRequest(
-                            job_id=job["_id"],
-                            worker=w["index"],
-                            owner=job["owner"],
-                            gpu_types=tuple(req["gpu_types"]),
-                            gpu_count=int(req["gpu_count"]),
-                            max_price=_dec(req.get("max_price")),
-                            region=req.get("region"),
-                            fraction=_dec(req.get("fraction")),
-                        ),
-                        queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
-                    )
+            req = req or self._req(job)
+            out.append(
+                Waiting(
+                    req=WorkerRequest(
+                        job_id=job["_id"],
+                        worker=w["index"],
+                        owner=job["owner"],
+                        gpu_types=tuple(req["gpu_types"]),
+                        gpu_count=int(req["gpu_count"]),
+                        max_price=_dec(req.get("max_price")),
+                        region=req.get("region"),
+                        fraction=_dec(req.get("fraction")),
+                    ),
+                    queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
                 )
+            )
         return out
 
     async def _pass(self, new: Sequence[Submission] = ()) -> int:
@@ -787,6 +810,7 @@ class Scheduler:
         for s in new:  # they join memory now; their transactions store them (_commit)
             self.jobs[s.doc["_id"]] = s.doc
             self.specs[s.doc["_id"]] = s.spec  # validated once, at submission
+            self._track(s.doc)
         slots: list[list[tuple[str, int, int]]] = []
 
         def claim(p: Placement) -> None:
@@ -1225,7 +1249,6 @@ def _emit_queued(tx: Transaction, sub: Submission) -> None:
             request_id=d.get("request_id"),
         ),
     )
-    emit(tx, JobStateChanged(job_id=d["_id"], state=JobState.queued, at=d["queued_at"]))
 
 
 def request_of(spec: JobSpec) -> Doc:
@@ -1240,17 +1263,6 @@ def request_of(spec: JobSpec) -> Doc:
         "allow_burst": spec.allow_burst,
         "type": spec.type.value,
     }
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _dec(v: Any) -> Decimal | None:
