@@ -5,6 +5,7 @@ transaction's events stay in the outbox to be read back."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,9 +16,9 @@ from gpufleet_contracts.jobs import (
     StartWorker,
     WorkerPlaced,
 )
-from gpufleet_devstack import EmbeddedMongo
+from gpufleet_devstack import EmbeddedMongo, wait_for_async
 from gpufleet_scheduler.leadership import Lease
-from gpufleet_scheduler.service import Scheduler
+from gpufleet_scheduler.service import Scheduler, SchedulerSettings
 from gpufleet_store import Store
 from gpufleet_store.store import OUTBOX, outbox_messages
 
@@ -90,4 +91,29 @@ async def test_submissions_are_kept_when_the_pass_is_fenced_off(
         assert stored is not None and stored["state"] == "queued"
     assert await store.db.claims.count_documents({}) == 0
     assert not sched.loaded  # it rebuilds its memory should it lead again
+    await store.close()
+
+
+async def test_every_waiting_job_is_explained_when_its_shapes_exceed_a_pass_budget(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """One shape explained a pass: the passes that follow explain the others on their own
+    (nothing else asks for them), and the stored reasons say so."""
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    sched = Scheduler(store, clock, settings=SchedulerSettings(explain_budget=1))
+    await sched.node_changed(registered("a", gpus=1))
+    # Submitted at once: one pass takes all three and explains one of them.
+    jobs = await asyncio.gather(
+        *(sched.submit(spec(f"big{n}", gpus=n), "local") for n in (2, 3, 4))
+    )
+    ids = [j["id"] for j in jobs]
+
+    async def all_explained() -> bool:
+        docs = await store.db.jobs.find({"_id": {"$in": ids}}).to_list(None)
+        return all(d["queue_reason"] and "not yet" not in d["queue_reason"] for d in docs)
+
+    await wait_for_async(all_explained, timeout=10)
+    for job_id, n in zip(ids, (2, 3, 4), strict=True):
+        shown = await sched.get(job_id, "local")
+        assert shown["queue_reason"] == f"1 node: has 1 GPUs, job needs {n}"
     await store.close()

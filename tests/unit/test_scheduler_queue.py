@@ -126,3 +126,31 @@ def test_a_pass_decides_what_the_linear_scan_decides_in_order() -> None:
                 assert got.get(q.job_id) == (d.node.node_id, d.gpu_indices)
             else:
                 assert q.job_id not in got
+
+
+def test_explanations_rotate_over_shapes_beyond_the_budget() -> None:
+    """Five request shapes (GPU counts 1..5 on a full node), two explained a pass: those
+    never explained first, oldest job first; then those explained longest ago."""
+    index = PlacementIndex([node("a", gpus=8, free=0)])
+    waiting = [wait(f"j{n}", 1000 + n, count=n) for n in range(1, 6)]
+    explained: dict[tuple[object, ...], int] = {}
+
+    def explained_jobs(pass_no: int, ws: list[Waiting]) -> list[str]:
+        r = plan(ws, index, now_ms=5000, explain_budget=2, explained=explained, pass_no=pass_no)
+        return sorted(job for job, _ in r.reasons)
+
+    assert explained_jobs(0, waiting) == ["j1", "j2"]
+    assert explained_jobs(1, waiting) == ["j3", "j4"]
+    r = plan(waiting, index, now_ms=5000, explain_budget=2, explained=explained, pass_no=2)
+    assert sorted(job for job, _ in r.reasons) == ["j1", "j5"] and r.never_explained == 0
+    assert explained_jobs(3, waiting) == ["j2", "j3"]  # explained longest ago
+    # A shape nothing waits with any more is forgotten.
+    assert explained_jobs(4, waiting[1:]) == ["j4", "j5"]
+    assert len(explained) == 4
+
+
+def test_shapes_over_the_budget_are_counted_as_never_explained() -> None:
+    index = PlacementIndex([node("a", gpus=8, free=0)])
+    waiting = [wait(f"j{n}", 1000 + n, count=n) for n in range(1, 6)]
+    r = plan(waiting, index, now_ms=5000, explain_budget=2, explained={})
+    assert r.never_explained == 3 and len(r.reasons) == 2

@@ -7,6 +7,10 @@ the events it causes to the outbox. On the leader, new submissions join the next
 pass and are stored by its transactions (fenced by the lease, up to COMMIT_CHUNK jobs each):
 a job is written once, already placed or with its reason to wait.
 
+Beside it: the job documents (jobdoc.py), what placing a worker writes (placing.py), the
+pass's decisions (queue.py, placement.py, index.py: pure), memory kept out of the garbage
+collector's way (heap.py) and the checkpoints a restart loads (checkpoint.py).
+
 Any instance answers requests and handles events (writing to the store); an instance that
 does not lead tells the leader which jobs and nodes changed (`sync`), so the leader's
 memory follows; a periodic reload bounds the staleness should such a note be lost.
@@ -28,12 +32,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, cast
 
 from gpufleet_bus import emit
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError
-from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.jobs import (
     Demand,
     JobQueued,
@@ -42,10 +44,8 @@ from gpufleet_contracts.jobs import (
     JobStateChanged,
     JobType,
     PendingDemandChanged,
-    StartWorker,
     StopWorker,
     WorkerFinished,
-    WorkerPlaced,
     WorkerStarted,
     WorkerState,
 )
@@ -55,10 +55,9 @@ from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel, ReplaceOne, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
-from . import checkpoint, mounts
+from . import checkpoint, jobdoc, placing
 from .fleet import Fleet, node_doc, node_view
 from .heap import Heap, collector_paused
-from .jobstate import job_state
 from .leadership import Deposed, Lease
 from .placement import NoPlacement, Placement, WorkerRequest
 from .queue import PassResult, Waiting, plan
@@ -95,7 +94,7 @@ CHECKPOINT_AFTER = 10_000  # documents changed at once that call for a checkpoin
 class SchedulerSettings:
     starve_after_s: float = 300.0  # anti-starvation: a worker older than this holds a node
     max_holds: int = 16
-    explain_budget: int = 256
+    explain_budget: int = 32  # request shapes explained per pass (queue.py)
     resync_s: float = 30.0  # the leader reads what changed this often (bounds staleness)
     checkpoint_s: float = 60.0  # the leader writes its memory this often (checkpoint.py)
 
@@ -165,6 +164,9 @@ class Scheduler:
         self._first_pass = False  # the next pass is the first since loading (logged)
         self._checkpointing: asyncio.Task[None] | None = None
         self._said: dict[int, tuple[str, list[dict[str, object]]]] = {}  # _say, this pass
+        self._explained: dict[tuple[object, ...], int] = {}  # shape -> pass that explained it
+        self._passes = 0
+        self._explain_more = False  # shapes wait for a first explanation: pass again soon
         self.heap = Heap()  # freezes long-lived memory after loads and passes (heap.py)
 
     # --- leadership and memory ---------------------------------------------------------
@@ -220,6 +222,7 @@ class Scheduler:
         self.unplaced = {}
         for job in self.jobs.values():
             self._track(job)
+        self._explained = {}  # reasons loaded are explained again, a budget per pass
         nodes_by_id = {n["_id"]: n for n in nodes}  # a later document replaces its entry
         self.fleet.load(list(nodes_by_id.values()), self._claims())
         self.rev = rev
@@ -247,7 +250,8 @@ class Scheduler:
                 if w["state"] not in HOLDING or not w.get("node_id"):
                     continue
                 out += [
-                    {"node_id": w["node_id"], "gpu_index": g, "share": sh} for g, sh in _slots(w)
+                    {"node_id": w["node_id"], "gpu_index": g, "share": sh}
+                    for g, sh in jobdoc.held_slots(w)
                 ]
         return out
 
@@ -364,7 +368,7 @@ class Scheduler:
         """What placement needs of the spec (kept in the job and in checkpoints)."""
         req = job.get("req")
         if req is None:  # a job written before `req` existed
-            req = job["req"] = request_of(self._spec(job))
+            req = job["req"] = jobdoc.request_of(self._spec(job))
         return cast(Doc, req)
 
     # --- commands -------------------------------------------------------------------
@@ -387,33 +391,10 @@ class Scheduler:
                 return await self.get(job_id, account)
             existing = await self.db.jobs.find_one({"_id": job_id})
             if existing is not None:
-                return self.view(existing)
+                return jobdoc.view(existing)
         await self._check_region(spec)
         now = self.clock()
-        doc: Doc = {
-            "_id": job_id,
-            "name": spec.name,
-            "project": spec.project,
-            "owner": account,  # a project is owned by the account that uses it (R-TEN-1)
-            "creator": account,
-            "spec": spec.model_dump(mode="json"),
-            "req": request_of(spec),
-            "state": JobState.queued.value,
-            "history": [{"state": JobState.queued.value, "at": now, "reason": None}],
-            "notes": [],
-            "queue_reason": "not yet considered",
-            "queue_detail": [],
-            "queued_at": now,
-            "queued_ms": now_ms(now),
-            "updated_at": now,
-            "version": 0,
-            "cancel_requested": False,
-            "request_id": request_id,
-            "workers": [
-                {"index": i, "state": WorkerState.waiting.value, "attempts": []}
-                for i in range(spec.workers)
-            ],
-        }
+        doc = jobdoc.new_job(job_id, spec, account, now, request_id)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[job_id] = fut
         self._submits.append(Submission(doc, spec, fut))
@@ -426,7 +407,7 @@ class Scheduler:
             await self.request_pass()
         cached = self.jobs.get(job_id) if self.loaded else None
         if cached is not None:  # the leader knows it: no read needed
-            return self.view(cached)
+            return jobdoc.view(cached)
         return await self.get(job_id, account)
 
     async def _store(self, batch: list[Submission]) -> None:
@@ -501,7 +482,7 @@ class Scheduler:
         async with self.lock:
             job = await self._job(job_id, account)
             if JobState(job["state"]).terminal:
-                return self.view(job)
+                return jobdoc.view(job)
             now = self.clock()
 
             async def body(tx: Transaction) -> None:
@@ -634,9 +615,9 @@ class Scheduler:
                 await self.db.claims.delete_many(
                     {"placement_id": w["placement_id"]}, session=tx.session
                 )
-                attempts = [*w.get("attempts", []), _attempt(w, reason, now)]
+                attempts = [*w.get("attempts", []), jobdoc.attempt(w, reason, now)]
                 requeue = spec.type is not JobType.notebook and len(attempts) <= MAX_REQUEUES
-                for k in _PLACEMENT_KEYS:
+                for k in jobdoc.PLACEMENT_KEYS:
                     w.pop(k, None)
                 w["attempts"] = attempts
                 if requeue:
@@ -657,7 +638,7 @@ class Scheduler:
     async def worker_started(self, evt: WorkerStarted) -> None:
         async with self.lock:
             job = await self.db.jobs.find_one({"_id": evt.job_id})
-            w = self._worker(job, evt.worker, evt.placement_id)
+            w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
             if job is None or w is None or w["state"] != WorkerState.placed.value:
                 return  # unknown, superseded or already past this point: nothing to do
             w["state"] = WorkerState.running.value
@@ -673,15 +654,15 @@ class Scheduler:
     async def worker_finished(self, evt: WorkerFinished) -> None:
         async with self.lock:
             job = await self.db.jobs.find_one({"_id": evt.job_id})
-            w = self._worker(job, evt.worker, evt.placement_id)
+            w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
             if job is None or w is None or WorkerState(w["state"]).terminal:
                 return
             if w["state"] == WorkerState.placed.value and evt.started_at is not None:
                 # The finish overtook the start (separate consumers): record both, in order.
                 w["state"] = WorkerState.running.value
                 w["started_at"] = evt.started_at
-                self._record_state(job, evt.started_at, None)
-            slots = _slots(w)
+                jobdoc.record_state(job, evt.started_at, None)
+            slots = jobdoc.held_slots(w)
             w.update(
                 state=evt.state.value,
                 exit_code=evt.exit_code,
@@ -726,13 +707,15 @@ class Scheduler:
     async def _run_passes(self) -> None:
         """Run passes while some are asked for or submissions wait; each pass takes every
         request and up to ADMIT_MAX submissions that came meanwhile."""
-        while self._pass_waiters or self._submits:
+        while self._pass_waiters or self._submits or self._explain_more:
+            self._explain_more = False
             waiters, self._pass_waiters = self._pass_waiters, []
             batch, self._submits = self._submits[:ADMIT_MAX], self._submits[ADMIT_MAX:]
             try:
                 placed = await self.schedule(batch)
             except Exception as exc:  # the next event or resync tries again
                 log.exception("placement pass failed")
+                self._explain_more = False
                 for f in waiters:
                     if not f.done():
                         f.set_exception(exc)
@@ -802,9 +785,9 @@ class Scheduler:
                         owner=job["owner"],
                         gpu_types=tuple(req["gpu_types"]),
                         gpu_count=int(req["gpu_count"]),
-                        max_price=_dec(req.get("max_price")),
+                        max_price=jobdoc.dec(req.get("max_price")),
                         region=req.get("region"),
-                        fraction=_dec(req.get("fraction")),
+                        fraction=jobdoc.dec(req.get("fraction")),
                     ),
                     queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
                 )
@@ -835,19 +818,23 @@ class Scheduler:
             max_holds=self.settings.max_holds,
             explain_budget=self.settings.explain_budget,
             on_place=claim,
+            explained=self._explained,
+            pass_no=self._passes,
         )
+        self._passes += 1
+        self._explain_more = result.never_explained > 0
         self.holds = result.holds
         self.last_pass = result
         by_job: dict[str, list[tuple[Waiting, Placement, list[tuple[str, int, int]]]]] = {}
         for i, (w, p) in enumerate(result.placed):
             by_job.setdefault(w.req.job_id, []).append((w, p, slots[i]))
-        per_job, changed = self._reasons(result, now)  # new jobs are stored with theirs
+        changed = self._reasons(result, now)  # new jobs are stored with theirs
         jobs = list(by_job) + [j for j in fresh if j not in by_job]
         for i in range(0, len(jobs), COMMIT_CHUNK):  # the relay starts on the first chunk
             chunk = jobs[i : i + COMMIT_CHUNK]
             await self._commit({j: by_job.get(j, []) for j in chunk}, fresh, now)
         stored = [c for c in changed if c[0] not in fresh]
-        explained = await self._explain(result, per_job, stored, now)
+        explained = await self._explain(result, stored, now)
         METRICS.jobs_placed.add(len(result.placed))
         METRICS.set_queue_depth(len(waiting) - len(result.placed))
         took = asyncio.get_running_loop().time() - started
@@ -881,7 +868,7 @@ class Scheduler:
 
         async def body(tx: Transaction) -> int:
             docs.clear()
-            docs.update({j: _copy(self.jobs[j]) for j in by_job})
+            docs.update({j: jobdoc.copy_job(self.jobs[j]) for j in by_job})
             epoch = await self.lease.fence(tx.session)
             rev = await self._next_rev(tx)
             claims: list[Doc] = []
@@ -896,7 +883,7 @@ class Scheduler:
                     spec = self._spec(job)
                     for wt, p, s in items:
                         w = next(x for x in job["workers"] if x["index"] == wt.req.worker)
-                        claims += self._place_worker(tx, job, spec, w, p, s, now, epoch)
+                        claims += placing.place_worker(tx, job, spec, w, p, s, now, epoch)
                     job["queue_reason"] = None
                     job["queue_detail"] = []
                 job["rev"] = rev
@@ -927,99 +914,9 @@ class Scheduler:
             if not sub.fut.done():
                 sub.fut.set_result(True)
 
-    def _place_worker(
-        self,
-        tx: Transaction,
-        job: Doc,
-        spec: JobSpec,
-        w: Doc,
-        d: Placement,
-        slots: list[tuple[str, int, int]],
-        now: datetime,
-        epoch: int,
-    ) -> list[Doc]:
-        node = d.node
-        placement_id = uuid.uuid4().hex
-        fraction = d.fraction
-        w.update(
-            state=WorkerState.placed.value,
-            placement_id=placement_id,
-            node_id=node.node_id,
-            minion_id=node.minion_id,
-            region=node.region,
-            gpu_model=node.gpu_model,
-            gpu_indices=list(d.gpu_indices),
-            claims=[[g, s] for _, g, s in slots],
-            gpu_fraction=None if fraction is None else str(fraction),
-            rate=str(d.rate),
-            rate_per_gpu_hour=str(d.rate_per_gpu_hour),
-            charge=d.charge,
-            placed_at=now,
-            epoch=epoch,
-        )
-        emit(
-            tx,
-            WorkerPlaced(
-                job_id=job["_id"],
-                worker=w["index"],
-                placement_id=placement_id,
-                node_id=node.node_id,
-                minion_id=node.minion_id,
-                region=node.region,
-                gpu_model=node.gpu_model or "",
-                gpu_indices=list(d.gpu_indices),
-                gpu_count=len(d.gpu_indices),
-                rate=d.rate,
-                charge=d.charge,
-                payer=job["owner"],
-                node_owner=node.owner,
-                placed_at=now,
-                creator=job["creator"],
-                job_type=spec.type,
-                gpu_fraction=fraction,
-                rate_per_gpu_hour=d.rate_per_gpu_hour,
-            ),
-        )
-        mp = mounts.plan(spec, w["index"])
-        memory = _share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
-        emit(
-            tx,
-            StartWorker(
-                minion_id=node.minion_id,
-                job_id=job["_id"],
-                job_name=job["name"],
-                worker=w["index"],
-                command=spec.command_for(w["index"]),
-                env=spec.env,
-                gpu_indices=list(d.gpu_indices),
-                placement_id=placement_id,
-                mounts=list(mp.mounts),
-                output_archive=mp.output_archive,
-                output_upload=mp.output_upload,
-                gpu_fraction=fraction,
-                gpu_memory_limit_mb=memory,
-                disk_size_gb=spec.disk_size_gb,
-            ),
-        )
-        return [
-            {
-                "_id": cid,
-                "node_id": node.node_id,
-                "gpu_index": g,
-                "share": s,
-                "job_id": job["_id"],
-                "worker": w["index"],
-                "placement_id": placement_id,
-                "epoch": epoch,
-            }
-            for cid, g, s in slots
-        ]
-
-    def _reasons(
-        self, result: PassResult, now: datetime
-    ) -> tuple[dict[str, NoPlacement], list[tuple[str, Doc]]]:
-        """Every waiting job's reason, made current in memory: (reason per job, the
-        (job, fields) that changed and must be stored)."""
+    def _reasons(self, result: PassResult, now: datetime) -> list[tuple[str, Doc]]:
+        """The reasons this pass explained, made current in memory; returns the (job,
+        fields) that changed and must be stored."""
         per_job: dict[str, NoPlacement] = {}
         for w in result.waiting:
             r = result.reasons.get(w.key)
@@ -1037,7 +934,7 @@ class Scheduler:
             job["queue_reason"], job["queue_detail"] = text, detail
             job["explained_ms"] = now_ms(now)
             sets.append((job_id, {"queue_reason": text, "queue_detail": detail}))
-        return per_job, sets
+        return sets
 
     def _say(self, r: NoPlacement) -> tuple[str, list[dict[str, object]]]:
         """A reason's text and detail, worded once per pass: jobs of one request shape
@@ -1050,7 +947,6 @@ class Scheduler:
     async def _explain(
         self,
         result: PassResult,
-        per_job: dict[str, NoPlacement],
         sets: list[tuple[str, Doc]],
         now: datetime,
     ) -> int:
@@ -1069,13 +965,10 @@ class Scheduler:
                 return rev
 
             self._committed(await self.store.transaction(write))
+        # Each waiting worker with its job's current reason (explained in this pass or, for
+        # a shape over this pass's budget, an earlier one).
         demand = frozenset(
-            (
-                w.req.job_id,
-                w.req.worker,
-                self._say(per_job[w.req.job_id])[0] if w.req.job_id in per_job else None,
-            )
-            for w in result.waiting
+            (w.req.job_id, w.req.worker, self._reason_of(w.req.job_id)) for w in result.waiting
         )
         if demand == self._demand:
             return len(sets)
@@ -1083,7 +976,7 @@ class Scheduler:
         oldest = sorted(result.waiting, key=lambda w: w.queued_ms)[
             : PendingDemandChanged.MAX_DEMANDS
         ]
-        demands = [self._demand_of(w, per_job.get(w.req.job_id)) for w in oldest]
+        demands = [self._demand_of(w) for w in oldest]
         waiting = len(result.waiting)
 
         async def body(tx: Transaction) -> None:
@@ -1095,7 +988,11 @@ class Scheduler:
         await self.store.transaction(body)
         return len(sets)
 
-    def _demand_of(self, w: Waiting, why: NoPlacement | None) -> Demand | None:
+    def _reason_of(self, job_id: str) -> str | None:
+        job = self.jobs.get(job_id)
+        return None if job is None else job.get("queue_reason")
+
+    def _demand_of(self, w: Waiting) -> Demand | None:
         job = self.jobs.get(w.req.job_id)
         if job is None:
             return None
@@ -1112,61 +1009,17 @@ class Scheduler:
             burst_allowed=bool(req["allow_burst"]),
             waiting_since=from_ms(w.queued_ms) or self.clock(),
             gpu_fraction=w.req.fraction,
-            reason=None if why is None else why.explain(),
+            reason=job.get("queue_reason"),
         )
 
     # --- queries --------------------------------------------------------------------
 
     async def get(self, job_id: str, account: str) -> Doc:
-        return self.view(await self._job(job_id, account))
+        return jobdoc.view(await self._job(job_id, account))
 
     async def list(self, account: str, limit: int = 100) -> list[Doc]:
         jobs = await self.db.jobs.find({"owner": account}).sort("queued_at", -1).to_list(limit)
-        return [self.view(j) for j in jobs]
-
-    @staticmethod
-    def view(job: Doc) -> Doc:
-        rates = {w.get("rate") for w in job["workers"] if w.get("rate")}
-        return {
-            "id": job["_id"],
-            "name": job["name"],
-            "project": job["project"],
-            "owner": job["owner"],
-            "creator": job["creator"],
-            "state": job["state"],
-            "queue_reason": job.get("queue_reason"),
-            "queue_detail": job.get("queue_detail") or [],
-            "rate": rates.pop() if len(rates) == 1 else (sorted(rates) or None),
-            "spec": job["spec"],
-            "history": [
-                {"state": h["state"], "at": _iso(h["at"]), "reason": h.get("reason")}
-                for h in job["history"]
-            ],
-            "notes": [{"at": _iso(n["at"]), "note": n["note"]} for n in job.get("notes") or []],
-            "workers": [
-                {
-                    "index": w["index"],
-                    "state": w["state"],
-                    "node": w.get("minion_id"),
-                    "node_id": w.get("node_id"),
-                    "region": w.get("region"),
-                    "gpu_model": w.get("gpu_model"),
-                    "gpu_indices": w.get("gpu_indices"),
-                    "gpu_fraction": w.get("gpu_fraction"),
-                    "rate": w.get("rate"),
-                    "charge": w.get("charge"),
-                    "started_at": _iso(w.get("started_at")),
-                    "ended_at": _iso(w.get("ended_at")),
-                    "run_seconds": _seconds(w.get("started_at"), w.get("ended_at")),
-                    "exit_code": w.get("exit_code"),
-                    "reason": w.get("reason"),
-                    "attempts": len(w.get("attempts") or []),
-                    "log_tail": w.get("log_tail", ""),
-                }
-                for w in job["workers"]
-            ],
-            "queued_at": _iso(job["queued_at"]),
-        }
+        return [jobdoc.view(j) for j in jobs]
 
     # --- helpers --------------------------------------------------------------------
 
@@ -1176,30 +1029,9 @@ class Scheduler:
             raise NotFound(f"job {job_id} not found")
         return job
 
-    @staticmethod
-    def _worker(job: Doc | None, index: int, placement_id: str) -> Doc | None:
-        if job is None:
-            return None
-        for w in job["workers"]:
-            if w["index"] == index and w.get("placement_id") == placement_id:
-                return cast(Doc, w)
-        return None
-
-    def _record_state(self, job: Doc, at: datetime, reason: str | None) -> JobState | None:
-        """Recompute the job's state from its workers; append to history if it changed."""
-        new = job_state(
-            (WorkerState(w["state"]) for w in job["workers"]), job.get("cancel_requested", False)
-        )
-        if new.value == job["state"]:
-            return None
-        previous = job["state"]
-        job["state"] = new.value
-        job["history"].append({"state": new.value, "at": at, "reason": reason})
-        return JobState(previous)
-
     def _bump(self, tx: Transaction, job: Doc, at: datetime, reason: str | None) -> int:
         """Record the job's new state (and its event); returns the version it had."""
-        previous = self._record_state(job, at, reason)
+        previous = jobdoc.record_state(job, at, reason)
         if previous is not None:
             emit(
                 tx,
@@ -1235,24 +1067,6 @@ class Scheduler:
             raise StaleJob(job["_id"])
 
 
-_PLACEMENT_KEYS = (
-    "placement_id",
-    "node_id",
-    "minion_id",
-    "region",
-    "gpu_model",
-    "gpu_indices",
-    "claims",
-    "gpu_fraction",
-    "rate",
-    "rate_per_gpu_hour",
-    "charge",
-    "placed_at",
-    "started_at",
-    "epoch",
-)
-
-
 def _emit_queued(tx: Transaction, sub: Submission) -> None:
     d = sub.doc
     emit(
@@ -1266,63 +1080,3 @@ def _emit_queued(tx: Transaction, sub: Submission) -> None:
             request_id=d.get("request_id"),
         ),
     )
-
-
-def request_of(spec: JobSpec) -> Doc:
-    """What placement needs of a spec, as stored in the job (`req`) and in checkpoints."""
-    return {
-        "gpu_types": list(spec.gpu_types),
-        "gpu_count": spec.gpu_count,
-        "max_price": None if spec.max_price is None else str(spec.max_price),
-        "region": spec.pinned_region,
-        "fraction": None if spec.gpu_fraction is None else str(spec.gpu_fraction),
-        "project": spec.project,
-        "allow_burst": spec.allow_burst,
-        "type": spec.type.value,
-    }
-
-
-def _dec(v: Any) -> Decimal | None:
-    return None if v is None else Decimal(str(v))
-
-
-def _slots(w: Doc) -> list[tuple[int, int]]:
-    """(GPU, share) a placed worker holds; a worker placed before claims were recorded per
-    share holds its whole GPUs."""
-    claims = w.get("claims") or [[g, 0] for g in w.get("gpu_indices") or []]
-    return [(int(g), int(sh)) for g, sh in claims]
-
-
-def _attempt(w: Doc, reason: str, at: datetime) -> Doc:
-    return {k: w.get(k) for k in ("placement_id", "minion_id", "started_at")} | {
-        "reason": reason,
-        "ended_at": at,
-    }
-
-
-def _copy(job: Doc) -> Doc:
-    out = dict(job)
-    out["workers"] = [dict(w) for w in job["workers"]]
-    out["history"] = list(job["history"])
-    return out
-
-
-def _share_memory(model: str | None, memory_mb: int | None, fraction: Decimal | None) -> int | None:
-    if fraction is None:
-        return None
-    total = memory_mb or (
-        catalog().gpus[model].memory_gb * 1024 if model in catalog().gpus else None
-    )
-    return None if total is None else int(total * fraction)
-
-
-def _iso(v: Any) -> str | None:
-    if isinstance(v, datetime):
-        return v.isoformat()
-    return None if v is None else str(v)
-
-
-def _seconds(a: Any, b: Any) -> float | None:
-    if isinstance(a, datetime) and isinstance(b, datetime):
-        return round((b - a).total_seconds(), 3)
-    return None

@@ -1,0 +1,196 @@
+"""The scheduler's job documents: how one is made, copied, shown, and what its parts mean.
+
+Pure functions on plain dicts (the documents of the `jobs` collection), no I/O: the service
+(service.py) reads and writes them in its transactions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, cast
+
+from gpufleet_contracts.catalog import catalog
+from gpufleet_contracts.jobs import JobSpec, JobState, WorkerState
+from gpufleet_store import now_ms
+
+from .jobstate import job_state
+
+Doc = dict[str, Any]
+
+
+def new_job(job_id: str, spec: JobSpec, account: str, now: datetime, request_id: str | None) -> Doc:
+    """A submitted job's document: queued, every worker waiting."""
+    return {
+        "_id": job_id,
+        "name": spec.name,
+        "project": spec.project,
+        "owner": account,  # a project is owned by the account that uses it (R-TEN-1)
+        "creator": account,
+        "spec": spec.model_dump(mode="json"),
+        "req": request_of(spec),
+        "state": JobState.queued.value,
+        "history": [{"state": JobState.queued.value, "at": now, "reason": None}],
+        "notes": [],
+        "queue_reason": "not yet considered",
+        "queue_detail": [],
+        "queued_at": now,
+        "queued_ms": now_ms(now),
+        "updated_at": now,
+        "version": 0,
+        "cancel_requested": False,
+        "request_id": request_id,
+        "workers": [
+            {"index": i, "state": WorkerState.waiting.value, "attempts": []}
+            for i in range(spec.workers)
+        ],
+    }
+
+
+def request_of(spec: JobSpec) -> Doc:
+    """What placement needs of a spec, as stored in the job (`req`) and in checkpoints."""
+    return {
+        "gpu_types": list(spec.gpu_types),
+        "gpu_count": spec.gpu_count,
+        "max_price": None if spec.max_price is None else str(spec.max_price),
+        "region": spec.pinned_region,
+        "fraction": None if spec.gpu_fraction is None else str(spec.gpu_fraction),
+        "project": spec.project,
+        "allow_burst": spec.allow_burst,
+        "type": spec.type.value,
+    }
+
+
+def dec(v: Any) -> Decimal | None:
+    return None if v is None else Decimal(str(v))
+
+
+def held_slots(w: Doc) -> list[tuple[int, int]]:
+    """(GPU, share) a placed worker holds; a worker placed before claims were recorded per
+    share holds its whole GPUs."""
+    claims = w.get("claims") or [[g, 0] for g in w.get("gpu_indices") or []]
+    return [(int(g), int(sh)) for g, sh in claims]
+
+
+def attempt(w: Doc, reason: str, at: datetime) -> Doc:
+    """The record a worker keeps of a placement it lost (`attempts`)."""
+    return {k: w.get(k) for k in ("placement_id", "minion_id", "started_at")} | {
+        "reason": reason,
+        "ended_at": at,
+    }
+
+
+def copy_job(job: Doc) -> Doc:
+    """A copy a transaction may change (workers and history are; the rest is replaced)."""
+    out = dict(job)
+    out["workers"] = [dict(w) for w in job["workers"]]
+    out["history"] = list(job["history"])
+    return out
+
+
+def share_memory(model: str | None, memory_mb: int | None, fraction: Decimal | None) -> int | None:
+    if fraction is None:
+        return None
+    total = memory_mb or (
+        catalog().gpus[model].memory_gb * 1024 if model in catalog().gpus else None
+    )
+    return None if total is None else int(total * fraction)
+
+
+def iso(v: Any) -> str | None:
+    if isinstance(v, datetime):
+        return v.isoformat()
+    return None if v is None else str(v)
+
+
+def seconds(a: Any, b: Any) -> float | None:
+    if isinstance(a, datetime) and isinstance(b, datetime):
+        return round((b - a).total_seconds(), 3)
+    return None
+
+
+# What a placement adds to a worker, dropped when the worker waits again.
+PLACEMENT_KEYS = (
+    "placement_id",
+    "node_id",
+    "minion_id",
+    "region",
+    "gpu_model",
+    "gpu_indices",
+    "claims",
+    "gpu_fraction",
+    "rate",
+    "rate_per_gpu_hour",
+    "charge",
+    "placed_at",
+    "started_at",
+    "epoch",
+)
+
+
+def view(job: Doc) -> Doc:
+    """A job as requests answer it (`gpufleet job show`): no internal fields."""
+    rates = {w.get("rate") for w in job["workers"] if w.get("rate")}
+    return {
+        "id": job["_id"],
+        "name": job["name"],
+        "project": job["project"],
+        "owner": job["owner"],
+        "creator": job["creator"],
+        "state": job["state"],
+        "queue_reason": job.get("queue_reason"),
+        "queue_detail": job.get("queue_detail") or [],
+        "rate": rates.pop() if len(rates) == 1 else (sorted(rates) or None),
+        "spec": job["spec"],
+        "history": [
+            {"state": h["state"], "at": iso(h["at"]), "reason": h.get("reason")}
+            for h in job["history"]
+        ],
+        "notes": [{"at": iso(n["at"]), "note": n["note"]} for n in job.get("notes") or []],
+        "workers": [
+            {
+                "index": w["index"],
+                "state": w["state"],
+                "node": w.get("minion_id"),
+                "node_id": w.get("node_id"),
+                "region": w.get("region"),
+                "gpu_model": w.get("gpu_model"),
+                "gpu_indices": w.get("gpu_indices"),
+                "gpu_fraction": w.get("gpu_fraction"),
+                "rate": w.get("rate"),
+                "charge": w.get("charge"),
+                "started_at": iso(w.get("started_at")),
+                "ended_at": iso(w.get("ended_at")),
+                "run_seconds": seconds(w.get("started_at"), w.get("ended_at")),
+                "exit_code": w.get("exit_code"),
+                "reason": w.get("reason"),
+                "attempts": len(w.get("attempts") or []),
+                "log_tail": w.get("log_tail", ""),
+            }
+            for w in job["workers"]
+        ],
+        "queued_at": iso(job["queued_at"]),
+    }
+
+
+def find_worker(job: Doc | None, index: int, placement_id: str) -> Doc | None:
+    """The worker of `job` that holds this placement (None: an event of an older one)."""
+    if job is None:
+        return None
+    for w in job["workers"]:
+        if w["index"] == index and w.get("placement_id") == placement_id:
+            return cast(Doc, w)
+    return None
+
+
+def record_state(job: Doc, at: datetime, reason: str | None) -> JobState | None:
+    """Recompute the job's state from its workers; append to history if it changed."""
+    new = job_state(
+        (WorkerState(w["state"]) for w in job["workers"]), job.get("cancel_requested", False)
+    )
+    if new.value == job["state"]:
+        return None
+    previous = job["state"]
+    job["state"] = new.value
+    job["history"].append({"state": new.value, "at": at, "reason": reason})
+    return JobState(previous)

@@ -1,0 +1,111 @@
+"""What placing one worker writes: the worker's placement fields, its events, its claims.
+
+Pure apart from queueing the events in the transaction's outbox (`emit`); the queue pass
+(service.py) calls it for each worker a pass placed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from gpufleet_bus import emit
+from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
+from gpufleet_store import Transaction
+
+from . import jobdoc, mounts
+from .placement import Placement
+
+Doc = dict[str, Any]
+
+
+def place_worker(
+    tx: Transaction,
+    job: Doc,
+    spec: JobSpec,
+    w: Doc,
+    d: Placement,
+    slots: list[tuple[str, int, int]],
+    now: datetime,
+    epoch: int,
+) -> list[Doc]:
+    """Place worker `w` of `job` as `d` decided: its fields, its WorkerPlaced (the rate is
+    locked here, R-SCHED-2) and its StartWorker with the mount plan (R-JOB-3/4) in `tx`; returns
+    the claim documents of the GPU slots it takes."""
+    node = d.node
+    placement_id = uuid.uuid4().hex
+    fraction = d.fraction
+    w.update(
+        state=WorkerState.placed.value,
+        placement_id=placement_id,
+        node_id=node.node_id,
+        minion_id=node.minion_id,
+        region=node.region,
+        gpu_model=node.gpu_model,
+        gpu_indices=list(d.gpu_indices),
+        claims=[[g, s] for _, g, s in slots],
+        gpu_fraction=None if fraction is None else str(fraction),
+        rate=str(d.rate),
+        rate_per_gpu_hour=str(d.rate_per_gpu_hour),
+        charge=d.charge,
+        placed_at=now,
+        epoch=epoch,
+    )
+    emit(
+        tx,
+        WorkerPlaced(
+            job_id=job["_id"],
+            worker=w["index"],
+            placement_id=placement_id,
+            node_id=node.node_id,
+            minion_id=node.minion_id,
+            region=node.region,
+            gpu_model=node.gpu_model or "",
+            gpu_indices=list(d.gpu_indices),
+            gpu_count=len(d.gpu_indices),
+            rate=d.rate,
+            charge=d.charge,
+            payer=job["owner"],
+            node_owner=node.owner,
+            placed_at=now,
+            creator=job["creator"],
+            job_type=spec.type,
+            gpu_fraction=fraction,
+            rate_per_gpu_hour=d.rate_per_gpu_hour,
+        ),
+    )
+    mp = mounts.plan(spec, w["index"])
+    memory = jobdoc.share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
+    emit(
+        tx,
+        StartWorker(
+            minion_id=node.minion_id,
+            job_id=job["_id"],
+            job_name=job["name"],
+            worker=w["index"],
+            command=spec.command_for(w["index"]),
+            env=spec.env,
+            gpu_indices=list(d.gpu_indices),
+            placement_id=placement_id,
+            mounts=list(mp.mounts),
+            output_archive=mp.output_archive,
+            output_upload=mp.output_upload,
+            gpu_fraction=fraction,
+            gpu_memory_limit_mb=memory,
+            disk_size_gb=spec.disk_size_gb,
+        ),
+    )
+    return [
+        {
+            "_id": cid,
+            "node_id": node.node_id,
+            "gpu_index": g,
+            "share": s,
+            "job_id": job["_id"],
+            "worker": w["index"],
+            "placement_id": placement_id,
+            "epoch": epoch,
+        }
+        for cid, g, s in slots
+    ]
