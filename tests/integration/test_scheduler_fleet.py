@@ -303,16 +303,20 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
 
 
 async def test_two_schedulers_never_give_one_gpu_twice(
-    fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+    fresh_nats: NatsServer,
+    mongo_server: EmbeddedMongo,
+    db_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    apps = [
-        build_app(
+    def make(name: str) -> Any:
+        monkeypatch.setenv("GPUFLEET_SCHEDULER_INSTANCE", name)  # two hosts, two names
+        return build_app(
             store_for("scheduler", mongo_server.url, db_prefix),
             broker_for("scheduler", fresh_nats.url),
             lease=None,
         )
-        for _ in range(2)
-    ]
+
+    apps = [make(f"scheduler-{i}") for i in range(2)]
     async with running(*(a for a, _ in apps)):
         nc = await nats.connect(fresh_nats.url)
         s = Sys(nc, apps[0][0].broker, fresh_nats.url, apps[0][1])
@@ -355,4 +359,34 @@ async def test_a_deposed_leader_cannot_place(mongo_server: EmbeddedMongo, db_pre
         return await b.fence(tx.session)
 
     assert await store.transaction(fine) == 2
+    await store.close()
+
+
+async def test_a_leader_restarted_under_its_name_takes_its_lease_back_at_once(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """After a crash the lease is still held (its term runs 10 s). A process that starts under
+    the holder's name takes it at once with the next epoch; the crashed one's writes would be
+    fenced off. A process of another name still waits out the term."""
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    clock = {"now": 1_000_000}
+
+    def lease(owner: str) -> Lease:
+        return Lease(store.db, ttl_ms=10_000, owner=owner, now_ms=lambda: clock["now"])
+
+    crashed = lease("sched-1")
+    assert await crashed.acquire() and crashed.epoch == 1
+    clock["now"] += 1_000  # crashed: no renewal, no release; 9 s of its term left
+    assert not await lease("sched-2").acquire()
+    restarted = lease("sched-1")
+    assert await restarted.acquire() and restarted.epoch == 2
+
+    async def fenced(tx: Any) -> None:
+        await crashed.fence(tx.session)
+
+    with pytest.raises(Deposed):
+        await store.transaction(fenced)
+    # Were the name not unique after all, the earlier process does not take it back.
+    assert not await crashed.acquire() and restarted.epoch == 2
+    assert await restarted.acquire()
     await store.close()

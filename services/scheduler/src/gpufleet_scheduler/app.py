@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -68,7 +69,10 @@ def build_app(
     # every poll on nx-27017 (gpufleet_bus.outbox).
     rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES, outbox_keep=timedelta(0))
     ttl_ms = int(float(os.environ.get("GPUFLEET_LEASE_TTL_S", "10")) * 1000)
-    lease = lease or Lease(store.db, ttl_ms=ttl_ms)
+    # A name stable across restarts (the host's: a container's survives its restarts) lets a
+    # restarted leader take its lease back at once (leadership.py).
+    owner = os.environ.get("GPUFLEET_SCHEDULER_INSTANCE") or socket.gethostname()
+    lease = lease or Lease(store.db, ttl_ms=ttl_ms, owner=owner)
 
     async def notify(jobs: list[str], nodes: list[str]) -> None:
         await broker.publish(json.dumps({"jobs": jobs, "nodes": nodes}).encode(), SYNC_SUBJECT)

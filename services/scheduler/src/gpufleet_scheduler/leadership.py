@@ -11,6 +11,14 @@ expired and another took it, e.g. after a long pause) matches nothing and its tr
 aborts, so it can never give away a GPU; and because both write the lease document, two
 placement transactions cannot interleave unnoticed (a write conflict on MongoDB, a
 serialised transaction on nx-27017). Claims also carry the epoch that made them.
+
+Restarting in place. An instance has an identity (`owner`): the service uses its host name
+(a container's survives its restarts; `GPUFLEET_SCHEDULER_INSTANCE` overrides it, e.g. with a
+pod's name). A process that starts under the name the lease holds is that holder come
+back after a crash: it takes the lease at once, with the next epoch, instead of waiting out
+the dead process's term (up to the TTL, 10 s). It does so once, at its first attempt: were
+the name not unique after all, the process already running loses the lease (its fenced
+transactions fail from then on, so no GPU is given twice) and does not take it back.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class Lease:
         self.now_ms = now_ms
         self.epoch: int | None = None  # set while this instance believes it leads
         self.expires_ms = 0
+        self._first_attempt = True  # a holder of our name is us, restarted (module doc)
 
     @property
     def held(self) -> bool:
@@ -64,6 +73,7 @@ class Lease:
     async def acquire(self) -> bool:
         """Take or renew the lease; True while held. Never blocks on another holder."""
         now = self.now_ms()
+        first, self._first_attempt = self._first_attempt, False
         doc = await self.coll.find_one({"_id": LEASE_ID})
         if doc is None:
             try:
@@ -78,8 +88,9 @@ class Lease:
             except DuplicateKeyError:
                 return False
             return self._won(1, now)
+        restarted = first and doc["owner"] == self.owner
         mine = doc["owner"] == self.owner and doc["epoch"] == self.epoch
-        if not mine and doc["expires_ms"] > now:
+        if not mine and not restarted and doc["expires_ms"] > now:
             self.epoch = None
             return False
         epoch = doc["epoch"] if mine else doc["epoch"] + 1
