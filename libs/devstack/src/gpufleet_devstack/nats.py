@@ -89,7 +89,15 @@ class NatsServer(ServerProcess):
         self.store_dir = store_dir
         self.binary = binary
         self.extra_args = list(extra_args)
-        self.monitor_port = free_port(host)
+        self.monitor_port = self._monitor_port()
+
+    def _monitor_port(self) -> int:
+        """A free port other than the client port: two `free_port` calls in a row can get
+        the same one (the kernel hands a released port out again), and nats-server, which
+        binds the monitor first, then failed on its client port (seen once in the suite)."""
+        while (port := free_port(self.host)) == self.port:
+            pass
+        return port
 
     @property
     def url(self) -> str:
@@ -103,8 +111,8 @@ class NatsServer(ServerProcess):
         if self.binary is None:
             self.binary = ensure_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        if port_in_use(self.monitor_port, self.host):
-            self.monitor_port = free_port(self.host)
+        if self.monitor_port == self.port or port_in_use(self.monitor_port, self.host):
+            self.monitor_port = self._monitor_port()
 
     def _argv(self) -> list[str]:
         return [
