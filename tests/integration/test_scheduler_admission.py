@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
 
+import pytest
 from gpufleet_contracts.jobs import (
     JobQueued,
     JobSpec,
@@ -17,6 +17,7 @@ from gpufleet_contracts.jobs import (
     WorkerPlaced,
 )
 from gpufleet_devstack import EmbeddedMongo, wait_for_async
+from gpufleet_scheduler import service
 from gpufleet_scheduler.leadership import Lease
 from gpufleet_scheduler.service import Scheduler, SchedulerSettings
 from gpufleet_store import Store
@@ -67,12 +68,15 @@ async def test_a_job_is_stored_once_with_its_placement(
     await store.close()
 
 
+@pytest.mark.parametrize("chunk", [500, 2])
 async def test_submissions_are_kept_when_the_pass_is_fenced_off(
-    mongo_server: EmbeddedMongo, db_prefix: str
+    mongo_server: EmbeddedMongo, db_prefix: str, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     """A leader deposed behind its back (its lease looks fresh to it) has its pass's
     transaction refused by the fence; the jobs it was storing are stored all the same,
-    unplaced, for the new leader."""
+    unplaced, for the new leader (chunk=2: a pass of several transactions stops at the
+    first refused one)."""
+    monkeypatch.setattr(service, "COMMIT_CHUNK", chunk)
     store = store_for("scheduler", mongo_server.url, db_prefix)
     now = {"a": 1_000_000, "b": 1_000_000}
     a = Lease(store.db, ttl_ms=60_000, owner="a", now_ms=lambda: now["a"])
@@ -83,9 +87,9 @@ async def test_submissions_are_kept_when_the_pass_is_fenced_off(
     now["b"] += 120_000  # b's clock: a's lease has expired, so b takes over
     assert await b.acquire()
 
-    jobs: list[dict[str, Any]] = [await sched.submit(spec(f"j{i}"), "local") for i in range(2)]
+    jobs = list(await asyncio.gather(*(sched.submit(spec(f"j{i}"), "local") for i in range(5))))
 
-    assert [j["state"] for j in jobs] == ["queued", "queued"]
+    assert [j["state"] for j in jobs] == ["queued"] * 5
     for j in jobs:
         stored = await store.db.jobs.find_one({"_id": j["id"]})
         assert stored is not None and stored["state"] == "queued"
@@ -116,4 +120,26 @@ async def test_every_waiting_job_is_explained_when_its_shapes_exceed_a_pass_budg
     for job_id, n in zip(ids, (2, 3, 4), strict=True):
         shown = await sched.get(job_id, "local")
         assert shown["queue_reason"] == f"1 node: has 1 GPUs, job needs {n}"
+    await store.close()
+
+
+async def test_a_pass_larger_than_a_chunk_commits_chunk_after_chunk(
+    mongo_server: EmbeddedMongo, db_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of two jobs: every job is stored once, placed, its events in its chunk's
+    transaction."""
+    monkeypatch.setattr(service, "COMMIT_CHUNK", 2)
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    sched = Scheduler(store, clock)
+    await sched.node_changed(registered("a", gpus=8))
+    await store.db[OUTBOX].delete_many({})
+
+    jobs = await asyncio.gather(*(sched.submit(spec(f"j{i}"), "local") for i in range(7)))
+
+    assert [j["state"] for j in jobs] == ["starting"] * 7
+    assert await store.db.claims.count_documents({}) == 7
+    txs = [t for t in await transactions(store) if JobQueued.TYPE in t]
+    assert all(t.count(JobQueued.TYPE) <= 2 for t in txs) and len(txs) >= 4
+    assert sum(t.count(WorkerPlaced.TYPE) for t in txs) == 7
+    assert all(t.count(JobQueued.TYPE) == t.count(WorkerPlaced.TYPE) for t in txs)
     await store.close()
