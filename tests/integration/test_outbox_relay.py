@@ -265,3 +265,21 @@ async def test_after_a_failed_round_memory_is_dropped_and_the_store_keeps_the_or
     assert await stream_ids(fresh_nats.url) == ["a1", "a2", "b1"]
     assert await store.db.outbox.count_documents({}) == 0
     assert await relay._drain(read_store=False) == 0
+
+
+async def test_memory_holds_a_bounded_backlog_and_the_store_the_rest(
+    fresh_nats: NatsServer,
+    store: Store,
+    broker: NatsBroker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(outbox_module, "FRESH_MAX_DOCS", 3)
+    await declare_streams(broker)
+    relay = OutboxRelay(store, broker, SOURCE, poll_s=60, keep=timedelta(0))
+    await relay.drain()  # from now on, memory
+    for t in range(5):  # nobody drains meanwhile: memory gives up at the fourth
+        await write(store, [f"t{t}"])
+    reads = relay.store_reads
+    assert await relay._drain(read_store=False) == 5
+    assert relay.store_reads == reads + 1
+    assert await stream_ids(fresh_nats.url) == [f"t{t}" for t in range(5)]

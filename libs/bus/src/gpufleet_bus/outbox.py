@@ -70,6 +70,7 @@ log = logging.getLogger("gpufleet.outbox")
 ROUND_DOCS = 500
 ROUND_MESSAGES = 5_000
 ACK_TIMEOUT_S = 5.0
+FRESH_MAX_DOCS = 2 * ROUND_DOCS  # committed documents held for publishing from memory
 # A round of 5,000 publishes holds the event loop ~350 ms without this: the service's next
 # transaction, waiting on a reply from the database, would wait for the whole round.
 YIELD_EVERY = 200
@@ -125,6 +126,9 @@ class OutboxRelay:
 
     def _committed(self, docs: list[dict[str, Any]]) -> None:
         self._fresh.extend(docs)
+        if len(self._fresh) > FRESH_MAX_DOCS:  # not draining (not started, or stuck): the
+            self._fresh.clear()  # store has them all, memory need not
+            self._clean = False
         self._wake.set()
 
     async def drain(self) -> int:
