@@ -48,3 +48,13 @@ def test_the_collector_is_paused_while_memory_is_built() -> None:
     with collector_paused():
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_memory_built_with_the_collector_paused_is_frozen_before_it_runs_again() -> None:
+    """As `Scheduler.load` does: otherwise the first young collection after the pause walks
+    everything built during it (0.08 s for 1.2 million objects, measured)."""
+    heap = Heap()
+    with collector_paused():
+        built = [{"n": i} for i in range(10_000)]
+        heap.settle()
+    assert gc.get_count()[0] < 1_000 and gc.get_freeze_count() >= len(built)
