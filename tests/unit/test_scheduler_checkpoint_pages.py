@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from datetime import UTC, datetime
 
 import bson
+import pytest
 from gpufleet_scheduler import checkpoint
 
 
-def test_pages_round_trip_and_keep_only_what_placement_needs() -> None:
+async def test_pages_round_trip_and_keep_only_what_placement_needs() -> None:
     at = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
     job = {
         "_id": "j1",
@@ -22,7 +24,7 @@ def test_pages_round_trip_and_keep_only_what_placement_needs() -> None:
         "req": {"gpu_types": ["T4"], "gpu_count": 1},
         "workers": [{"index": 0, "state": "running", "started_at": at, "log_tail": "..."}],
     }
-    pages = checkpoint.encode(7, [{"_id": "n1", "region": "eu"}], [job])
+    pages = await checkpoint.encode(7, [{"_id": "n1", "region": "eu"}], [job])
     cp = checkpoint.decode(pages)
     assert cp.rev == 7 and cp.nodes == [{"_id": "n1", "region": "eu"}]
     (j,) = cp.jobs
@@ -31,9 +33,9 @@ def test_pages_round_trip_and_keep_only_what_placement_needs() -> None:
     assert j["partial"] is True
 
 
-def test_jobs_encoded_in_parts_decode_whole_and_so_does_the_earlier_format() -> None:
+async def test_jobs_encoded_in_parts_decode_whole_and_so_does_the_earlier_format() -> None:
     jobs = [{"_id": f"j{i}", "state": "queued", "workers": []} for i in range(4_500)]
-    pages = checkpoint.encode(3, [], jobs)
+    pages = await checkpoint.encode(3, [], jobs)
     cp = checkpoint.decode(pages)
     assert cp.rev == 3 and [j["_id"] for j in cp.jobs] == [j["_id"] for j in jobs]
 
@@ -43,11 +45,19 @@ def test_jobs_encoded_in_parts_decode_whole_and_so_does_the_earlier_format() -> 
     assert cp.rev == 9 and cp.nodes == [{"_id": "n1"}] and len(cp.jobs) == 2
 
 
-def test_a_job_replaced_after_it_was_added_keeps_what_was_taken() -> None:
+async def test_a_job_changed_after_its_part_was_encoded_keeps_what_was_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between parts the service runs on and may replace a job already taken: the
+    checkpoint holds it as it was when its part was encoded."""
+    monkeypatch.setattr(checkpoint, "PART_JOBS", 1)
     job = {"_id": "j1", "state": "queued", "workers": [{"index": 0, "state": "waiting"}]}
-    enc = checkpoint.Encoder(1, [])
-    enc.add([job])
+    other = {"_id": "j2", "state": "queued", "workers": []}
+    encoding = asyncio.ensure_future(checkpoint.encode(1, [], [job, other]))
+    await asyncio.sleep(0)  # encode runs up to its pause before the first part
+    await asyncio.sleep(0)  # it encodes the first part (j1) and pauses again
     job["workers"][0]["state"] = "placed"
     job["state"] = "starting"
-    (j,) = checkpoint.decode(enc.pages()).jobs
-    assert j["state"] == "queued" and j["workers"][0]["state"] == "waiting"
+    j1, j2 = checkpoint.decode(await encoding).jobs
+    assert j1["state"] == "queued" and j1["workers"][0]["state"] == "waiting"
+    assert j2["_id"] == "j2"

@@ -219,7 +219,7 @@ class OutboxRelay:
                         flight.unacked += 1
                     sends.append((subject, payload, reply, headers))
             for n, (subject, payload, reply, headers) in enumerate(sends, 1):
-                await _publish(nc, subject, payload, reply, headers)
+                await _send(nc, subject, payload, reply, headers)
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # nc.publish only buffers: let others run
             if self._waiting:
@@ -311,7 +311,7 @@ class OutboxRelay:
         self._nc = self._sub = None
 
 
-async def _publish(
+async def _send(
     nc: Client, subject: str, payload: bytes, reply: str, headers: dict[str, str]
 ) -> None:
     """`nc.publish(subject, payload, reply=reply, headers=headers)`, the same bytes on the

@@ -17,7 +17,7 @@ everything up to R; loading it and then `rev > R` rebuilds memory exactly.
 Pages are a sequence of BSON documents (`bson.encode`, C speed; datetimes survive): one with
 the revision and the nodes, then one per 2,000 jobs; zlib-compressed as one stream and cut
 into 8 MB binary pages: far under the 16 MB document limit, and a handful of reads. The
-leader encodes a part at a time and lets its event loop run between parts (`Encoder`):
+leader encodes a part at a time and lets its event loop run between parts (`encode`):
 encoding 100,000 jobs at once held the loop for seconds, every `checkpoint_s`. (A checkpoint
 of the earlier format, one document with `jobs` in it, decodes the same way.)
 A new checkpoint is written under a new generation, then the head document is switched to
@@ -26,6 +26,7 @@ it in one update, then the old pages are deleted: a reader never sees half of on
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -102,30 +103,19 @@ def compact(job: Doc) -> Doc:
 PART_JOBS = 2_000
 
 
-class Encoder:
-    """A checkpoint's pages, built a part at a time: `add` jobs (up to PART_JOBS at a call
-    to keep each step short), then `pages()`. The jobs are compacted when added, so a job
-    replaced in memory afterwards does not change what was taken."""
-
-    def __init__(self, rev: int, nodes: list[Doc]) -> None:
-        self._z = zlib.compressobj(1)
-        self._out = [self._z.compress(bson.encode({"rev": rev, "nodes": nodes}))]
-
-    def add(self, jobs: list[Doc]) -> None:
-        self._out.append(self._z.compress(bson.encode({"jobs": [compact(j) for j in jobs]})))
-
-    def pages(self) -> list[bytes]:
-        self._out.append(self._z.flush())
-        packed = b"".join(self._out)
-        return [packed[i : i + PAGE_BYTES] for i in range(0, len(packed), PAGE_BYTES)] or [b""]
-
-
-def encode(rev: int, nodes: list[Doc], jobs: list[Doc]) -> list[bytes]:
-    """The pages of a checkpoint, in one go."""
-    enc = Encoder(rev, nodes)
+async def encode(rev: int, nodes: list[Doc], jobs: list[Doc]) -> list[bytes]:
+    """The pages of a checkpoint, PART_JOBS jobs at a time with the event loop running
+    between parts. Each part's jobs are compacted when it is encoded: a job replaced in memory
+    later does not change what was taken."""
+    z = zlib.compressobj(1)
+    out = [z.compress(bson.encode({"rev": rev, "nodes": nodes}))]
     for i in range(0, len(jobs), PART_JOBS):
-        enc.add(jobs[i : i + PART_JOBS])
-    return enc.pages()
+        await asyncio.sleep(0)  # requests and passes go on meanwhile
+        part = [compact(j) for j in jobs[i : i + PART_JOBS]]
+        out.append(z.compress(bson.encode({"jobs": part})))
+    out.append(z.flush())
+    packed = b"".join(out)
+    return [packed[i : i + PAGE_BYTES] for i in range(0, len(packed), PAGE_BYTES)] or [b""]
 
 
 def decode(pages: list[bytes]) -> Checkpoint:

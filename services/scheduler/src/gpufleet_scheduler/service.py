@@ -163,7 +163,6 @@ class Scheduler:
         self._loaded_epoch: int | None = None
         self._first_pass = False  # the next pass is the first since loading (logged)
         self._checkpointing: asyncio.Task[None] | None = None
-        self._said: dict[int, tuple[str, list[dict[str, object]]]] = {}  # _say, this pass
         self._explained: dict[tuple[object, ...], int] = {}  # shape -> pass that explained it
         self._passes = 0
         self._explain_more = False  # shapes wait for a first explanation: pass again soon
@@ -295,11 +294,7 @@ class Scheduler:
         t0 = asyncio.get_running_loop().time()
         nodes = [node_doc(v) for v in self.fleet.base.values()]
         jobs = list(self.jobs.values())  # as of `rev`; what changes later has a later rev
-        enc = checkpoint.Encoder(rev, nodes)
-        for i in range(0, len(jobs), checkpoint.PART_JOBS):
-            await asyncio.sleep(0)  # a part at a time: requests and passes go on meanwhile
-            enc.add(jobs[i : i + checkpoint.PART_JOBS])
-        pages = enc.pages()
+        pages = await checkpoint.encode(rev, nodes, jobs)
         if not self.loaded or self._loaded_at != loaded_at:
             return  # memory was found stale and rebuilt meanwhile: what was taken may be too
         await checkpoint.write(self.db, rev, pages)
@@ -924,27 +919,22 @@ class Scheduler:
             r = result.reasons.get(w.key)
             if r is not None and w.req.job_id not in per_job:
                 per_job[w.req.job_id] = r
-        self._said.clear()
+        # Jobs of one request shape share their reason object: worded once, not once a job.
+        said: dict[int, tuple[str, list[dict[str, object]]]] = {}
         sets: list[tuple[str, Doc]] = []
         for job_id, r in per_job.items():
             job = self.jobs.get(job_id)
             if job is None:
                 continue
-            text, detail = self._say(r)
+            if id(r) not in said:
+                said[id(r)] = (r.explain(), r.structured())
+            text, detail = said[id(r)]
             if job.get("queue_reason") == text:
                 continue
             job["queue_reason"], job["queue_detail"] = text, detail
             job["explained_ms"] = now_ms(now)
             sets.append((job_id, {"queue_reason": text, "queue_detail": detail}))
         return sets
-
-    def _say(self, r: NoPlacement) -> tuple[str, list[dict[str, object]]]:
-        """A reason's text and detail, worded once per pass: jobs of one request shape
-        share their reason (65,000 waiting jobs share ~256 after a restart)."""
-        said = self._said.get(id(r))
-        if said is None:
-            said = self._said[id(r)] = (r.explain(), r.structured())
-        return said
 
     async def _explain(
         self,
