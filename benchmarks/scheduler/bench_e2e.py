@@ -38,6 +38,7 @@ from typing import Any
 import nats
 from gpufleet_contracts.jobs import JobSpec, SubmitJob, WorkerPlaced
 from gpufleet_devstack import EmbeddedMongo, NatsServer
+from gpufleet_scheduler import jobdoc
 from gpufleet_store import Store, StoreSettings
 from pymongo import AsyncMongoClient
 
@@ -140,25 +141,8 @@ def node_doc(n: Any) -> dict[str, Any]:
 
 
 def job_doc(spec: JobSpec, owner: str, at: datetime) -> dict[str, Any]:
-    return {
-        "_id": "j" + uuid.uuid4().hex[:12],
-        "name": spec.name,
-        "project": spec.project,
-        "owner": owner,
-        "creator": owner,
-        "spec": spec.model_dump(mode="json"),
-        "state": "queued",
-        "history": [{"state": "queued", "at": at, "reason": None}],
-        "notes": [],
-        "queue_reason": "not yet considered",
-        "queue_detail": [],
-        "queued_at": at,
-        "queued_ms": int(at.timestamp() * 1000),
-        "updated_at": at,
-        "version": 0,
-        "cancel_requested": False,
-        "workers": [{"index": 0, "state": "waiting", "attempts": []}],
-    }
+    """A queued job's document, as the scheduler writes it."""
+    return jobdoc.new_job("j" + uuid.uuid4().hex[:12], spec, owner, at, None)
 
 
 def start_scheduler(nats_url: str, mongo_url: str, log: Path) -> subprocess.Popen[bytes]:

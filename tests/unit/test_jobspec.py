@@ -198,3 +198,43 @@ def test_nested_schema_errors_name_the_nested_rule() -> None:
     assert e["spec.datasets.0.name"][0] == "R-JOB-3"
     e = errors_of(type="inference", input_data={"type": "dropbox", "path": "/x"})
     assert e["spec.input_data.type"][0] == "R-JOB-3"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"gpu_count": "0.25", "max_price": "1.50", "region": "us-east1"},
+        {"gpu_count": 2, "workers": 2, "command": [], "worker_commands": [["a"], ["b"]]},
+        {
+            "type": "endpoint",
+            "command": [],
+            "model": MODEL,
+            "endpoint": {"routes": [ROUTE]},
+            "environment": {"python_version": "3.10", "framework": "pytorch", "keys": ["aws"]},
+            "env": {"A": "1"},
+        },
+        {
+            "datasets": [{"name": "PASCAL VOC"}],
+            "checkpoints": [{"name": "ck"}],
+            "output_data": {
+                "type": "regional_datastore",
+                "path": "/o",
+                "datastore": "nas",
+                "region": "r1",
+            },
+            "disk_size_gb": 10,
+        },
+    ],
+)
+def test_a_job_keeps_its_spec_without_defaults_and_reads_back_the_same(
+    fields: dict[str, Any],
+) -> None:
+    """The scheduler stores what differs from the defaults (jobdoc.stored_spec)."""
+    from gpufleet_scheduler import jobdoc
+
+    spec = ok(**fields)
+    stored = jobdoc.stored_spec(spec)
+    assert JobSpec.model_validate(stored) == spec
+    assert jobdoc.full_spec(stored) == spec.model_dump(mode="json")
+    assert "environment" not in jobdoc.stored_spec(ok())  # defaults are not stored

@@ -5,7 +5,9 @@ CloudEvents 1.0 attributes travel as NATS headers in binary content mode (`ce-id
 `ce-source`, `ce-type`, `ce-time`, `ce-subject`, `ce-specversion`). `ce-id` is also sent as
 `Nats-Msg-Id`, so JetStream drops a duplicate publish of the same event.
 
-Models accept unknown fields (a newer producer may add some) and are frozen.
+Models accept unknown fields (a newer producer may add some) and are frozen. A field's
+default never changes meaning within a version: stored documents may omit defaults (the
+scheduler keeps a job's spec that way) and take them back when read.
 """
 
 from __future__ import annotations
