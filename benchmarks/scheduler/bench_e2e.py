@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -376,6 +377,9 @@ async def main() -> None:
     ap.add_argument("--in-flight", type=int, default=1_000, help="submissions awaiting a reply")
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--restart-jobs", type=int, default=100_000)
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the run's directory (logs, ~100 MB of data)"
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     ns = NatsServer(tmp / "nats")
@@ -429,6 +433,10 @@ async def main() -> None:
             proc.terminate()
         ns.stop()
         mg.stop()
+        if a.keep:
+            print(f"kept {tmp} (scheduler.log, NATS and database data)", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(results, indent=2))
 
 
