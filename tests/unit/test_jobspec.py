@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from gpufleet_contracts import field_errors
 from gpufleet_contracts.jobs import JobSpec, SubmitJob
+from gpufleet_scheduler import jobdoc
 from pydantic import ValidationError
 
 BASE: dict[str, Any] = {"name": "hello", "gpu_types": ["RTX 3090"], "command": ["true"]}
@@ -231,8 +232,6 @@ def test_a_job_keeps_its_spec_without_defaults_and_reads_back_the_same(
     fields: dict[str, Any],
 ) -> None:
     """The scheduler stores what differs from the defaults (jobdoc.stored_spec)."""
-    from gpufleet_scheduler import jobdoc
-
     spec = ok(**fields)
     stored = jobdoc.stored_spec(spec)
     assert JobSpec.model_validate(stored) == spec

@@ -51,10 +51,9 @@ def stored_spec(spec: JobSpec) -> Doc:
     """The spec as a job document keeps it: what differs from the contract's defaults.
 
     Read back with `JobSpec.model_validate`, it is the same spec (tests/unit/test_jobspec.py).
-    Defaults are most of a spec (544 of a typical spec's BSON bytes are 99 without them), and
-    nx-27017's cost per stored job grows with its fields: jobs/s of the placement transaction
-    and the size of checkpoints. A contract default therefore never changes meaning within a
-    version (`gpufleet_contracts.base`).
+    Defaults are most of a spec (a typical one is 544 BSON bytes, 99 without them), and
+    nx-27017's cost per stored job grows with its fields (benchmarks/scheduler). A contract
+    default therefore never changes meaning within a version (`gpufleet_contracts.base`).
     """
     return spec.model_dump(mode="json", exclude_defaults=True)
 
