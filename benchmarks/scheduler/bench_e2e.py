@@ -15,7 +15,9 @@ the scheduler as its own process (`python -m gpufleet_scheduler`), as in product
 3. Latency at half that offered load (fixed interval, open loop): p50/p99 submit-to-placed.
 4. Restart: `--restart-jobs` queued jobs (default 100,000) and the fleet in the store; a
    fresh scheduler process is started; time until it has rebuilt its memory (its log line)
-   and until the first WorkerPlaced of the resumed queue arrives.
+   and until it resumed: the first WorkerPlaced of the queue (first start), or the end of
+   its first pass over the whole queue (restarts after a clean stop and a kill -9, when
+   the fleet is already full).
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ async def _start_and_wait(
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Start the scheduler; time until its memory is rebuilt (its `loaded` line) and, with
     until="placed", until the first WorkerPlaced of the resumed queue arrives, or with
-    until="loaded", until its first pass over the whole queue is over (from then on a
+    until="first_pass", until its first pass over the whole queue is over (from then on a
     submission is placed in the next pass)."""
     log.write_text("")  # noqa: ASYNC240
     before = len(placed.at)
@@ -293,7 +295,7 @@ async def _start_and_wait(
         text = log.read_text()  # noqa: ASYNC240
         if loaded_at is None and " loaded " in text:
             loaded_at = time.perf_counter() - t0
-        if until == "loaded" and "first pass after loading" in text:
+        if until == "first_pass" and "first pass after loading" in text:
             resumed_at = time.perf_counter() - t0
             break
         if until == "placed" and len(placed.at) > before:
@@ -354,7 +356,7 @@ async def restart(
 
     # The fleet is full after the first pass, so nothing new is placed: time the rebuild.
     proc, out["after_clean_stop"] = await _start_and_wait(
-        nats_url, mongo_url, log, placed, until="loaded"
+        nats_url, mongo_url, log, placed, until="first_pass"
     )
     await asyncio.gather(
         *(submit(nc, spec(400_000 + i, rng), f"acct{i % 200:03d}") for i in range(2000))
@@ -363,7 +365,7 @@ async def restart(
     proc.wait(10)
 
     proc, out["after_kill_9_with_2000_later_jobs"] = await _start_and_wait(
-        nats_url, mongo_url, log, placed, until="loaded"
+        nats_url, mongo_url, log, placed, until="first_pass"
     )
     proc.terminate()
     proc.wait(60)

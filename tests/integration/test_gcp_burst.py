@@ -34,7 +34,7 @@ SECRET_MARKER = PEM.splitlines()[5]  # a line of the key's body, to look for in 
 
 
 def key_json(project: str) -> str:
-    return json.dumps({**service_account_key(project, "k1"), "private_key": PEM})
+    return json.dumps(service_account_key(project, "k1", private_key=PEM))
 
 
 @pytest.fixture(scope="module")

@@ -206,6 +206,7 @@ async def wait_for_stream(nats_url: str, n: int, limit_s: float = 10.0) -> list[
         ids = await stream_ids(nats_url)
         if len(ids) >= n or asyncio.get_running_loop().time() > deadline:
             return ids
+        await asyncio.sleep(0.05)
 
 
 async def test_committed_documents_go_out_from_memory_without_reading_the_outbox_back(

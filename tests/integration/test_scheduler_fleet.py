@@ -124,9 +124,9 @@ def assert_unplaced_current(sched: Scheduler) -> None:
     if not sched.loaded:
         return
     walked = {
-        job_id: [w.key for w in sched._waiting_of(job)]
+        job_id: keys
         for job_id, job in sched.jobs.items()
-        if not job.get("cancel_requested") and sched._waiting_of(job)
+        if not job.get("cancel_requested") and (keys := [w.key for w in sched._waiting_of(job)])
     }
     assert {j: [w.key for w in ws] for j, ws in sched.unplaced.items()} == walked
 

@@ -236,4 +236,7 @@ def test_a_job_keeps_its_spec_without_defaults_and_reads_back_the_same(
     stored = jobdoc.stored_spec(spec)
     assert JobSpec.model_validate(stored) == spec
     assert jobdoc.full_spec(stored) == spec.model_dump(mode="json")
-    assert "environment" not in jobdoc.stored_spec(ok())  # defaults are not stored
+
+
+def test_a_stored_spec_leaves_its_defaults_out() -> None:
+    assert jobdoc.stored_spec(ok(disk_size_gb=10)) == BASE  # 10 GB is the default

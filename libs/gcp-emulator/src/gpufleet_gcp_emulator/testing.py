@@ -91,25 +91,28 @@ class EmulatorProcess:
         self.proc = None
 
 
-def service_account_key(project: str, key_id: str = "emulated") -> dict[str, str]:
-    """A service-account key in Google's JSON layout, with a fresh RSA key: what an operator
-    pastes to enable the gcp provider, for tests and `just up --gcp` against the emulator."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    pem = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        .private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        .decode()
-    )
+def service_account_key(
+    project: str, key_id: str = "emulated", private_key: str | None = None
+) -> dict[str, str]:
+    """A service-account key in Google's JSON layout: what an operator pastes to enable the
+    gcp provider, for tests and `just up --gcp` against the emulator. The RSA key is a fresh
+    one unless `private_key` (PEM) is given, e.g. to reuse one across projects."""
     return {
         "type": "service_account",
         "project_id": project,
         "private_key_id": key_id,
-        "private_key": pem,
+        "private_key": private_key or _new_pem(),
         "client_email": f"gpufleet@{project}.iam.gserviceaccount.com",
     }
+
+
+def _new_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()

@@ -90,8 +90,9 @@ def plan(
             index.take(decision)
         result.placed.append((w, decision))
     by_shape: dict[tuple[object, ...], list[Waiting]] = {}
+    holders = set(result.holds.values())
     for w in result.waiting:  # oldest first, so shapes come in the order of their oldest job
-        shape = (*w.req.shape(), w.req.job_id if w.req.job_id in result.holds.values() else None)
+        shape = (*w.req.shape(), w.req.job_id if w.req.job_id in holders else None)
         by_shape.setdefault(shape, []).append(w)
     last = explained if explained is not None else {}
     order = sorted(by_shape, key=lambda sh: last.get(sh, -1))  # stable: oldest job next

@@ -921,6 +921,7 @@ class Scheduler:
                 per_job[w.req.job_id] = r
         # Jobs of one request shape share their reason object: worded once, not once a job.
         said: dict[int, tuple[str, list[dict[str, object]]]] = {}
+        at = now_ms(now)
         sets: list[tuple[str, Doc]] = []
         for job_id, r in per_job.items():
             job = self.jobs.get(job_id)
@@ -931,9 +932,9 @@ class Scheduler:
             text, detail = said[id(r)]
             if job.get("queue_reason") == text:
                 continue
-            job["queue_reason"], job["queue_detail"] = text, detail
-            job["explained_ms"] = now_ms(now)
-            sets.append((job_id, {"queue_reason": text, "queue_detail": detail}))
+            fields = {"queue_reason": text, "queue_detail": detail, "explained_ms": at}
+            job.update(fields)
+            sets.append((job_id, fields))
         return sets
 
     async def _explain(
@@ -945,14 +946,10 @@ class Scheduler:
         """Store the reasons that changed (`_reasons`); say when unplaceable demand changes.
         Returns how many jobs' reasons were rewritten."""
         if sets:
-            at = now_ms(now)
 
             async def write(tx: Transaction) -> int:
                 rev = await self._next_rev(tx)
-                updates = [
-                    UpdateOne({"_id": j}, {"$set": {**f, "explained_ms": at, "rev": rev}})
-                    for j, f in sets
-                ]
+                updates = [UpdateOne({"_id": j}, {"$set": {**f, "rev": rev}}) for j, f in sets]
                 await self.db.jobs.bulk_write(updates, ordered=False, session=tx.session)
                 return rev
 
