@@ -7,19 +7,13 @@ from functools import cache
 
 import pytest
 from cryptography.fernet import Fernet
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from gpufleet_gcp_emulator.testing import service_account_key
 from gpufleet_provisioner.keys import KeyError_, SecretBox, parse_key
 
 
 @cache
 def pem() -> str:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
+    return service_account_key("acme-gpu")["private_key"]
 
 
 def key_json(**over: object) -> str:
