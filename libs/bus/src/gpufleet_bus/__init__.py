@@ -1,19 +1,29 @@
 """The bus shared by gpufleet services: FastStream on NATS JetStream."""
 
-from .deadletter import MAX_DELIVER, dead_letter_middleware
+from .accounts import NoAccountError, account_of, account_subject
+from .deadletter import MAX_DELIVER, UnknownMessageType, dead_letter_middleware
 from .outbox import OutboxRelay
 from .publish import emit, publish, publish_raw
-from .service import ACCOUNT_HEADER, BusSettings, ServiceRuntime, account_of, env_flag, make_broker
+from .service import (
+    BusSettings,
+    ServiceRuntime,
+    connect_options,
+    env_flag,
+    make_broker,
+)
 from .streams import STREAMS, ensure_streams, stream_for
 
 __all__ = [
-    "ACCOUNT_HEADER",
     "MAX_DELIVER",
     "STREAMS",
     "BusSettings",
+    "NoAccountError",
     "OutboxRelay",
     "ServiceRuntime",
+    "UnknownMessageType",
     "account_of",
+    "account_subject",
+    "connect_options",
     "dead_letter_middleware",
     "emit",
     "ensure_streams",

@@ -28,6 +28,25 @@ log = logging.getLogger("gpufleet.bus")
 MAX_DELIVER = 20
 
 
+class UnknownMessageType(ValueError):
+    """A message whose CloudEvents type is none of those its subject carries: refused and
+    dead-lettered like a body that does not validate (redelivery cannot fix it)."""
+
+    def __init__(self, ce_type: str, expected: list[str]) -> None:
+        super().__init__(f"ce-type {ce_type!r} is not one of {expected}")
+        self.ce_type = ce_type
+        self.expected = expected
+
+    def errors(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "field": "ce-type",
+                "rule": "header:type",
+                "message": f"{self.ce_type!r} is not one of {', '.join(self.expected)}",
+            }
+        ]
+
+
 def _retry_delay(attempt: int) -> float:
     return float(min(0.2 * 2 ** max(attempt - 1, 0), 15.0))
 
@@ -116,6 +135,15 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
                         fields=field_errors(exc),
                     )
                 ).model_dump(mode="json")
+            except UnknownMessageType as exc:
+                log.warning("rejected message of unknown type: %s", exc)
+                await self._dead_letter(msg, "invalid", exc.errors())
+                if jetstream:
+                    await msg.reject()
+                    return None
+                return ErrorReply(error=ErrorBody(code="invalid", message=str(exc))).model_dump(
+                    mode="json"
+                )
             except Exception as exc:
                 attempt = _attempt(msg)
                 if not jetstream:

@@ -23,7 +23,7 @@ import asyncio
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +31,13 @@ from faststream.nats import NatsBroker
 from gpufleet_contracts import ErrorBody, ErrorReply, Message, field_errors, subjects
 from pydantic import ValidationError
 
+from .accounts import NoAccountError, account_of
 from .deadletter import dead_letter_bytes
 
 log = logging.getLogger("gpufleet.bus")
 
-Handler = Callable[[Any, Mapping[str, str]], Awaitable[dict[str, Any]]]
+# The decoded body and the acting account (the subject's account token, see account_of).
+Handler = Callable[[Any, str], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class FastRequests:
         description: str | None = None,
         concurrency: int = 256,
     ) -> Callable[[Handler], Handler]:
-        subject = subjects.rpc(self.service, verb)
+        subject = subjects.as_account(subjects.rpc(self.service, verb), "*")
 
         def register(fn: Handler) -> Handler:
             self.routes.append(_Route(subject, model, fn, asyncio.Semaphore(concurrency)))
@@ -104,10 +106,14 @@ class FastRequests:
         return cb
 
     async def _serve(self, route: _Route, msg: Any) -> None:
-        headers: Mapping[str, str] = msg.headers or {}
         try:
+            account = account_of(msg.subject)
             body = route.model.from_bytes(msg.data)
-            reply = await route.handler(body, headers)
+            reply = await route.handler(body, account)
+        except NoAccountError as exc:
+            reply = ErrorReply(error=ErrorBody(code="invalid", message=str(exc))).model_dump(
+                mode="json"
+            )
         except ValidationError as exc:
             errors = field_errors(exc)
             log.warning(

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from gpufleet_auth import Creds
 from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.health import Health
 from gpufleet_store import IndexSpec, Store
@@ -28,6 +32,7 @@ from gpufleet_telemetry import configure
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .accounts import NoAccountError, account_of, account_subject
 from .deadletter import dead_letter_middleware
 from .fastpath import FastRequests, Handler
 from .outbox import OutboxRelay
@@ -36,17 +41,37 @@ from .streams import ensure_streams, stream_for
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 VERSION = "0.1.0"
-ACCOUNT_HEADER = "gpufleet-account"
 
 
 class BusSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
     nats_url: str = "nats://127.0.0.1:4333"
     stream_replicas: int = 1
+    # This process's credential (a NATS `.creds` file): who it is on the bus.
+    nats_creds: Path | None = None
+    # TLS: the CA that signed the servers' certificates (compose); tls:// URLs then verify.
+    nats_ca: Path | None = None
 
     @property
     def servers(self) -> list[str]:
         return [s.strip() for s in self.nats_url.split(",") if s.strip()]
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments of `nats.connect` (and NatsBroker) for this identity."""
+        return connect_options(self.nats_creds, self.nats_ca)
+
+
+def connect_options(creds: Path | str | None, ca: Path | str | None = None) -> dict[str, Any]:
+    """The credential, its inbox (the only one it may subscribe to) and TLS."""
+    options: dict[str, Any] = {}
+    if creds is not None:
+        path = Path(creds).expanduser()
+        options["user_credentials"] = str(path)
+        options["inbox_prefix"] = Creds.read(path).inbox_prefix
+    if ca is not None:
+        ctx = ssl.create_default_context(cafile=str(Path(ca).expanduser()))
+        options["tls"] = ctx
+    return options
 
 
 def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker:
@@ -55,6 +80,7 @@ def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker
     return NatsBroker(
         settings.servers,
         name=f"gpufleet-{service}",
+        **settings.connect_options(),
         # FastStream's per-message access log goes through our log format, at DEBUG.
         logger=logging.getLogger(f"gpufleet.{service}.bus"),
         log_level=logging.DEBUG,
@@ -77,7 +103,10 @@ class ServiceRuntime:
         indexes: IndexSpec | None = None,
         bus: BusSettings | None = None,
         outbox_keep: timedelta = timedelta(hours=1),
+        infrastructure: bool = True,
     ) -> None:
+        """`infrastructure=False` (the node agent): no stream declarations and no shared
+        health subject, which its credential does not allow."""
         self.service = service
         self.broker = broker
         self.store = store
@@ -102,15 +131,18 @@ class ServiceRuntime:
                 description=f"Subjects the gpufleet {service} handles and publishes.",
             ),
         )
+        self.infrastructure = infrastructure
         self.app.on_startup(self._prepare)
         self.app.after_startup(self._started)
         self.app.on_shutdown(self._stopping)
-        self.on_request("health")(self._health)
+        if infrastructure:
+            self.on_request("health")(self._health)
 
     async def _prepare(self) -> None:
         # The broker's own connection (connect() is idempotent; start() reuses it).
         nc = await self.broker.connect()
-        await ensure_streams(nc.jetstream(), replicas=self.bus.stream_replicas)
+        if self.infrastructure:
+            await ensure_streams(nc.jetstream(), replicas=self.bus.stream_replicas)
         if self.store is not None:
             await self.store.ensure_indexes(self.indexes)
 
@@ -139,24 +171,33 @@ class ServiceRuntime:
         *,
         subject: str | None = None,
         max_workers: int = 1,
+        consumer: ConsumerConfig | None = None,
     ) -> Callable[[F], F]:
         """A durable JetStream pull consumer for `message`, acked by the dead-letter policy.
 
         FastStream handles the messages of one pull batch concurrently, so the batch is one
-        message: each consumer sees its subject in stream order, one at a time.
+        message: each consumer sees its subject in stream order, one at a time. `consumer`
+        names an existing consumer (made by someone allowed to) instead of
+        `<service>-<durable>`.
         """
-        subject = subject or message.SUBJECT
-        stream = stream_for(subject.replace("{", "").replace("}", ""))
+        # `{minion_id}`-style keys of the subject: every value of them
+        subject = subject or re.sub(r"\{[^}]*\}", "*", message.SUBJECT)
+        stream = stream_for(subject)
         if stream is None:
             raise ValueError(f"no stream holds {subject}")
-        name = f"{self.service}-{durable}"
+        name = (
+            consumer.durable_name
+            if consumer and consumer.durable_name
+            else f"{self.service}-{durable}"
+        )
         return self._decorator(
             self.broker.subscriber(
                 subject,
                 stream=JStream(stream, declare=False),
                 durable=name,
                 pull_sub=PullSub(batch_size=1, timeout=1.0),
-                config=ConsumerConfig(
+                config=consumer
+                or ConsumerConfig(
                     durable_name=name,
                     ack_wait=60,
                     max_deliver=-1,
@@ -185,14 +226,31 @@ class ServiceRuntime:
                 schema=message,
             )
 
-    def on_request(self, verb: str, *, description: str | None = None) -> Callable[[F], F]:
-        """Core NATS request/reply on `gpufleet.v1.rpc.<service>.<verb>` (queue-grouped)."""
+    def on_request(
+        self, verb: str, *, description: str | None = None, max_workers: int = 1
+    ) -> Callable[[F], F]:
+        """An account's request/reply on `gpufleet.v1.rpc.<service>.<verb>.<account>` (core
+        NATS, queue-grouped); the handler reads the acting account with `account_of(msg)`."""
         return self._decorator(
             self.broker.subscriber(
-                subjects.rpc(self.service, verb),
+                account_subject(self.service, verb),
                 queue=f"{self.service}-rpc",
+                max_workers=max_workers,
                 ack_policy=AckPolicy.MANUAL,
                 title=f"{self.service}:{verb}",
+                description=description,
+            )
+        )
+
+    def on_admin(self, verb: str, *, description: str | None = None) -> Callable[[F], F]:
+        """An operator's request/reply on `gpufleet.v1.adm.<service>.<verb>`: only operator
+        credentials may publish there (gpufleet_auth.permissions)."""
+        return self._decorator(
+            self.broker.subscriber(
+                subjects.admin(self.service, verb),
+                queue=f"{self.service}-adm",
+                ack_policy=AckPolicy.MANUAL,
+                title=f"{self.service}:admin:{verb}",
                 description=description,
             )
         )
@@ -206,7 +264,8 @@ class ServiceRuntime:
         concurrency: int = 256,
     ) -> Callable[[Handler], Handler]:
         """Like `on_request`, served on the raw nats-py connection (see fastpath.py): for the
-        subjects that carry a fleet's load. The handler gets the decoded body and the headers."""
+        subjects that carry a fleet's load. The handler gets the decoded body and the acting
+        account."""
         return self.fast.route(verb, model, description, concurrency)
 
     @staticmethod
@@ -226,20 +285,10 @@ def env_flag(name: str, default: bool = False) -> bool:
 
 
 __all__: Sequence[str] = [
-    "ACCOUNT_HEADER",
     "BusSettings",
+    "NoAccountError",
     "ServiceRuntime",
     "account_of",
     "env_flag",
     "make_broker",
 ]
-
-
-def account_of(headers: dict[str, Any] | None, default: str = "local") -> str:
-    """The acting account, from the connection's credentials header (R-TEN-2).
-
-    Never from the payload. In this release the CLI sets it from its configured identity;
-    NATS user permissions restricting who may send which account are the production control.
-    """
-    value = (headers or {}).get(ACCOUNT_HEADER)
-    return str(value) if value else default

@@ -7,11 +7,20 @@ first process up creates them and the others find them. Replicas follow the clus
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from gpufleet_contracts import subjects
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import NotFoundError
 
 DAY = 24 * 3600
@@ -81,3 +90,34 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
             await js.update_stream(config)
         except NotFoundError:
             await js.add_stream(config)
+
+
+def node_consumer(minion_id: str) -> str:
+    """The durable consumer of one node's commands."""
+    return f"node-{minion_id}"
+
+
+def node_consumer_config(minion_id: str) -> ConsumerConfig:
+    """One node's commands (StartWorker, StopWorker), in order, on one consumer.
+
+    The provisioner creates it when the node enrols; the node's credential may only read
+    and ack it (gpufleet_auth.permissions), so a node can never choose its own filter.
+    """
+    name = node_consumer(minion_id)
+    return ConsumerConfig(
+        durable_name=name,
+        filter_subject=f"{subjects.COMMANDS}.node.{minion_id}.*",
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=60,
+        max_deliver=-1,
+        deliver_policy=DeliverPolicy.ALL,
+    )
+
+
+async def ensure_node_consumer(js: JetStreamContext, minion_id: str) -> None:
+    await js.add_consumer(subjects.STREAM_COMMANDS, config=node_consumer_config(minion_id))
+
+
+async def delete_node_consumer(js: JetStreamContext, minion_id: str) -> None:
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(subjects.STREAM_COMMANDS, node_consumer(minion_id))

@@ -455,13 +455,19 @@ class EnqueueJob(Command):
     `request_id`, or `JobRejected`; a body that does not validate is dead-lettered with its
     field errors (stream GPUFLEET_DLQ). The job id is derived from the account and
     `request_id`, so a redelivered or re-sent command never queues a second job.
-    The acting account comes from the connection's `gpufleet-account` header.
+    The acting account is the subject's `<account>` token, which only that account's
+    credentials may publish (gpufleet_auth.permissions).
     """
 
     TYPE = "gpufleet.job.enqueue.v1"
-    SUBJECT = subjects.command("scheduler", "enqueue_job", key="jobs")
+    SUBJECT = subjects.command("scheduler", "enqueue_job", key="{account}")
     request_id: str = Field(min_length=1, max_length=128)
     spec: JobSpec
+
+    @classmethod
+    def subject_for(cls, account: str) -> str:
+        """The sender's subject: the account is the sender's, never a field of the body."""
+        return cls.SUBJECT.format(account=account)
 
 
 class CancelJob(Command):
@@ -571,7 +577,7 @@ class WorkerPlaced(Event):
 
 class WorkerStarted(Event):
     TYPE = "gpufleet.worker.started.v1"
-    SUBJECT = subjects.event("worker", "started")
+    SUBJECT = subjects.event("worker", "started") + ".{minion_id}"  # only that node may say it
     job_id: str
     worker: int
     placement_id: str
@@ -584,7 +590,7 @@ class WorkerFinished(Event):
     """A worker ended: `finished` (exit 0), `failed` (non-zero exit or lost) or `stopped`."""
 
     TYPE = "gpufleet.worker.finished.v1"
-    SUBJECT = subjects.event("worker", "finished")
+    SUBJECT = subjects.event("worker", "finished") + ".{minion_id}"  # the node, or the scheduler
     job_id: str
     worker: int
     placement_id: str

@@ -1,18 +1,29 @@
 """The subject scheme: every NATS subject gpufleet uses is built here.
 
-    gpufleet.v1.evt.<domain>.<event>[.<key>]   events (JetStream stream EVENTS)
-    gpufleet.v1.cmd.<domain>.<key>.<verb>      durable commands (JetStream stream COMMANDS)
-    gpufleet.v1.rpc.<service>.<verb>           request/reply (core NATS; the CLI and health)
-    gpufleet.v1.log.<job_id>.<worker>          worker log chunks (JetStream stream LOGS)
-    gpufleet.v1.dlq.<service>                  rejected messages kept for inspection (stream DLQ)
-    gpufleet.v1.hb.<minion_id>                 node heartbeats (core NATS: losing one is harmless)
+    gpufleet.v1.evt.<domain>.<event>[.<key>]    events (JetStream stream EVENTS)
+    gpufleet.v1.cmd.<domain>.<key>.<verb>       durable commands (JetStream stream COMMANDS)
+    gpufleet.v1.rpc.<service>.<verb>.<account>  an account's request/reply (core NATS)
+    gpufleet.v1.adm.<service>.<verb>            an operator's request/reply (core NATS)
+    gpufleet.v1.enroll.<minion_id>              a node exchanging its join token (core NATS)
+    gpufleet.v1.node.<minion_id>.<verb>         requests to one node agent (core NATS)
+    gpufleet.v1.log.<minion_id>.<job_id>.<worker>  worker log chunks (JetStream stream LOGS)
+    gpufleet.v1.dlq.<service>.<account>         refused messages kept for inspection (stream DLQ)
+    gpufleet.v1.hb.<minion_id>                  node heartbeats (core NATS: losing one is harmless)
 
 `v1` is the version of the scheme itself; each message also carries its own version in
 its CloudEvents type (`gpufleet.job.queued.v1`). A consumer subscribes to the subject of
 the messages it handles; producers never guess subjects, they ask the message (`subject()`).
+
+Who is speaking is part of the subject wherever it matters, and the NATS server's permissions
+(gpufleet_auth.permissions) decide who may publish there: a user of account `acme` may
+publish only `gpufleet.v1.rpc.*.*.acme`, a node agent only subjects carrying its own
+`minion_id`. So a service reads the acting account, or the reporting node, from the subject
+the server let through, never from a payload or a header (R-TEN-2).
 """
 
 from __future__ import annotations
+
+import re
 
 ROOT = "gpufleet.v1"
 EVENTS = f"{ROOT}.evt"
@@ -21,6 +32,15 @@ RPC = f"{ROOT}.rpc"
 LOGS = f"{ROOT}.log"
 DLQ = f"{ROOT}.dlq"
 HEARTBEATS = f"{ROOT}.hb"
+ADMIN = f"{ROOT}.adm"
+ENROLL = f"{ROOT}.enroll"
+NODES = f"{ROOT}.node"
+INTERNAL = f"{ROOT}.internal"
+# Headers this project defines (CloudEvents' own `ce-*` are in base.Envelope).
+# No header carries an identity: the acting account is a subject token (see above).
+NO_ACCOUNT = "_"  # the account token of a dead letter whose account is unknown
+# An account name or a minion id is one subject token: letters, digits, '-', '_'.
+ACCOUNT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 # JetStream streams: name -> subjects. Declared once, by every service at start-up (idempotent).
 STREAM_EVENTS = "GPUFLEET_EVENTS"
@@ -38,16 +58,61 @@ def command(domain: str, verb: str, key: str = "{minion_id}") -> str:
 
 
 def rpc(service: str, verb: str) -> str:
+    """The base of an account request; `as_account` adds the account token."""
     return f"{RPC}.{service}.{verb}"
 
 
-def log(job_id: str, worker: int) -> str:
-    return f"{LOGS}.{job_id}.{worker}"
+def as_account(base: str, account: str) -> str:
+    """`gpufleet.v1.rpc.billing.balance` asked by `acme`: `gpufleet.v1.rpc.billing.balance.acme`."""
+    return f"{base}.{account}"
 
 
-def dead_letter(service: str) -> str:
-    return f"{DLQ}.{service}"
+def rpc_account(subject: str) -> str | None:
+    """The acting account of an account request (its last token), or None if not one."""
+    parts = subject.split(".")
+    if len(parts) != 6 or f"{parts[0]}.{parts[1]}.{parts[2]}" != RPC:
+        return None
+    return parts[5] or None
+
+
+def admin(service: str, verb: str) -> str:
+    """An operator's request: only operator credentials may publish these."""
+    return f"{ADMIN}.{service}.{verb}"
+
+
+def enroll(minion_id: str) -> str:
+    return f"{ENROLL}.{minion_id}"
+
+
+def node(minion_id: str, verb: str) -> str:
+    """A request to one node agent (its health)."""
+    return f"{NODES}.{minion_id}.{verb}"
+
+
+def log(minion_id: str, job_id: str, worker: int) -> str:
+    """A worker's log chunks, on the subject of the node that ran it: a node can only write
+    its own, and a reader takes each worker's log from the node its placement named."""
+    return f"{LOGS}.{minion_id}.{job_id}.{worker}"
+
+
+def dead_letter(service: str, account: str | None = None) -> str:
+    """Where `service` keeps a refused message; the account it was acting for, if known."""
+    return f"{DLQ}.{service}.{account or NO_ACCOUNT}"
+
+
+def internal(service: str, name: str) -> str:
+    """Between the instances of one service (core NATS), e.g. the scheduler's sync."""
+    return f"{INTERNAL}.{service}.{name}"
 
 
 def heartbeat(minion_id: str) -> str:
     return f"{HEARTBEATS}.{minion_id}"
+
+
+def token_at(subject: str, index: int) -> str | None:
+    """Token `index` of `subject` (negative counts from the end), or None."""
+    parts = subject.split(".")
+    try:
+        return parts[index] or None
+    except IndexError:
+        return None

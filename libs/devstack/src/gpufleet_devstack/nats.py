@@ -9,6 +9,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from gpufleet_auth import Authority, Creds
 
 from gpufleet_devstack._server import ServerProcess
 from gpufleet_devstack.processes import DevstackError, free_port, port_in_use
@@ -62,6 +65,12 @@ class NatsServer(ServerProcess):
     `restart()` reuses the port and the store dir, so JetStream data survives `kill()`.
     The log (stdout+stderr of the server) goes to `log_file`, by default
     `<store_dir>.nats.log` next to the store dir.
+
+    Authentication is on: decentralized JWT auth with the keys of `auth_dir` (by default
+    `<store_dir>.auth`, created on first start; gpufleet_auth.Authority). `creds(...)` mints
+    a credential of any kind for a test or for `just up`; `client(creds)` gives the keyword
+    arguments of `nats.connect` for it. `auth=False` runs an open server (nothing uses it
+    but the tests that show an open server is what the auth prevents).
     """
 
     kind = "nats-server"
@@ -76,6 +85,9 @@ class NatsServer(ServerProcess):
         binary: str | None = None,
         extra_args: Sequence[str] = (),
         start_timeout: float = 15.0,
+        auth: bool = True,
+        auth_dir: Path | None = None,
+        config: str = "",
     ) -> None:
         store_dir = Path(store_dir).absolute()
         super().__init__(
@@ -90,6 +102,57 @@ class NatsServer(ServerProcess):
         self.binary = binary
         self.extra_args = list(extra_args)
         self.monitor_port = self._monitor_port()
+        self.auth = auth
+        self.auth_dir = Path(auth_dir) if auth_dir else store_dir.parent / f"{store_dir.name}.auth"
+        self.config = config  # more nats-server configuration, appended as is
+        self._authority: Authority | None = None
+
+    # --- identities -------------------------------------------------------------------
+
+    @property
+    def authority(self) -> Authority:
+        if self._authority is None:
+            self._authority = Authority.load_or_create(self.auth_dir)
+        return self._authority
+
+    def creds(self, kind: str, name: str = "", account: str = "local") -> Path:
+        """A credentials file: kind `service` (name = the service), `user` (of `account`,
+        name = the user), `operator`, `node` (name = minion id, owned by `account`, region
+        `local`: an already-enrolled node, as the provisioner would issue it)."""
+        issuer = self.authority.issuer
+        label = f"{kind}-{account}-{name}" if kind == "user" else f"{kind}-{name or 'admin'}"
+        path = self.authority.directory / "creds" / f"{label}.creds"
+        if path.exists():
+            return path
+        if kind == "service":
+            made = issuer.service(name)
+        elif kind == "user":
+            made = issuer.user(account, name or "dev")
+        elif kind == "operator":
+            made = issuer.operator(name or "admin")
+        elif kind == "node":
+            from gpufleet_auth.creds import new_user_key, public
+
+            key = new_user_key()
+            token = issuer.node(name, public(key), account=account, region="local")
+            made = Creds(jwt=token, seed=key.seed.decode())
+        else:
+            raise ValueError(f"unknown identity kind {kind!r}")
+        return made.write(path)
+
+    @staticmethod
+    def client(creds: Path | str | None) -> dict[str, Any]:
+        """`nats.connect` keyword arguments for a credentials file (none: anonymous)."""
+        if creds is None:
+            return {}
+        return {
+            "user_credentials": str(creds),
+            "inbox_prefix": Creds.read(creds).inbox_prefix,
+        }
+
+    def admin(self) -> dict[str, Any]:
+        """`nats.connect` keyword arguments of an operator: tests that poke at streams."""
+        return self.client(self.creds("operator"))
 
     def _monitor_port(self) -> int:
         """A free port other than the client port: two `free_port` calls in a row can get
@@ -98,6 +161,10 @@ class NatsServer(ServerProcess):
         while (port := free_port(self.host)) == self.port:
             pass
         return port
+
+    @property
+    def config_file(self) -> Path:
+        return self.store_dir.parent / f"{self.store_dir.name}.conf"
 
     @property
     def url(self) -> str:
@@ -111,6 +178,12 @@ class NatsServer(ServerProcess):
         if self.binary is None:
             self.binary = ensure_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.config
+        if self.auth:
+            resolver = self.store_dir.parent / f"{self.store_dir.name}.jwt"
+            resolver.mkdir(parents=True, exist_ok=True)
+            conf = self.authority.server_config(resolver) + conf
+        self.config_file.write_text(conf)
         if self.monitor_port == self.port or port_in_use(self.monitor_port, self.host):
             self.monitor_port = self._monitor_port()
 
@@ -122,6 +195,7 @@ class NatsServer(ServerProcess):
             "-js",
             "-sd", str(self.store_dir),
             "-m", str(self.monitor_port),
+            "-c", str(self.config_file),
             *self.extra_args,
         ]  # fmt: skip
 

@@ -89,24 +89,22 @@ def build_app(
 
     @rt.on_request("balance", description="The acting account's balance and unpaid earnings.")
     async def balance(msg: NatsMessage) -> dict[str, Any]:
-        return await queries.balance(account_of(msg.headers))
+        return await queries.balance(account_of(msg))
 
     @rt.on_request("entries", description="The acting account's ledger entries, newest first.")
     async def entries(body: EntriesQuery, msg: NatsMessage) -> dict[str, Any]:
         found = await queries.entries(
-            account_of(msg.headers), body.limit, parse_time(body.from_), parse_time(body.to)
+            account_of(msg), body.limit, parse_time(body.from_), parse_time(body.to)
         )
         return {"entries": found}
 
     @rt.on_request("job_cost", description="What one job cost the acting account, by kind.")
     async def job_cost(body: JobCostQuery, msg: NatsMessage) -> dict[str, Any]:
-        return await queries.job_cost(body.job_id, account_of(msg.headers))
+        return await queries.job_cost(body.job_id, account_of(msg))
 
     @rt.on_request("earnings", description="The acting account's earnings per node and region.")
     async def earnings(body: Range, msg: NatsMessage) -> dict[str, Any]:
-        return await queries.earnings(
-            account_of(msg.headers), parse_time(body.from_), parse_time(body.to)
-        )
+        return await queries.earnings(account_of(msg), parse_time(body.from_), parse_time(body.to))
 
     ticker: list[asyncio.Task[None]] = []
     wake = asyncio.Event()  # set on shutdown, so the clock does not sleep out its period

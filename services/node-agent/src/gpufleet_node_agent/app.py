@@ -9,7 +9,9 @@ from typing import Any
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker
-from gpufleet_bus import BusSettings, ServiceRuntime
+from faststream.nats.message import NatsMessage
+from gpufleet_bus import BusSettings, ServiceRuntime, UnknownMessageType
+from gpufleet_bus.streams import node_consumer, node_consumer_config
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import StartWorker, StopWorker, WorkerFinished, WorkerStarted
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
@@ -22,8 +24,22 @@ SERVICE = "node-agent"
 
 
 def health_subject(minion_id: str) -> str:
-    """`gpufleet.v1.rpc.node.<minion_id>.health`: one agent's own health, not a queue group."""
-    return subjects.rpc(f"node.{minion_id}", "health")
+    """`gpufleet.v1.node.<minion_id>.health`: one agent's own health."""
+    return subjects.node(minion_id, "health")
+
+
+COMMANDS: dict[str, type[StartWorker] | type[StopWorker]] = {
+    StartWorker.TYPE: StartWorker,
+    StopWorker.TYPE: StopWorker,
+}
+
+
+def decode_command(ce_type: str, data: bytes) -> StartWorker | StopWorker:
+    """A node command by its CloudEvents type; an unknown type is refused like a bad body."""
+    model = COMMANDS.get(ce_type)
+    if model is None:
+        raise UnknownMessageType(ce_type, sorted(COMMANDS))
+    return model.from_bytes(data)
 
 
 def build_app(
@@ -33,23 +49,27 @@ def build_app(
     *,
     bus: BusSettings | None = None,
 ) -> tuple[FastStream, Agent]:
-    rt = ServiceRuntime(SERVICE, broker, None, bus=bus)
+    rt = ServiceRuntime(SERVICE, broker, None, bus=bus, infrastructure=False)
     agent = Agent(settings, broker, clock)
     mid = settings.minion_id
     rt.publishes(RegisterNode, WorkerStarted, WorkerFinished, NodeHeartbeat)
 
+    # One consumer for the node's commands, in order; the provisioner created it at
+    # enrolment and this node may only read it (gpufleet_bus.streams.node_consumer_config).
     @rt.on_event(
-        StartWorker, f"node-{mid}-start", subject=StartWorker.SUBJECT.format(minion_id=mid)
+        StartWorker,
+        node_consumer(mid),
+        subject=f"{subjects.COMMANDS}.node.{mid}.*",
+        consumer=node_consumer_config(mid),
     )
-    async def on_start_worker(body: StartWorker) -> None:
-        await agent.on_start_worker(body)
+    async def on_command(body: dict[str, Any], msg: NatsMessage) -> None:
+        cmd = decode_command(str((msg.headers or {}).get("ce-type", "")), msg.body)
+        if isinstance(cmd, StartWorker):
+            await agent.on_start_worker(cmd)
+        else:
+            await agent.on_stop_worker(cmd)
 
-    @rt.on_event(StopWorker, f"node-{mid}-stop", subject=StopWorker.SUBJECT.format(minion_id=mid))
-    async def on_stop_worker(body: StopWorker) -> None:
-        await agent.on_stop_worker(body)
-
-    # ServiceRuntime's `gpufleet.v1.rpc.node-agent.health` is answered by any one agent
-    # (a queue group); this subject asks one node by its minion id.
+    # Requests to this node alone (its health), from services and operators.
     @broker.subscriber(
         health_subject(mid), ack_policy=AckPolicy.MANUAL, title=f"{SERVICE}:{mid}:health"
     )

@@ -424,7 +424,7 @@ class WorkerManager:
         offset = read_int(w.file("log.offset")) or 0
         pending = read_int(w.file("log.pending"))
         size = path.stat().st_size
-        subject = subjects.log(w.job_id, w.worker)
+        subject = subjects.log(self.minion_id, w.job_id, w.worker)
         with path.open("rb") as f:
             for _ in range(CHUNKS_PER_POLL):
                 if pending is not None and pending > offset:

@@ -102,14 +102,14 @@ def build_app(
     # --- requests (core NATS) ---
     @rt.on_request("list_nodes", description="The acting account's nodes.")
     async def list_nodes(msg: NatsMessage) -> Doc:
-        return {"nodes": await prov.list_nodes(account_of(msg.headers))}
+        return {"nodes": await prov.list_nodes(account_of(msg))}
 
     @rt.on_request(
         "enable_provider",
         description="Enable `physical` or `gcp` (with a service-account key) once (R-PROV-1/2).",
     )
     async def enable_provider(body: Doc, msg: NatsMessage) -> Doc:
-        account = account_of(msg.headers)
+        account = account_of(msg)
 
         async def run() -> Doc:
             provider = _str(body, "provider")
@@ -136,15 +136,15 @@ def build_app(
 
     @rt.on_request("list_providers")
     async def list_providers(msg: NatsMessage) -> Doc:
-        return {"providers": await prov.list_providers(account_of(msg.headers))}
+        return {"providers": await prov.list_providers(account_of(msg))}
 
     @rt.on_request("set_burst_policy", description="Burst policy of the account (R-SCHED-3).")
     async def set_burst_policy(body: Doc, msg: NatsMessage) -> Doc:
-        return await guarded(lambda: cloud.set_policy(account_of(msg.headers), body))
+        return await guarded(lambda: cloud.set_policy(account_of(msg), body))
 
     @rt.on_request("create_region", description="A physical (R-REG-1) or GCP (R-REG-2) region.")
     async def create_region(body: Doc, msg: NatsMessage) -> Doc:
-        account = account_of(msg.headers)
+        account = account_of(msg)
 
         async def run() -> Doc:
             provider = _str(body, "provider", "physical")
@@ -164,19 +164,17 @@ def build_app(
 
     @rt.on_request("list_regions")
     async def list_regions(msg: NatsMessage) -> Doc:
-        return {"regions": await prov.list_regions(account_of(msg.headers))}
+        return {"regions": await prov.list_regions(account_of(msg))}
 
     @rt.on_request("region_quotas", description="A GCP region's quotas and runnable jobs.")
     async def region_quotas(body: Doc, msg: NatsMessage) -> Doc:
-        return await guarded(
-            lambda: cloud.region_quotas(account_of(msg.headers), _str(body, "name"))
-        )
+        return await guarded(lambda: cloud.region_quotas(account_of(msg), _str(body, "name")))
 
     @rt.on_request("add_node", description="Add a compute or storage node by minion id.")
     async def add_node(body: Doc, msg: NatsMessage) -> Doc:
         return await guarded(
             lambda: prov.add_node(
-                account_of(msg.headers),
+                account_of(msg),
                 _str(body, "region"),
                 _str(body, "name"),
                 _str(body, "minion_id"),
@@ -189,17 +187,15 @@ def build_app(
 
     @rt.on_request("show_node")
     async def show_node(body: Doc, msg: NatsMessage) -> Doc:
-        return await guarded(lambda: prov.show_node(account_of(msg.headers), _str(body, "node")))
+        return await guarded(lambda: prov.show_node(account_of(msg), _str(body, "node")))
 
     @rt.on_request("toggle_maintenance")
     async def toggle_maintenance(body: Doc, msg: NatsMessage) -> Doc:
-        return await guarded(
-            lambda: prov.toggle_maintenance(account_of(msg.headers), _str(body, "node"))
-        )
+        return await guarded(lambda: prov.toggle_maintenance(account_of(msg), _str(body, "node")))
 
     @rt.on_request("remove_node")
     async def remove_node(body: Doc, msg: NatsMessage) -> Doc:
-        return await guarded(lambda: prov.remove_node(account_of(msg.headers), _str(body, "node")))
+        return await guarded(lambda: prov.remove_node(account_of(msg), _str(body, "node")))
 
     # --- the tick: liveness and burst decisions ---
     tasks: list[asyncio.Task[None]] = []

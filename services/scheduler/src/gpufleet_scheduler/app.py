@@ -8,14 +8,14 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, publish
+from gpufleet_bus import ServiceRuntime, account_of, account_subject, publish
 from gpufleet_contracts import error, subjects
 from gpufleet_contracts.jobs import (
     CancelJob,
@@ -46,7 +46,7 @@ SUBMIT_WORKERS = 256
 # placement pass, so the batches (and the throughput) grow with this (benchmarks/scheduler).
 SUBMIT_CONCURRENCY = 4096
 # Core NATS, every instance: "these jobs/nodes changed" from an instance that does not lead.
-SYNC_SUBJECT = f"{subjects.ROOT}.internal.scheduler.sync"
+SYNC_SUBJECT = subjects.internal(SERVICE, "sync")
 
 
 def settings_from_env() -> SchedulerSettings:
@@ -105,7 +105,7 @@ def build_app(
         wait for their batch's transaction and placement pass, so one at a time would make
         every request pay a whole transaction (see benchmarks/scheduler)."""
         sub = broker.subscriber(
-            subjects.rpc(SERVICE, verb),
+            account_subject(SERVICE, verb),
             queue=f"{SERVICE}-rpc",
             ack_policy=AckPolicy.MANUAL,
             max_workers=SUBMIT_WORKERS,
@@ -126,11 +126,11 @@ def build_app(
         description="Validate and queue a job; replies {id, state}.",
         concurrency=SUBMIT_CONCURRENCY,
     )
-    async def submit_job(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, Any]:
+    async def submit_job(body: SubmitJob, account: str) -> dict[str, Any]:
         """Served on the raw connection (gpufleet_bus.fastpath): the fleet's hottest subject."""
 
         async def run() -> dict[str, Any]:
-            job = await sched.submit(body.spec, account_of(dict(headers)))
+            job = await sched.submit(body.spec, account)
             return {
                 "id": job["id"],
                 "state": job["state"],
@@ -142,15 +142,15 @@ def build_app(
 
     @concurrent_request("get_job", "A job, its state and why it waits.")
     async def get_job(body: GetJob, msg: NatsMessage) -> dict[str, Any]:
-        return await guarded(lambda: sched.get(body.job_id, account_of(msg.headers)))
+        return await guarded(lambda: sched.get(body.job_id, account_of(msg)))
 
     @rt.on_request("list_jobs")
     async def list_jobs(body: ListJobs, msg: NatsMessage) -> dict[str, Any]:
-        return {"jobs": await sched.list(account_of(msg.headers), body.limit)}
+        return {"jobs": await sched.list(account_of(msg), body.limit)}
 
     @rt.on_request("cancel_job")
     async def cancel_job(body: CancelJob, msg: NatsMessage) -> dict[str, Any]:
-        return await guarded(lambda: sched.cancel(body.job_id, account_of(msg.headers)))
+        return await guarded(lambda: sched.cancel(body.job_id, account_of(msg)))
 
     # --- events (JetStream, durable) ---
     @rt.on_event(NodeRegistered, "node-registered")
@@ -164,7 +164,8 @@ def build_app(
     @rt.on_event(EnqueueJob, "enqueue-job")
     async def on_enqueue_job(body: EnqueueJob, msg: NatsMessage) -> None:
         """Another system's submission; invalid bodies never get here (dead-lettered)."""
-        account = account_of(msg.headers)
+        # gpufleet.v1.cmd.scheduler.<account>.enqueue_job: only that account may publish it
+        account = subjects.token_at(msg.raw_message.subject, 4) or ""
         try:
             await sched.submit(body.spec, account, wait=False, request_id=body.request_id)
         except Refused as exc:

@@ -1,0 +1,108 @@
+"""Nkeys and the `.creds` file: a user JWT plus the seed that proves it is yours.
+
+The format is NATS's own (what `nsc` writes and nats-py's `user_credentials=` reads), so any
+NATS client or tool can use a gpufleet credential. A seed is a secret: files are written
+0600 and a seed never travels on the bus (a node makes its own and sends the public key).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nkeys
+
+from . import jwt
+
+_BLOCK = re.compile(r"-{3,}BEGIN [A-Z ]+-{3,}\s*\n(?P<body>\S+)\s*\n-{3,}END [A-Z ]+-{3,}")
+
+
+def new_key(prefix: int) -> nkeys.KeyPair:
+    """A new nkey pair: `nkeys.PREFIX_BYTE_USER`, `..._ACCOUNT` or `..._OPERATOR`."""
+    return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
+
+
+def new_user_key() -> nkeys.KeyPair:
+    return new_key(nkeys.PREFIX_BYTE_USER)
+
+
+def key_from_seed(seed: str | bytes) -> nkeys.KeyPair:
+    return nkeys.from_seed(seed.encode() if isinstance(seed, str) else bytes(seed))
+
+
+def public(key: nkeys.KeyPair) -> str:
+    return str(key.public_key.decode())
+
+
+def seed_of(key: nkeys.KeyPair) -> str:
+    return str(key.seed.decode())
+
+
+def format_creds(user_jwt: str, seed: str) -> str:
+    return (
+        "-----BEGIN NATS USER JWT-----\n"
+        f"{user_jwt}\n"
+        "------END NATS USER JWT------\n\n"
+        "************************* IMPORTANT *************************\n"
+        "NKEY Seed printed below can be used to sign and prove identity.\n"
+        "NKEYs are sensitive and should be treated as secrets.\n\n"
+        "-----BEGIN USER NKEY SEED-----\n"
+        f"{seed}\n"
+        "------END USER NKEY SEED------\n"
+    )
+
+
+@dataclass(frozen=True)
+class Creds:
+    """A parsed `.creds` file."""
+
+    jwt: str
+    seed: str
+
+    @property
+    def public_key(self) -> str:
+        return public(key_from_seed(self.seed))
+
+    @property
+    def claims(self) -> dict[str, object]:
+        return jwt.decode(self.jwt, verify=False)
+
+    @property
+    def inbox_prefix(self) -> str:
+        """`_INBOX.<public key>`: the only inbox this identity may subscribe to."""
+        return inbox_prefix(self.public_key)
+
+    def text(self) -> str:
+        return format_creds(self.jwt, self.seed)
+
+    @classmethod
+    def parse(cls, text: str) -> Creds:
+        blocks = [m.group("body") for m in _BLOCK.finditer(text)]
+        if len(blocks) < 2:
+            raise ValueError("not a NATS credentials file (a JWT block and a seed block)")
+        return cls(jwt=blocks[0].strip(), seed=blocks[1].strip())
+
+    @classmethod
+    def read(cls, path: Path | str) -> Creds:
+        return cls.parse(Path(path).expanduser().read_text())
+
+    def write(self, path: Path | str) -> Path:
+        return write_secret(Path(path), self.text())
+
+
+def inbox_prefix(public_key: str) -> str:
+    return f"_INBOX.{public_key}"
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """Write `text` to `path`, readable by its owner only (created 0600, never widened)."""
+    path = path.expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,312 @@
+"""Least privilege as data: what each identity may publish and subscribe to.
+
+One row per kind of identity. The NATS server enforces these (they are written into each
+user JWT), so a forged command, event or read is refused before any gpufleet code sees it;
+handlers still check who may state a fact (defence in depth). `docs/permissions.md` is
+generated from this table (`just docs`), and tests/unit/auth checks that every subject each
+service's wiring subscribes to or publishes is allowed by its row, and that nothing else
+crosses an account.
+
+Placeholders: `{account}` (a tenant account), `{minion_id}` (a node), `{inbox}` (the
+identity's own reply inbox, `_INBOX.<its public key>`).
+
+JetStream: consuming a stream needs its API subjects, not the stream's subjects. A service
+gets the API of the streams it reads (never purge or delete of a stream or a message); a
+node agent gets only "next message" and "ack" on the one consumer the provisioner created
+for it at enrolment, so it can read its own commands and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpufleet_contracts import subjects as s
+
+S = s.ROOT
+EVENTS, COMMANDS, LOGS, DLQ = s.STREAM_EVENTS, s.STREAM_COMMANDS, s.STREAM_LOGS, s.STREAM_DLQ
+STREAMS = (EVENTS, COMMANDS, LOGS, DLQ)
+INBOX = "{inbox}.>"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one identity may do. `responses`: it may answer requests it received (the
+    reply subject is allowed for one message), without any publish right on inboxes."""
+
+    kind: str
+    summary: str
+    pub: tuple[str, ...] = ()
+    sub: tuple[str, ...] = ()
+    pub_deny: tuple[str, ...] = ()
+    responses: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    def bind(self, **values: str) -> Grant:
+        def fill(items: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(i.format(**values) for i in items)
+
+        return replace(self, pub=fill(self.pub), sub=fill(self.sub), pub_deny=fill(self.pub_deny))
+
+    def nats_claims(self) -> dict[str, object]:
+        """The `pub`/`sub`/`resp` part of a user JWT's `nats` claims."""
+        claims: dict[str, object] = {
+            "pub": {
+                "allow": list(self.pub),
+                **({"deny": list(self.pub_deny)} if self.pub_deny else {}),
+            },
+            "sub": {"allow": list(self.sub)},
+        }
+        if self.responses:
+            claims["resp"] = {"max": 1, "ttl": 0}
+        return claims
+
+    def may_publish(self, subject: str) -> bool:
+        return covered(subject, self.pub) and not any(overlaps(subject, d) for d in self.pub_deny)
+
+    def may_subscribe(self, subject: str) -> bool:
+        return covered(subject, self.sub)
+
+
+# --- JetStream API building blocks -----------------------------------------------------
+
+
+def declare_streams() -> tuple[str, ...]:
+    """Create, update and read the configuration of gpufleet's streams (every service
+    declares them at start-up; declaring is idempotent)."""
+    out = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
+    for stream in STREAMS:
+        out += [f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE")]
+    return tuple(out)
+
+
+def consume(stream: str) -> tuple[str, ...]:
+    """Durable and ordered consumers on one stream, and reading its messages by sequence."""
+    return (
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.API.CONSUMER.DELETE.{stream}.*",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    )
+
+
+NEVER = (
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.STREAM.SNAPSHOT.>",
+    "$JS.API.STREAM.RESTORE.>",
+    "$JS.API.ACCOUNT.>",
+    "$JS.API.META.>",
+    "$JS.API.SERVER.>",
+)
+
+
+def _service(
+    name: str,
+    summary: str,
+    *,
+    pub: tuple[str, ...],
+    reads: tuple[str, ...],
+    sub: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> Grant:
+    """A service: its own requests (any account's, and the operators' verbs), its events,
+    its dead letters, and the JetStream API of the streams it reads."""
+    js = declare_streams() + tuple(x for stream in (*reads, DLQ) for x in consume(stream))
+    return Grant(
+        kind=f"service:{name}",
+        summary=summary,
+        pub=(*pub, f"{S}.dlq.{name}.*", *js, *extra),
+        sub=(
+            f"{S}.rpc.{name}.*.*",
+            f"{S}.adm.{name}.*",
+            f"{S}.internal.{name}.>",
+            *sub,
+            INBOX,
+        ),
+        pub_deny=NEVER,
+        responses=True,
+    )
+
+
+SERVICES: dict[str, Grant] = {
+    "scheduler": _service(
+        "scheduler",
+        "jobs, the queue and placement; the only sender of StartWorker/StopWorker",
+        pub=(
+            f"{S}.evt.job.*",
+            f"{S}.evt.worker.placed",
+            # a worker of a lost node is declared failed by the scheduler (R-NODE-5)
+            f"{S}.evt.worker.finished.*",
+            f"{S}.evt.scheduler.*",
+            f"{S}.cmd.node.*.start_worker",
+            f"{S}.cmd.node.*.stop_worker",
+            f"{S}.internal.scheduler.>",
+        ),
+        reads=(EVENTS, COMMANDS, LOGS),
+    ),
+    "provisioner": _service(
+        "provisioner",
+        "providers, regions, nodes and node enrolment; creates each node's command consumer",
+        pub=(
+            f"{S}.evt.node.*",
+            f"{S}.evt.provider.*",
+            f"{S}.evt.account.*",
+            f"{S}.node.*.*",  # asks a node agent for its health
+        ),
+        reads=(EVENTS, COMMANDS),
+        sub=(f"{S}.enroll.*", f"{S}.hb.*"),
+    ),
+    "billing": _service(
+        "billing",
+        "the ledger; the only sender of billing events",
+        pub=(f"{S}.evt.billing.*",),
+        reads=(EVENTS,),
+    ),
+    "device-fleet": _service(
+        "device-fleet",
+        "edge devices",
+        pub=(f"{S}.evt.device.*",),
+        reads=(EVENTS,),
+    ),
+    "datastore": _service(
+        "datastore",
+        "regional datastores",
+        pub=(f"{S}.evt.datastore.*",),
+        reads=(EVENTS,),
+    ),
+}
+
+
+def node_consumer(minion_id: str) -> str:
+    """The durable consumer of one node's commands (created by the provisioner)."""
+    return f"node-{minion_id}"
+
+
+NODE = Grant(
+    kind="node",
+    summary="one node agent: only subjects carrying its own minion id",
+    pub=(
+        f"{S}.cmd.provisioner.{{minion_id}}.register_node",
+        f"{S}.evt.worker.started.{{minion_id}}",
+        f"{S}.evt.worker.finished.{{minion_id}}",
+        f"{S}.hb.{{minion_id}}",
+        f"{S}.log.{{minion_id}}.>",
+        f"{S}.dlq.node-{{minion_id}}.*",
+        f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
+        f"$JS.ACK.{COMMANDS}.node-{{minion_id}}.>",
+    ),
+    sub=(f"{S}.node.{{minion_id}}.*", INBOX),
+    responses=True,
+)
+
+ENROLL = Grant(
+    kind="enroll",
+    summary="a join token: one request to exchange it for a node credential, then nothing",
+    pub=(f"{S}.enroll.{{minion_id}}",),
+    sub=(INBOX,),
+)
+
+USER = Grant(
+    kind="user",
+    summary="a user of an account: its own account's requests, nothing else",
+    pub=(
+        f"{S}.rpc.*.*.{{account}}",
+        f"{S}.cmd.scheduler.{{account}}.enqueue_job",
+    ),
+    sub=(INBOX,),
+    notes=(
+        "reads its jobs, logs and dead letters through requests the services answer "
+        "for its account only; no event, command, log or JetStream API subject",
+    ),
+)
+
+OPERATOR = Grant(
+    kind="operator",
+    summary="an operator of the installation: everything, including the JetStream API",
+    pub=(">",),
+    sub=(">",),
+    responses=True,
+)
+
+# In the system account: the provisioner's right to push a new account JWT (revocations).
+CLAIMS_PUSHER = Grant(
+    kind="system:claims",
+    summary="pushes the account JWT when a credential is revoked (system account)",
+    pub=("$SYS.REQ.CLAIMS.UPDATE", "$SYS.REQ.ACCOUNT.*.CLAIMS.UPDATE"),
+    sub=(INBOX,),
+)
+
+
+def for_service(name: str, inbox: str) -> Grant:
+    return SERVICES[name].bind(inbox=inbox)
+
+
+def for_node(minion_id: str, inbox: str) -> Grant:
+    return NODE.bind(minion_id=minion_id, inbox=inbox)
+
+
+def for_enroll(minion_id: str, inbox: str) -> Grant:
+    return ENROLL.bind(minion_id=minion_id, inbox=inbox)
+
+
+def for_user(account: str, inbox: str) -> Grant:
+    return USER.bind(account=account, inbox=inbox)
+
+
+def for_operator(inbox: str) -> Grant:
+    return OPERATOR.bind(inbox=inbox)
+
+
+def table() -> list[Grant]:
+    """Every row, with its placeholders, in the order the docs show them."""
+    return [*SERVICES.values(), NODE, ENROLL, USER, OPERATOR, CLAIMS_PUSHER]
+
+
+# --- subject matching (NATS wildcard semantics) ----------------------------------------
+
+
+def matches(subject: str, pattern: str) -> bool:
+    """Whether a literal `subject` matches `pattern` (`*` one token, `>` the rest)."""
+    return overlaps(subject, pattern) and "*" not in subject and ">" not in subject
+
+
+def covered(subject: str, patterns: tuple[str, ...]) -> bool:
+    """Whether every subject `subject` (which may hold wildcards) can stand for is allowed
+    by one of `patterns`: a subscription to `a.*` needs a pattern covering all of `a.*`."""
+    return any(_covers(p.split("."), subject.split(".")) for p in patterns)
+
+
+def overlaps(subject: str, pattern: str) -> bool:
+    """Whether some literal subject matches both (wildcards allowed on either side)."""
+    a, b = subject.split("."), pattern.split(".")
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x == ">" or y == ">":
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+        if i == min(len(a), len(b)) - 1 and len(a) != len(b):
+            return False
+    return len(a) == len(b)
+
+
+def _covers(pattern: list[str], subject: list[str]) -> bool:
+    for i, p in enumerate(pattern):
+        if p == ">":
+            return len(subject) > i
+        if i >= len(subject):
+            return False
+        t = subject[i]
+        if t == ">":
+            return False
+        if p != "*" and (t == "*" or p != t):
+            return False
+    return len(subject) == len(pattern)
