@@ -7,10 +7,12 @@ NATS client or tool can use a gpufleet credential. A seed is a secret: files are
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nkeys
 
@@ -76,6 +78,19 @@ class Creds:
 
     def text(self) -> str:
         return format_creds(self.jwt, self.seed)
+
+    def connect_options(self) -> dict[str, Any]:
+        """`nats.connect` keyword arguments for this credential held in memory (no file)."""
+        key = key_from_seed(self.seed)
+        token = self.jwt.encode()
+
+        def jwt_cb() -> bytes:
+            return token
+
+        def sig_cb(nonce: str) -> bytes:
+            return base64.b64encode(key.sign(nonce.encode()))
+
+        return {"user_jwt_cb": jwt_cb, "signature_cb": sig_cb, "inbox_prefix": self.inbox_prefix}
 
     @classmethod
     def parse(cls, text: str) -> Creds:

@@ -93,6 +93,7 @@ class Billing:
                     "creator": evt.creator,
                     "job_type": str(evt.job_type),
                     "node_id": evt.node_id,
+                    "minion_id": evt.minion_id,
                     "region": evt.region,
                     "placed_at": evt.placed_at,
                     "gpu_fraction": str(evt.gpu_fraction) if evt.gpu_fraction else None,
@@ -104,8 +105,11 @@ class Billing:
 
     async def worker_started(self, evt: WorkerStarted) -> None:
         """Record the start: from now on the clock bills each full running hour."""
-        if await self.db.placements.find_one({"_id": evt.placement_id}) is None:
+        p = await self.db.placements.find_one({"_id": evt.placement_id})
+        if p is None:
             raise NotYetKnown(f"placement {evt.placement_id} not seen yet")
+        if not _from_its_node(p, evt.minion_id):
+            return
         await self.db.placements.update_one(
             {"_id": evt.placement_id, "started_ms": {"$exists": False}},
             {"$set": {"started_ms": to_ms(evt.started_at)}},
@@ -113,8 +117,11 @@ class Billing:
 
     async def worker_finished(self, evt: WorkerFinished) -> int:
         """Settle a run to its exact total; returns the entries written (0 on a replay)."""
-        if await self.db.placements.find_one({"_id": evt.placement_id}) is None:
+        placed = await self.db.placements.find_one({"_id": evt.placement_id})
+        if placed is None:
             raise NotYetKnown(f"placement {evt.placement_id} not seen yet")
+        if not _from_its_node(placed, evt.minion_id):
+            return 0
 
         async def body(tx: Transaction) -> int:
             p = await self.db.placements.find_one({"_id": evt.placement_id}, session=tx.session)
@@ -408,6 +415,21 @@ def _worker_memo(p: Doc, group: str, stage: str, duration_ms: int) -> str:
     return f"{p['gpu_count']} x {p['gpu_model']} at {p['rate']}/GPU-hour, {span}" + (
         f" on {p['node_owner']}'s node" if p["charge"] == "market" else ""
     )
+
+
+def _from_its_node(placement: Doc, minion_id: str) -> bool:
+    """Billing takes a worker fact only from the node the placement named (its subject
+    carries the reporting node, which only that node may publish: gpufleet_auth)."""
+    expected = placement.get("minion_id")
+    if expected is None or expected == minion_id:  # None: placed before this was kept
+        return True
+    log.warning(
+        "placement %s: worker fact from node %s, placed on %s: ignored",
+        placement["_id"],
+        minion_id,
+        expected,
+    )
+    return False
 
 
 __all__ = ["PLATFORM", "Billing", "NotYetKnown"]

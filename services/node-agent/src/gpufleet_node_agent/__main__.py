@@ -1,16 +1,45 @@
 import asyncio
+import logging
+import sys
 
 from gpufleet_bus import BusSettings, make_broker
 
 from .app import SERVICE, build_app
+from .enrol import EnrolmentError, enrol
 from .settings import AgentSettings
+
+log = logging.getLogger("gpufleet.node_agent")
+
+
+async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
+    """The node's credential: the one it has, or the one its join token is exchanged for."""
+    path = bus.nats_creds or settings.agent_state_dir / "node.creds"
+    if not path.exists():
+        token = settings.token()
+        if token is None:
+            raise EnrolmentError(
+                f"no credential at {path} and no join token: get one with "
+                "`gpufleet node token <minion-id> --region <region>` and set GPUFLEET_JOIN_TOKEN"
+            )
+        tls = bus.connect_options()
+        tls = {k: v for k, v in tls.items() if k == "tls"}
+        await enrol(bus.servers, token, settings.minion_id, path, tls=tls)
+    return bus.model_copy(update={"nats_creds": path})
+
+
+async def run() -> None:
+    settings = AgentSettings()
+    bus = await credential(settings, BusSettings())
+    app, _ = build_app(settings, make_broker(SERVICE, bus), bus=bus)
+    await app.run()
 
 
 def main() -> None:
-    settings = AgentSettings()
-    bus = BusSettings()
-    app, _ = build_app(settings, make_broker(SERVICE, bus), bus=bus)
-    asyncio.run(app.run())
+    try:
+        asyncio.run(run())
+    except EnrolmentError as exc:
+        print(f"gpufleet node agent: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
 
 
 if __name__ == "__main__":

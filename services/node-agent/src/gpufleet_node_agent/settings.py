@@ -43,6 +43,18 @@ class AgentSettings(BaseSettings):
     # R-SCHED-4: the operator divides each GPU of this node into this many shares.
     gpu_shares: int = Field(default=1, ge=1, le=16)
     log_chunk_bytes: int = Field(default=16384, ge=256, le=1024 * 1024)
+    # Enrolment (R-NODE-2): a one-time join token, exchanged at the first start for the
+    # node's own credential, kept in `<agent_state_dir>/node.creds` (GPUFLEET_NATS_CREDS
+    # overrides the path). The token, or a file holding it.
+    join_token: str | None = Field(default=None, repr=False)
+    join_token_file: Path | None = None
+
+    def token(self) -> str | None:
+        if self.join_token:
+            return self.join_token
+        if self.join_token_file is not None:
+            return self.join_token_file.expanduser().read_text().strip()
+        return None
 
     @field_validator("minion_id")
     @classmethod

@@ -11,9 +11,19 @@ from typing import Any, cast
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of
+from gpufleet_bus import BusSettings, ServiceRuntime, account_of
 from gpufleet_bus.publish import Publisher
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, subjects
+from gpufleet_contracts.identity import (
+    AccountChanged,
+    AddUser,
+    AdminIssueJoinToken,
+    CreateAccount,
+    EnrollNode,
+    IssueJoinToken,
+    RevokeNode,
+    SetPlan,
+)
 from gpufleet_contracts.jobs import PendingDemandChanged
 from gpufleet_contracts.nodes import (
     CloudInstanceEvent,
@@ -27,6 +37,8 @@ from gpufleet_store import Store, utcnow
 
 from .cloud import CloudManager
 from .gcp import GcpEndpoints
+from .identity import INDEXES as IDENTITY_INDEXES
+from .identity import Identity, load_issuer
 from .service import INDEXES, Provisioner, Refused
 from .settings import ProvisionerSettings
 
@@ -51,6 +63,12 @@ async def guarded(fn: Callable[[], Awaitable[Any]]) -> Doc:
     return result if isinstance(result, dict) else {"result": result}
 
 
+async def _dump(result: Awaitable[Any]) -> Doc:
+    value = await result
+    dumped: Doc = value.model_dump(mode="json")
+    return dumped
+
+
 def _str(body: Doc, name: str, default: str | None = None) -> str:
     value = body.get(name, default)
     if not isinstance(value, str) or not value:
@@ -69,21 +87,87 @@ def build_app(
     auto_activate: bool | None = None,
     settings: ProvisionerSettings | None = None,
     endpoints: GcpEndpoints | None = None,
+    identity: Identity | None = None,
+    bus: BusSettings | None = None,
 ) -> tuple[FastStream, Provisioner]:
     settings = settings or ProvisionerSettings()
-    rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES)
+    bus = bus or BusSettings()
+    rt = ServiceRuntime(SERVICE, broker, store, indexes={**INDEXES, **IDENTITY_INDEXES}, bus=bus)
     if auto_activate is None:
         auto_activate = settings.auto_activate_nodes
-    prov = Provisioner(store, clock, auto_activate, settings)
+    ident = identity or Identity(
+        store, load_issuer(settings.auth_dir), clock, bus.servers, bus.connect_options()
+    )
+    prov = Provisioner(store, clock, auto_activate, settings, identity=ident)
     cloud = CloudManager(prov, cast(Publisher, broker), endpoints)
     rt.publishes(
-        NodeRegistered, NodeStateChanged, ProviderEnabled, RegionCreated, CloudInstanceEvent
+        NodeRegistered,
+        NodeStateChanged,
+        ProviderEnabled,
+        RegionCreated,
+        CloudInstanceEvent,
+        AccountChanged,
     )
 
     # --- events and commands (JetStream, durable) ---
     @rt.on_event(RegisterNode, "register-node")
     async def on_register_node(body: RegisterNode, msg: NatsMessage) -> None:
-        await prov.register(body, (msg.headers or {}).get("ce-id"))
+        """The node is the one the subject names (only its credential may publish there);
+        its account and region are its enrolment's, never the payload's."""
+        minion = subjects.token_at(msg.raw_message.subject, 4)
+        enrolled = await ident.enrolment(minion or "")
+        if minion != body.minion_id or enrolled is None:
+            log.warning(
+                "RegisterNode for %s on %s: not an enrolled node's own subject; ignored",
+                body.minion_id,
+                msg.raw_message.subject,
+            )
+            return
+        await prov.register(
+            body, (msg.headers or {}).get("ce-id"), enrolled["account"], enrolled["region"]
+        )
+
+    # --- identities: enrolment (core NATS), accounts and join tokens ---
+    @broker.subscriber(
+        f"{subjects.ENROLL}.*", queue=f"{SERVICE}-enroll", title="provisioner:enroll"
+    )
+    async def enroll(body: EnrollNode, msg: NatsMessage) -> Doc:
+        minion = subjects.token_at(msg.raw_message.subject, 3)
+        return await guarded(
+            lambda: _dump(ident.enroll(minion, body)),
+        )
+
+    @rt.on_request("issue_join_token", description=IssueJoinToken.__doc__)
+    async def issue_join_token(body: IssueJoinToken, msg: NatsMessage) -> Doc:
+        return await guarded(
+            lambda: ident.issue_join_token(account_of(msg), body.minion_id, body.region, body.ttl_s)
+        )
+
+    @rt.on_admin("issue_join_token", description=AdminIssueJoinToken.__doc__)
+    async def admin_issue_join_token(body: AdminIssueJoinToken) -> Doc:
+        return await guarded(
+            lambda: ident.issue_join_token(body.account, body.minion_id, body.region, body.ttl_s)
+        )
+
+    @rt.on_request("revoke_node", description=RevokeNode.__doc__)
+    async def revoke_node(body: RevokeNode, msg: NatsMessage) -> Doc:
+        return await guarded(lambda: prov.remove_node(account_of(msg), body.node, revoke=True))
+
+    @rt.on_admin("create_account", description=CreateAccount.__doc__)
+    async def create_account(body: CreateAccount) -> Doc:
+        return await guarded(lambda: ident.create_account(body.account, body.plan))
+
+    @rt.on_admin("set_plan", description=SetPlan.__doc__)
+    async def set_plan(body: SetPlan) -> Doc:
+        return await guarded(lambda: ident.set_plan(body.account, body.plan))
+
+    @rt.on_admin("add_user", description=AddUser.__doc__)
+    async def add_user(body: AddUser) -> Doc:
+        return await guarded(lambda: ident.add_user(body.account, body.user))
+
+    @rt.on_admin("list_accounts", description="Every account, its plan and its users.")
+    async def list_accounts() -> Doc:
+        return {"accounts": await ident.list_accounts()}
 
     @rt.on_event(PendingDemandChanged, "pending-demand")
     async def on_pending_demand(body: PendingDemandChanged) -> None:
@@ -212,6 +296,11 @@ def build_app(
                 )
 
     async def started() -> None:
+        ident.js = (await broker.connect()).jetstream()
+        try:
+            await ident.push_revocations()  # a server that lost them gets them again
+        except Exception:
+            log.exception("could not push the revocation list; retried at the next revocation")
         await cloud.start()
         tasks.append(asyncio.create_task(tick(), name="provisioner-tick"))
 

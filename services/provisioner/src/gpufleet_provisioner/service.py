@@ -20,7 +20,7 @@ import logging
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet_bus import emit
 from gpufleet_contracts.nodes import (
@@ -38,6 +38,9 @@ from pymongo import ASCENDING, IndexModel
 
 from .hardware import check_hardware
 from .settings import ProvisionerSettings
+
+if TYPE_CHECKING:
+    from .identity import Identity
 
 log = logging.getLogger("gpufleet.provisioner")
 
@@ -105,12 +108,14 @@ class Provisioner:
         clock: Callable[[], datetime],
         auto_activate: bool,
         settings: ProvisionerSettings | None = None,
+        identity: Identity | None = None,
     ) -> None:
         self.store = store
         self.db = store.db
         self.clock = clock
         self.auto_activate = auto_activate
         self.settings = settings or ProvisionerSettings()
+        self.identity = identity
         self.started_ms = now_ms(clock())
 
     # --- providers (R-PROV-1) -------------------------------------------------------------
@@ -376,8 +381,11 @@ class Provisioner:
         await self.store.transaction(body)
         return await self.show_node(account, ref)
 
-    async def remove_node(self, account: str, ref: str) -> Doc:
+    async def remove_node(self, account: str, ref: str, revoke: bool = True) -> Doc:
+        """Remove a node; its credential is revoked first (the server cuts it off at once)."""
         node = await self._find_node(account, ref)
+        if revoke and self.identity is not None:
+            await self.identity.revoke(node["minion_id"])
         if node["state"] == NodeState.removed.value:
             return node_view(node)
         if node.get("provider") == "gcp" and node.get("kind") == "compute":
@@ -434,7 +442,12 @@ class Provisioner:
 
     # --- registration (the agent) -------------------------------------------------------
 
-    async def register(self, cmd: RegisterNode, command_id: str | None) -> None:
+    async def register(
+        self, cmd: RegisterNode, command_id: str | None, account: str, region_name: str
+    ) -> None:
+        """`account` and `region_name` are the node's enrolment's: the payload's own
+        `owner` and `region` are not trusted (R-TEN-2, R-NODE-2)."""
+        cmd = cmd.model_copy(update={"owner": account, "region": region_name})
         now = self.clock()
         node_id = node_id_for(cmd.minion_id)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -12,6 +14,8 @@ class ProvisionerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
 
     auto_activate_nodes: bool = True
+    # The signing keys that issue and revoke credentials (gpufleet_auth.Issuer.load).
+    auth_dir: Path | None = None
     # Fernet key (urlsafe base64, 32 bytes) that encrypts stored secrets (R-PROV-2).
     secret_key: str | None = Field(default=None, repr=False)
     # Liveness: a node is `lost` after this many heartbeat periods without one (its own

@@ -6,6 +6,7 @@ Pure functions on plain dicts (the documents of the `jobs` collection), no I/O: 
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, cast
@@ -16,6 +17,7 @@ from gpufleet_store import now_ms
 
 from .jobstate import job_state
 
+log = logging.getLogger("gpufleet.scheduler")
 Doc = dict[str, Any]
 
 
@@ -210,3 +212,17 @@ def record_state(job: Doc, at: datetime, reason: str | None) -> JobState | None:
     job["state"] = new.value
     job["history"].append({"state": new.value, "at": at, "reason": reason})
     return JobState(previous)
+
+
+def reported_by_its_node(worker: Doc, minion_id: str) -> bool:
+    """A worker fact counts only from the node its placement named (the subject carries the
+    reporting node and only that node may publish there: gpufleet_auth.permissions)."""
+    if worker.get("minion_id") == minion_id:
+        return True
+    log.warning(
+        "worker %s reported by node %s, placed on %s: ignored",
+        worker.get("placement_id"),
+        minion_id,
+        worker.get("minion_id"),
+    )
+    return False

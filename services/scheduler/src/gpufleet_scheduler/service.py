@@ -638,6 +638,8 @@ class Scheduler:
             w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
             if job is None or w is None or w["state"] != WorkerState.placed.value:
                 return  # unknown, superseded or already past this point: nothing to do
+            if not jobdoc.reported_by_its_node(w, evt.minion_id):
+                return
             w["state"] = WorkerState.running.value
             w["started_at"] = evt.started_at
 
@@ -653,6 +655,8 @@ class Scheduler:
             job = await self.db.jobs.find_one({"_id": evt.job_id})
             w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
             if job is None or w is None or WorkerState(w["state"]).terminal:
+                return
+            if not jobdoc.reported_by_its_node(w, evt.minion_id):
                 return
             if w["state"] == WorkerState.placed.value and evt.started_at is not None:
                 # The finish overtook the start (separate consumers): record both, in order.

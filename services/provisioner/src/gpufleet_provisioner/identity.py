@@ -1,0 +1,280 @@
+"""Accounts, users, join tokens, node enrolment and revocation (R-TEN-1..3, R-NODE-2).
+
+The provisioner is the one service that holds signing keys (gpufleet_auth.Issuer, from
+GPUFLEET_AUTH_DIR): it issues users' and nodes' credentials and revokes them.
+
+- A join token is one-time: its secret is stored hashed, bound to one account, one minion
+  id and one region, and expires. It also carries an enrolment-only NATS credential that may
+  publish only `gpufleet.v1.enroll.<minion_id>`, so the token cannot be used for anything
+  else even before it is spent.
+- Enrolment: the node sends the secret and its own public key; the provisioner spends the
+  token, creates the node's command consumer (the node may read it, not create it), records
+  the enrolment and answers with a JWT for that key. Which account a node belongs to, and
+  its region, come from this record, never from the node's later messages.
+- Revocation puts the node's key in the account JWT's revocation list and pushes it to the
+  servers (they close its connection at once), deletes its consumer, and records it, so a
+  restarted server or provisioner pushes it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+from gpufleet_auth import Issuer
+from gpufleet_auth.tokens import JoinToken
+from gpufleet_bus import emit
+from gpufleet_bus.streams import delete_node_consumer, ensure_node_consumer
+from gpufleet_contracts.identity import AccountChanged, EnrollNode, NodeEnrolled, Plan
+from gpufleet_store import Store, Transaction, now_ms
+from nats.aio.client import Client
+from pymongo import ASCENDING, IndexModel
+
+from .service import Refused, invalid
+
+log = logging.getLogger("gpufleet.provisioner.identity")
+
+Doc = dict[str, Any]
+
+INDEXES = {
+    "accounts": [IndexModel([("plan", ASCENDING)])],
+    "join_tokens": [IndexModel([("minion_id", ASCENDING)])],
+    "enrolments": [IndexModel([("account", ASCENDING)])],
+    "revocations": [IndexModel([("at", ASCENDING)])],
+}
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class Identity:
+    def __init__(
+        self,
+        store: Store,
+        issuer: Issuer | None,
+        clock: Callable[[], datetime],
+        servers: list[str],
+        connect_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.db = store.db
+        self.issuer = issuer
+        self.clock = clock
+        self.servers = servers
+        self.connect_options = connect_options or {}
+        self.js: Any = None  # the service's JetStream context, set at start
+
+    def _issuer(self) -> Issuer:
+        if self.issuer is None:
+            raise Refused(
+                "unavailable",
+                "this provisioner holds no signing keys (set GPUFLEET_AUTH_DIR): it cannot "
+                "issue or revoke credentials",
+            )
+        return self.issuer
+
+    # --- accounts and users (operators) ----------------------------------------------
+
+    async def create_account(self, account: str, plan: Plan) -> Doc:
+        now = self.clock()
+
+        async def body(tx: Transaction) -> Doc:
+            s = tx.session
+            if await self.db.accounts.find_one({"_id": account}, session=s):
+                raise Refused("conflict", f"account {account!r} already exists")
+            doc: Doc = {
+                "_id": account,
+                "plan": plan.value,
+                "users": [],
+                "created_at_ms": now_ms(now),
+            }
+            await self.db.accounts.insert_one(doc, session=s)
+            emit(tx, AccountChanged(account=account, plan=plan, at=now))
+            return doc
+
+        return account_view(await self.store.transaction(body))
+
+    async def set_plan(self, account: str, plan: Plan) -> Doc:
+        now = self.clock()
+
+        async def body(tx: Transaction) -> Doc:
+            doc: Doc | None = await self.db.accounts.find_one_and_update(
+                {"_id": account},
+                {"$set": {"plan": plan.value}},
+                session=tx.session,
+                return_document=True,
+            )
+            if doc is None:
+                raise Refused("not_found", f"no account {account!r}")
+            emit(tx, AccountChanged(account=account, plan=plan, at=now))
+            return dict(doc)
+
+        return account_view(await self.store.transaction(body))
+
+    async def account(self, account: str) -> Doc | None:
+        doc: Doc | None = await self.db.accounts.find_one({"_id": account})
+        return doc
+
+    async def plan_of(self, account: str) -> Plan:
+        """An account's plan; an account nobody created (development) is on `free`."""
+        doc = await self.account(account)
+        return Plan(doc["plan"]) if doc else Plan.free
+
+    async def list_accounts(self) -> list[Doc]:
+        return [account_view(d) async for d in self.db.accounts.find().sort("_id", ASCENDING)]
+
+    async def add_user(self, account: str, user: str) -> Doc:
+        """A user's credential, returned once (only its public key is kept)."""
+        issuer = self._issuer()
+        if await self.account(account) is None:
+            raise Refused("not_found", f"no account {account!r}")
+        creds = issuer.user(account, user)
+        await self.db.accounts.update_one(
+            {"_id": account},
+            {"$push": {"users": {"name": user, "public_key": creds.public_key}}},
+        )
+        return {"account": account, "user": user, "creds": creds.text()}
+
+    # --- join tokens and enrolment ---------------------------------------------------
+
+    async def issue_join_token(self, account: str, minion_id: str, region: str, ttl_s: int) -> Doc:
+        issuer = self._issuer()
+        enrolled = await self.db.enrolments.find_one({"_id": minion_id})
+        if enrolled is not None and enrolled["account"] != account:
+            # Another account's node: the same answer as for any unknown object (R-TEN-2).
+            raise Refused("conflict", f"minion id {minion_id!r} is taken")
+        secret = secrets.token_urlsafe(32)
+        expires = int(time.time()) + ttl_s
+        await self.db.join_tokens.insert_one(
+            {
+                "_id": _hash(secret),
+                "account": account,
+                "minion_id": minion_id,
+                "region": region,
+                "expires_at": expires,
+                "used_at_ms": None,
+                "issued_at_ms": now_ms(self.clock()),
+            }
+        )
+        token = JoinToken(issuer.enroll(minion_id, ttl_s), secret, minion_id).text()
+        return {"minion_id": minion_id, "region": region, "expires_at": expires, "token": token}
+
+    async def enroll(self, subject_minion: str | None, cmd: EnrollNode) -> NodeEnrolled:
+        issuer = self._issuer()
+        if subject_minion != cmd.minion_id:
+            raise invalid("minion_id", "R-NODE-2", "not the minion id this token enrols")
+        spent = await self.db.join_tokens.find_one_and_update(
+            {
+                "_id": _hash(cmd.secret),
+                "minion_id": cmd.minion_id,
+                "used_at_ms": None,
+                "expires_at": {"$gt": int(time.time())},
+            },
+            {"$set": {"used_at_ms": now_ms(self.clock()), "public_key": cmd.public_key}},
+        )
+        if spent is None:
+            raise Refused("not_found", "no such join token (unknown, spent or expired)")
+        account, region = spent["account"], spent["region"]
+        previous = await self.db.enrolments.find_one({"_id": cmd.minion_id})
+        if previous is not None and previous["account"] != account:
+            raise Refused("conflict", f"minion id {cmd.minion_id!r} is taken")
+        if self.js is not None:
+            await ensure_node_consumer(self.js, cmd.minion_id)
+        await self.db.enrolments.update_one(
+            {"_id": cmd.minion_id},
+            {
+                "$set": {
+                    "account": account,
+                    "region": region,
+                    "public_key": cmd.public_key,
+                    "state": "active",
+                    "enrolled_at_ms": now_ms(self.clock()),
+                }
+            },
+            upsert=True,
+        )
+        if previous is not None and previous.get("public_key") != cmd.public_key:
+            # Re-enrolled (a reinstalled host): the old key stops working.
+            await self._revoke_key(previous["public_key"], cmd.minion_id)
+        jwt = issuer.node(cmd.minion_id, cmd.public_key, account=account, region=region)
+        log.info("node %s enrolled for %s in region %s", cmd.minion_id, account, region)
+        return NodeEnrolled(jwt=jwt, account=account, region=region, minion_id=cmd.minion_id)
+
+    async def enrolment(self, minion_id: str) -> Doc | None:
+        """The active enrolment of a node: its account and region (None: not enrolled)."""
+        doc: Doc | None = await self.db.enrolments.find_one({"_id": minion_id, "state": "active"})
+        return doc
+
+    # --- revocation --------------------------------------------------------------------
+
+    async def revoke(self, minion_id: str) -> bool:
+        """Cut a node off: True if it had an active enrolment."""
+        doc = await self.db.enrolments.find_one_and_update(
+            {"_id": minion_id, "state": "active"},
+            {"$set": {"state": "revoked", "revoked_at_ms": now_ms(self.clock())}},
+        )
+        if self.js is not None:
+            await delete_node_consumer(self.js, minion_id)
+        if doc is None:
+            return False
+        await self._revoke_key(doc["public_key"], minion_id)
+        log.warning("node %s revoked", minion_id)
+        return True
+
+    async def _revoke_key(self, public_key: str, minion_id: str) -> None:
+        await self.db.revocations.update_one(
+            {"_id": public_key},
+            {"$set": {"at": int(time.time()) + 1, "minion_id": minion_id}},
+            upsert=True,
+        )
+        await self.push_revocations()
+
+    async def push_revocations(self) -> None:
+        """Push the account JWT with every revocation to the servers (idempotent)."""
+        if self.issuer is None or self.issuer.system_signing is None:
+            return
+        revoked = {d["_id"]: int(d["at"]) async for d in self.db.revocations.find()}
+        if not revoked:
+            return
+        issued = max(max(revoked.values()), int(time.time()))
+        account_jwt = self.issuer.account_jwt(revoked, issued_at=issued)
+        nc = await self._system_connection()
+        try:
+            reply = await nc.request("$SYS.REQ.CLAIMS.UPDATE", account_jwt.encode(), timeout=5)
+            data = json.loads(reply.data)
+            if data.get("error"):
+                raise RuntimeError(f"the server refused the account update: {data['error']}")
+        finally:
+            await nc.close()
+
+    async def _system_connection(self) -> Client:
+        assert self.issuer is not None
+        tls = {k: v for k, v in self.connect_options.items() if k == "tls"}
+        return await nats.connect(
+            self.servers,
+            name="gpufleet-provisioner-claims",
+            allow_reconnect=False,
+            **self.issuer.claims_pusher().connect_options(),
+            **tls,
+        )
+
+
+def account_view(doc: Doc) -> Doc:
+    return {
+        "account": doc["_id"],
+        "plan": doc["plan"],
+        "users": [u["name"] for u in doc.get("users", [])],
+    }
+
+
+def load_issuer(directory: Path | None) -> Issuer | None:
+    return Issuer.load(directory) if directory else None
