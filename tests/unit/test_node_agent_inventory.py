@@ -20,16 +20,18 @@ from gpufleet_node_agent.settings import (
 )
 from pydantic import ValidationError
 
+
+@pytest.fixture(autouse=True)
+def _no_simulated_gpus_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests choose NVML or simulation themselves, whatever the shell exported."""
+    monkeypatch.delenv("GPUFLEET_SIMULATED_GPUS", raising=False)
+
+
 # --- settings ------------------------------------------------------------------------
 
 
 def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in (
-        "GPUFLEET_MINION_ID",
-        "GPUFLEET_NODE_NAME",
-        "GPUFLEET_AGENT_STATE_DIR",
-        "GPUFLEET_SIMULATED_GPUS",
-    ):
+    for var in ("GPUFLEET_MINION_ID", "GPUFLEET_NODE_NAME", "GPUFLEET_AGENT_STATE_DIR"):
         monkeypatch.delenv(var, raising=False)
     s = AgentSettings(minion_id="gpu-01")
     assert s.node_name == "gpu-01"
