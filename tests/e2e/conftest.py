@@ -48,7 +48,7 @@ class System:
             env = self.env
             env.update({k: v.format(run_dir=self.root) for k, v in spec.env.items()})
             if spec.name == "node-agent":
-                env.update(GPUFLEET_FORCE_SIMULATED="1", GPUFLEET_HEARTBEAT_S="1")
+                env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
             proc = ServiceProcess(
                 spec.name,
                 [sys.executable, "-m", spec.module],

@@ -24,7 +24,7 @@ from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from gpufleet_devstack import NatsServer, wait_for_async
 from gpufleet_node_agent.agent import Agent
 from gpufleet_node_agent.app import build_app, health_subject
-from gpufleet_node_agent.settings import AgentSettings
+from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -41,7 +41,7 @@ async def running_agent(url: str, state_dir: Path, minion_id: str) -> AsyncItera
     settings = AgentSettings(
         minion_id=minion_id,
         agent_state_dir=state_dir,
-        force_simulated=True,
+        simulated_gpus=default_sim_inventory(),
         heartbeat_s=0.3,
         worker_poll_s=0.1,
     )

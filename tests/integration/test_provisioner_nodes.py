@@ -209,6 +209,41 @@ async def test_failing_hardware_stays_out_of_service_with_every_reason(
         assert listed["nodes"][0]["failed_rules"] == shown["failed_rules"]
 
 
+async def test_simulated_and_gpu_less_nodes_are_stored_and_listed_as_such(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        await bus.ask("enable_provider", {"provider": "physical"})
+        await bus.ask("create_region", {"name": "lab"})
+        sim, bare = f"sim-{uuid.uuid4().hex[:6]}", f"bare-{uuid.uuid4().hex[:6]}"
+        no_driver = "nvml: no NVIDIA driver (Driver Not Loaded)"
+        await bus.send(registration(sim, bus.account, "lab", inventory_source="/sim/2x.json"))
+        await bus.send(
+            registration(
+                bare, bus.account, "lab", gpus=[], simulated=False, inventory_source=no_driver
+            )
+        )
+
+        async def both_registered() -> bool:
+            return len((await bus.ask("list_nodes"))["nodes"]) == 2
+
+        await wait_for_async(both_registered, timeout=10)
+        listed = {n["minion_id"]: n for n in (await bus.ask("list_nodes"))["nodes"]}
+        assert (listed[sim]["simulated"], len(listed[sim]["gpus"])) == (True, 2)
+        assert listed[sim]["inventory_source"] == "/sim/2x.json"
+        assert (listed[bare]["simulated"], listed[bare]["gpus"]) == (False, [])
+        assert listed[bare]["inventory_source"] == no_driver
+        assert (await node(bus, bare))["simulated"] is False
+        assert (await node(bus, sim))["simulated"] is True
+
+        async def announced() -> bool:
+            return len([e for e in bus.events if "gpus" in e]) == 2
+
+        await wait_for_async(announced, timeout=10)  # NodeRegistered tells the scheduler
+        flags = {e["minion_id"]: e["simulated"] for e in bus.events if "gpus" in e}
+        assert flags == {sim: True, bare: False}
+
+
 async def test_storage_nodes_one_per_region_and_central_needs_one_first(
     nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:

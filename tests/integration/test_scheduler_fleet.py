@@ -42,6 +42,7 @@ def registered(
     price: str | None = None,
     public: bool = False,
     state: NodeState = NodeState.active,
+    simulated: bool = False,
 ) -> NodeRegistered:
     return NodeRegistered(
         node_id="n-" + minion,
@@ -54,7 +55,7 @@ def registered(
             GpuInfo(index=i, uuid=f"{minion}-{i}", model=model, nvml_name=model, memory_mb=24576)
             for i in range(gpus)
         ],
-        simulated=True,
+        simulated=simulated,
         price_per_gpu_hour=None if price is None else Decimal(price),
         allow_public_jobs=public,
         gpu_shares=shares,
@@ -240,6 +241,18 @@ async def test_a_price_drop_starts_a_job_that_waited_for_it(system: Sys) -> None
     await s.node(registered("p", owner="seller", price="1.00", public=True))
     placed = await s.until(job["id"], "starting")
     assert placed["rate"] == "1.00" and placed["workers"][0]["charge"] == "market"
+
+
+async def test_a_simulated_node_takes_only_its_owners_jobs(system: Sys) -> None:
+    s = system
+    await s.node(registered("sim", owner="seller", price="0.01", public=True, simulated=True))
+    await known(s, "sim")
+    theirs = await s.submit("theirs", max_price="1.00")  # account "local"
+    assert theirs["queue_reason"] == "1 node: another account's node with simulated GPUs"
+    own = await s.submit("own", account="seller")
+    placed = await s.until(own["id"], "starting", account="seller")
+    assert placed["workers"][0]["charge"] == "usage"
+    assert (await s.job(theirs["id"]))["state"] == "queued"
 
 
 async def test_unplaceable_work_is_published_as_pending_demand(system: Sys) -> None:

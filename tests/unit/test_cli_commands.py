@@ -10,7 +10,7 @@ from gpufleet_cli import client, logs
 from gpufleet_cli.billing import BALANCE, ENTRIES
 from gpufleet_cli.client import CliError, ServiceError, StreamRecord
 from gpufleet_cli.main import app
-from gpufleet_cli.nodes import LIST_NODES
+from gpufleet_cli.nodes import LIST_NODES, SHOW_NODE
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import ListJobs
 from typer.testing import CliRunner
@@ -80,6 +80,27 @@ def test_node_list_json_is_the_reply(monkeypatch: pytest.MonkeyPatch) -> None:
     result = runner.invoke(app, ["node", "list", "--json"])
     assert json.loads(result.stdout) == NODES
     assert asked == [subjects.rpc("provisioner", "list_nodes")]
+
+
+def test_node_show_says_simulated_and_why_a_node_has_no_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bare = {
+        **NODES["nodes"][1],
+        "state": "active",
+        "gpus": [],
+        "inventory_source": "nvml: no NVIDIA driver (Driver Not Loaded)",
+    }
+    replying(monkeypatch, {SHOW_NODE: bare})
+    lines = runner.invoke(app, ["node", "show", "box-b"]).stdout.splitlines()
+    assert any("simulated" in line and "False" in line for line in lines)
+    assert any("gpus" in line and "none" in line for line in lines)
+    assert any("nvml: no NVIDIA driver (Driver Not Loaded)" in line for line in lines)
+    sim = {**NODES["nodes"][0], "inventory_source": "/pkg/simulated/2x-rtx3090.json"}
+    replying(monkeypatch, {SHOW_NODE: sim})
+    lines = runner.invoke(app, ["node", "show", "box-a"]).stdout.splitlines()
+    assert any("simulated" in line and "True" in line for line in lines)
+    assert json.loads(runner.invoke(app, ["node", "show", "box-a", "--json"]).stdout) == sim
 
 
 def test_billing_balance_and_entries(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pynvml
+import pytest
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from gpufleet_node_agent.agent import Agent
 from gpufleet_node_agent.app import health_subject
-from gpufleet_node_agent.settings import AgentSettings
+from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -20,13 +23,13 @@ class NullBroker:
         return None
 
 
-def agent(tmp_path: Path) -> Agent:
+def agent(tmp_path: Path, simulated: bool = True) -> Agent:
     s = AgentSettings(
         minion_id="box-1",
         node_name="Box one",
         region="eu",
         account="acme",
-        force_simulated=True,
+        simulated_gpus=default_sim_inventory() if simulated else None,
         agent_state_dir=tmp_path,
         price_per_gpu_hour=Decimal("0.4"),
     )
@@ -58,3 +61,27 @@ async def test_heartbeat_and_health(tmp_path: Path) -> None:
     assert health["status"] == "ok" and health["minion_id"] == "box-1"
     assert health["simulated"] is True and health["gpus"] == 2
     assert health_subject("box-1") == "gpufleet.v1.rpc.node.box-1.health"
+
+
+async def test_without_a_driver_the_node_registers_with_no_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    monkeypatch.setenv("GPUFLEET_FORCE_SIMULATED", "1")  # retired: warned about, not obeyed
+    a = agent(tmp_path, simulated=False)
+    with caplog.at_level(logging.WARNING, logger="gpufleet.node_agent"):
+        await a.prepare()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "GPUFLEET_FORCE_SIMULATED is no longer read; use GPUFLEET_SIMULATED_GPUS" in said
+    assert any(m.startswith("node agent box-1: no GPUs (nvml: no NVIDIA driver") for m in said)
+    reg = a.registration()
+    assert (reg.gpus, reg.simulated, reg.driver_version) == ([], False, None)
+    assert reg.inventory_source.startswith("nvml: no NVIDIA driver")
+    assert reg.hardware is not None  # the rest of the hardware is real and reported
+    hb = await a.heartbeat()
+    assert hb.gpus == [] and a.workers.gpu_indices == set()
+    health = await a.health()
+    assert health["status"] == "ok" and health["simulated"] is False and health["gpus"] == 0

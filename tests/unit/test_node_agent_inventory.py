@@ -1,4 +1,5 @@
-"""Node agent: settings, GPU inventory (NVML or simulated) and telemetry."""
+"""Node agent: settings, GPU inventory (NVML, none without a driver, or simulated) and
+telemetry."""
 
 from __future__ import annotations
 
@@ -10,8 +11,21 @@ import pynvml
 import pytest
 from gpufleet_node_agent import inventory as inv_mod
 from gpufleet_node_agent.inventory import HostSampler, ram_used_mb, read_inventory, sample_telemetry
-from gpufleet_node_agent.settings import AgentSettings, default_minion_id
+from gpufleet_node_agent.settings import (
+    AgentSettings,
+    default_minion_id,
+    default_sim_inventory,
+    retired_settings,
+    simulated_gpus_file,
+)
 from pydantic import ValidationError
+
+
+@pytest.fixture(autouse=True)
+def _no_simulated_gpus_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests choose NVML or simulation themselves, whatever the shell exported."""
+    monkeypatch.delenv("GPUFLEET_SIMULATED_GPUS", raising=False)
+
 
 # --- settings ------------------------------------------------------------------------
 
@@ -23,8 +37,7 @@ def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.node_name == "gpu-01"
     assert s.region == "local" and s.account == "local"
     assert s.heartbeat_s == 5.0 and s.log_chunk_bytes == 16384
-    assert s.price_per_gpu_hour is None and s.force_simulated is False
-    assert s.sim_inventory.name == "2x-rtx3090.json" and s.sim_inventory.is_file()
+    assert s.price_per_gpu_hour is None and s.simulated_gpus is None
     assert s.agent_state_dir == Path("~/.local/state/gpufleet-agent").expanduser()
 
 
@@ -32,7 +45,7 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     monkeypatch.setenv("GPUFLEET_MINION_ID", "lab_box-7")
     monkeypatch.setenv("GPUFLEET_NODE_NAME", "Lab box 7")
     monkeypatch.setenv("GPUFLEET_PRICE_PER_GPU_HOUR", "0.35")
-    monkeypatch.setenv("GPUFLEET_FORCE_SIMULATED", "true")
+    monkeypatch.setenv("GPUFLEET_SIMULATED_GPUS", "true")
     monkeypatch.setenv("GPUFLEET_AGENT_STATE_DIR", str(tmp_path))
     s = AgentSettings()
     assert (s.minion_id, s.node_name, str(s.price_per_gpu_hour)) == (
@@ -40,7 +53,34 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
         "Lab box 7",
         "0.35",
     )
-    assert s.force_simulated and s.agent_state_dir == tmp_path
+    assert s.simulated_gpus == default_sim_inventory() and s.agent_state_dir == tmp_path
+
+
+@pytest.mark.parametrize("on", ["1", "true", "TRUE", "yes", "on", " 1 "])
+def test_simulated_gpus_on_means_the_packaged_file(on: str) -> None:
+    packaged = simulated_gpus_file(on)
+    assert packaged is not None and packaged.name == "2x-rtx3090.json" and packaged.is_file()
+
+
+@pytest.mark.parametrize("off", [None, "", "0", "false", "No", "off"])
+def test_simulated_gpus_off(off: str | None) -> None:
+    assert simulated_gpus_file(off) is None
+
+
+def test_simulated_gpus_names_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    f = tmp_path / "gpus.json"
+    f.write_text("[]")
+    monkeypatch.setenv("GPUFLEET_SIMULATED_GPUS", str(f))
+    assert AgentSettings(minion_id="m1").simulated_gpus == f
+    monkeypatch.setenv("GPUFLEET_SIMULATED_GPUS", str(tmp_path / "missing.json"))
+    with pytest.raises(ValidationError, match="neither on/off"):
+        AgentSettings(minion_id="m1")
+
+
+def test_the_retired_settings_are_named() -> None:
+    env = {"GPUFLEET_FORCE_SIMULATED": "1", "GPUFLEET_REGION": "eu"}
+    assert retired_settings(env) == ["GPUFLEET_FORCE_SIMULATED"]
+    assert retired_settings({"GPUFLEET_SIMULATED_GPUS": "1"}) == []
 
 
 @pytest.mark.parametrize("bad", ["a.b", "a b", "a*", "", "a>", "x" * 65])
@@ -54,16 +94,16 @@ def test_default_minion_id_is_subject_safe(monkeypatch: pytest.MonkeyPatch) -> N
     assert default_minion_id() == "gpu-01-lab-example"
 
 
-# --- simulated inventory -------------------------------------------------------------
+# --- simulated inventory, or no GPUs without a driver ---------------------------------
 
 
 def _settings(tmp_path: Path, **kw: Any) -> AgentSettings:
     return AgentSettings(minion_id="m1", agent_state_dir=tmp_path, **kw)
 
 
-def _check_simulated(inv: inv_mod.Inventory, settings: AgentSettings) -> None:
+def _check_simulated(inv: inv_mod.Inventory) -> None:
     assert inv.simulated is True
-    assert inv.source == str(settings.sim_inventory)
+    assert inv.source == str(default_sim_inventory())
     assert [g.index for g in inv.gpus] == [0, 1]
     for g in inv.gpus:
         assert g.model == "RTX 3090"
@@ -73,39 +113,46 @@ def _check_simulated(inv: inv_mod.Inventory, settings: AgentSettings) -> None:
     assert len({g.uuid for g in inv.gpus}) == 2
 
 
-def test_force_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_simulated_gpus_never_ask_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def must_not_init() -> None:
-        raise AssertionError("NVML must not be touched when simulation is forced")
+        raise AssertionError("NVML must not be touched when GPUs are simulated")
 
     monkeypatch.setattr(pynvml, "nvmlInit", must_not_init)
-    s = _settings(tmp_path, force_simulated=True)
-    inv = read_inventory(s)
-    _check_simulated(inv, s)
-    assert "GPUFLEET_FORCE_SIMULATED" in inv.note and "SIMULATED" in inv.describe()
+    inv = read_inventory(_settings(tmp_path, simulated_gpus=True))
+    _check_simulated(inv)
+    assert "GPUFLEET_SIMULATED_GPUS" in inv.note and "SIMULATED" in inv.describe()
 
 
-def test_falls_back_to_simulated_without_nvml(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _sys_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text("MemTotal: 2048000 kB\n")
+    return root
+
+
+def test_no_driver_means_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_driver() -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
-    s = _settings(tmp_path)
-    inv = read_inventory(s)
-    _check_simulated(inv, s)
-    assert inv.note.startswith("no NVIDIA driver found (Driver Not Loaded)")
-    assert str(s.sim_inventory) in inv.note
-    assert inv.driver_version is None
+    inv = read_inventory(_settings(tmp_path), _sys_root(tmp_path))
+    assert inv.gpus == [] and inv.simulated is False and inv.driver_version is None
+    assert inv.source == "nvml: no NVIDIA driver (Driver Not Loaded)"
+    assert inv.hardware is not None and inv.hardware.memory_mb == 2000  # the OS is still read
+    assert inv.describe() == (
+        "no GPUs (nvml: no NVIDIA driver (Driver Not Loaded)): this node takes no GPU work"
+    )
+    assert sample_telemetry(inv) == []  # no NVML call (it would fail at every heartbeat)
 
 
-def test_falls_back_on_oserror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_nvml_library_means_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken() -> None:
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     monkeypatch.setattr(pynvml, "nvmlInit", broken)
-    inv = read_inventory(_settings(tmp_path))
-    assert inv.simulated and "libnvidia-ml.so.1" in inv.note
+    inv = read_inventory(_settings(tmp_path), _sys_root(tmp_path))
+    assert inv.gpus == [] and not inv.simulated
+    assert inv.source.startswith("nvml: no NVIDIA driver (libnvidia-ml.so.1")
 
 
 def test_custom_simulated_file(tmp_path: Path) -> None:
@@ -114,8 +161,9 @@ def test_custom_simulated_file(tmp_path: Path) -> None:
         '[{"index": 0, "uuid": "GPU-x", "nvml_name": "NVIDIA H100 80GB HBM3",'
         ' "memory_mb": 81559, "pcie_gen": 5, "pcie_width": 16}]'
     )
-    inv = read_inventory(_settings(tmp_path, force_simulated=True, sim_inventory=f))
+    inv = read_inventory(_settings(tmp_path, simulated_gpus=f))
     assert [(g.model, g.memory_mb) for g in inv.gpus] == [("H100 80GB", 81559)]
+    assert inv.simulated and inv.source == str(f)
 
 
 # --- NVML, through a fake pynvml -------------------------------------------------------
@@ -253,6 +301,9 @@ def test_nvml_shutdown_even_when_a_query_fails(
     with pytest.raises(FakeNVMLError):
         inv_mod.read_nvml()
     assert fake.calls == ["init", "shutdown"]
+    inv = read_inventory(_settings(tmp_path), _sys_root(tmp_path))
+    assert inv.gpus == [] and inv.simulated is False
+    assert inv.source == "nvml: reading the GPUs failed (GPU is lost)"
 
 
 def test_nvml_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,7 +316,7 @@ def test_nvml_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_simulated_telemetry(tmp_path: Path) -> None:
-    inv = read_inventory(_settings(tmp_path, force_simulated=True))
+    inv = read_inventory(_settings(tmp_path, simulated_gpus=True))
     s = sample_telemetry(inv)
     assert [(x.index, x.utilization_pct, x.memory_used_mb, x.temperature_c) for x in s] == [
         (0, 0, 0, None),
@@ -336,7 +387,7 @@ def test_no_tpm_and_old_tpm(tmp_path: Path) -> None:
 
 
 def test_packaged_simulated_inventory_reports_hardware_that_passes(tmp_path: Path) -> None:
-    inv = read_inventory(_settings(tmp_path, force_simulated=True))
+    inv = read_inventory(_settings(tmp_path, simulated_gpus=True))
     assert inv.hardware is not None and inv.hardware.tpm_version == "2.0"
     from gpufleet_provisioner.hardware import check_hardware
 
@@ -346,5 +397,5 @@ def test_packaged_simulated_inventory_reports_hardware_that_passes(tmp_path: Pat
 def test_a_list_inventory_file_reports_no_hardware(tmp_path: Path) -> None:
     f = tmp_path / "gpus.json"
     f.write_text('[{"index": 0, "uuid": "GPU-x", "nvml_name": "Tesla T4", "memory_mb": 15360}]')
-    inv = read_inventory(_settings(tmp_path, force_simulated=True, sim_inventory=f))
+    inv = read_inventory(_settings(tmp_path, simulated_gpus=f))
     assert inv.hardware is None and inv.gpus[0].model == "T4"

@@ -4,6 +4,8 @@ import random
 from dataclasses import replace
 from decimal import Decimal
 
+from gpufleet_scheduler.fleet import node_doc
+from gpufleet_scheduler.fleet import node_view as fleet_node_view
 from gpufleet_scheduler.index import PlacementIndex
 from gpufleet_scheduler.placement import (
     NodeView,
@@ -26,6 +28,7 @@ def node(
     state: str = "active",
     price: str | None = None,
     public: bool = False,
+    simulated: bool = False,
 ) -> NodeView:
     idx = tuple(range(gpus))
     return NodeView(
@@ -39,6 +42,7 @@ def node(
         free_indices=idx[: gpus if free is None else free],
         price_per_gpu_hour=None if price is None else Decimal(price),
         allow_public_jobs=public,
+        simulated=simulated,
     )
 
 
@@ -87,6 +91,34 @@ def test_other_accounts_nodes_only_in_public_regions_at_their_price() -> None:
     public = node("public", owner="other", price="0.30", public=True)
     d = place(req(), [public])
     assert isinstance(d, Placement) and d.rate == Decimal("0.30") and d.charge == "market"
+
+
+def test_a_simulated_node_runs_its_owners_jobs() -> None:
+    sim = node("sim", simulated=True)
+    d = place(req(owner="acme"), [sim])
+    assert isinstance(d, Placement) and d.node.node_id == "sim" and d.charge == "usage"
+    assert PlacementIndex([sim]).place(req(owner="acme")) == d
+
+
+def test_a_simulated_node_never_runs_another_accounts_jobs() -> None:
+    # Open to public jobs and the cheapest: still not for "beta" (R-NODE-6).
+    sim = node("sim", owner="acme", price="0.01", public=True, simulated=True)
+    real = node("real", owner="gamma", price="0.50", public=True)
+    r = req(owner="beta")
+    d = place(r, [sim])
+    assert isinstance(d, NoPlacement)
+    assert d.explain() == "1 node: another account's node with simulated GPUs"
+    index = PlacementIndex([sim])
+    assert index.place(r) is None and index.explain(r).reasons == d.reasons
+    both = place(r, [sim, real])
+    assert isinstance(both, Placement) and both.node.node_id == "real"
+    assert PlacementIndex([sim, real]).place(r) == both
+
+
+def test_the_schedulers_node_document_keeps_simulated() -> None:
+    sim = node("sim", simulated=True)
+    assert fleet_node_view(node_doc(sim)) == sim
+    assert fleet_node_view({**node_doc(sim), "simulated": None}).simulated is False
 
 
 def test_max_price_rules_out_expensive_nodes() -> None:
@@ -230,6 +262,7 @@ def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
                 allow_public_jobs=rng.random() < 0.5,
                 gpu_shares=shares,
                 partial=tuple(partial),
+                simulated=rng.random() < 0.25,
             )
         )
     return out
@@ -250,6 +283,7 @@ def random_request(rng: random.Random, i: int) -> WorkerRequest:
 
 def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
     rng = random.Random(7)
+    refused_simulated = 0  # requests the simulated-node rule really decided
     for _ in range(30):
         fleet = random_fleet(rng, rng.randint(1, 60))
         index = PlacementIndex(fleet)
@@ -260,13 +294,14 @@ def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
             got = index.place(r, holds)
             if isinstance(expected, NoPlacement):
                 assert got is None
-                assert (
-                    index.explain(r, holds).reasons
-                    == why_not(r, list(index.nodes.values()), holds).reasons
-                )
+                reasons = why_not(r, list(index.nodes.values()), holds).reasons
+                assert index.explain(r, holds).reasons == reasons
+                refused_simulated += reasons["another account's node with simulated GPUs"] > 0
             else:
                 assert got == expected
+                assert expected.node.owner == r.owner or not expected.node.simulated
                 index.take(got)  # the fleet fills up as the run goes on
+    assert refused_simulated > 0
 
 
 def test_lowest_cost_really_is_lowest() -> None:

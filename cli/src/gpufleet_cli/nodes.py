@@ -48,6 +48,8 @@ def _show(node: dict[str, Any]) -> None:
     for key in ("minion_id", "region", "kind", "provider", "state", "simulated", "last_seen"):
         table.add_row(key, render.text(node.get(key)))
     table.add_row("gpus", escape(views.gpu_summary(node.get("gpus"))))
+    # "nvml", a simulated inventory file, or why a node has no GPUs ("nvml: no NVIDIA driver").
+    table.add_row("inventory", render.text(node.get("inventory_source")))
     if node.get("cloud"):
         c = node["cloud"]
         table.add_row(

@@ -76,7 +76,7 @@ class RegisterNode(Command):
     hostname: str
     gpus: list[GpuInfo]
     simulated: bool
-    inventory_source: str  # "nvml" or the simulated inventory file
+    inventory_source: str  # "nvml", "nvml: <why no GPUs>", or the simulated inventory file
     driver_version: str | None = None
     price_per_gpu_hour: Decimal | None = None  # asking price when selling to other accounts
     agent_started_at: datetime

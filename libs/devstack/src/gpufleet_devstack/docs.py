@@ -52,7 +52,7 @@ def _apps() -> dict[str, Callable[[], FastStream]]:
         from gpufleet_node_agent.settings import AgentSettings
 
         # A placeholder minion id: each agent subscribes to its own node's command subjects.
-        settings = AgentSettings(minion_id="MINION_ID", force_simulated=True)
+        settings = AgentSettings(minion_id="MINION_ID")  # no inventory is read here
         return agent(settings, make_broker("node-agent"))[0]
 
     apps["node-agent"] = node_agent

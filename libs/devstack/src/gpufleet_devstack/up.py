@@ -13,7 +13,9 @@ reverse order. `--no-block` starts, checks, prints and stops again (a smoke test
 that allow bursting then run on emulated instances.
 
 Environment: GPUFLEET_NATS_PORT (default 4333; not 4222, which a system nats-server may
-use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_RUN_DIR (default `<repo>/.run`).
+use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_RUN_DIR (default `<repo>/.run`),
+GPUFLEET_SIMULATED_GPUS (default `1`: the node agent reports simulated 2 x RTX 3090; `0`
+for the machine's real GPUs through NVML).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class ServiceSpec:
     module: str  # run as `python -m <module>`
     health: str | None  # answers gpufleet.v1.rpc.<health>.health; None: no health RPC
     env: Mapping[str, str] = field(default_factory=dict)  # extra env; {run_dir} is expanded
+    defaults: Mapping[str, str] = field(default_factory=dict)  # extra env, unless already set
 
 
 NODE_NAME: Final = "local-node-1"
@@ -65,6 +68,9 @@ SERVICES: Final[tuple[ServiceSpec, ...]] = (
             "GPUFLEET_REGION": "local",
             "GPUFLEET_AGENT_STATE_DIR": "{run_dir}/agent",
         },
+        # R-NODE-6: simulated GPUs only on request. `just up` asks for them (the same node on
+        # every laptop); GPUFLEET_SIMULATED_GPUS=0 just up reads the real GPUs through NVML.
+        defaults={"GPUFLEET_SIMULATED_GPUS": "1"},
     ),
 )
 
@@ -230,6 +236,21 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip() if lines else ""
 
 
+def child_env(
+    spec: ServiceSpec, base: Mapping[str, str], stack: Mapping[str, str], run_dir: Path
+) -> dict[str, str]:
+    """A child's environment: `base` (ours), the spec's defaults where `base` has none, the
+    stack's endpoints, then the spec's own settings."""
+    env = dict(base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in spec.defaults.items():
+        env.setdefault(key, value.format(run_dir=run_dir))
+    env.update(stack)
+    for key, value in spec.env.items():
+        env[key] = value.format(run_dir=run_dir)
+    return env
+
+
 class Stack:
     """Everything `just up` started, so it can be stopped in reverse order."""
 
@@ -250,14 +271,12 @@ class Stack:
         self.gcp_env: dict[str, str] = {}
 
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
-        env = dict(os.environ)
-        env["GPUFLEET_NATS_URL"] = self.nats.url
-        env["GPUFLEET_MONGO_URL"] = self.mongo.url
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.update(self.gcp_env)
-        for key, value in spec.env.items():
-            env[key] = value.format(run_dir=self.run_dir)
-        return env
+        stack = {
+            "GPUFLEET_NATS_URL": self.nats.url,
+            "GPUFLEET_MONGO_URL": self.mongo.url,
+            **self.gcp_env,
+        }
+        return child_env(spec, os.environ, stack, self.run_dir)
 
     def start_servers(self) -> None:
         self.out.step(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable, Coroutine
 from datetime import datetime
@@ -18,7 +19,7 @@ from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
 from .files import utcnow
 from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
-from .settings import AgentSettings
+from .settings import AgentSettings, retired_settings
 from .workers import SOURCE, Recovery, WorkerManager
 
 log = logging.getLogger("gpufleet.node_agent")
@@ -64,10 +65,12 @@ class Agent:
 
     async def prepare(self) -> None:
         """Before the broker consumes: know the GPUs and the workers left by a previous run."""
+        for name in retired_settings(os.environ):
+            log.warning("%s is no longer read; use GPUFLEET_SIMULATED_GPUS", name)
         inv = await asyncio.to_thread(self.read_inventory, self.settings)
         self.inventory = inv
-        # Real or simulated, and how many: the first thing an operator needs to see.
-        level = logging.WARNING if inv.simulated else logging.INFO
+        # Real, simulated or none, and how many: the first thing an operator needs to see.
+        level = logging.WARNING if inv.simulated or not inv.gpus else logging.INFO
         log.log(level, "node agent %s: %s", self.minion_id, inv.describe())
         self.workers.gpu_indices = {g.index for g in inv.gpus}
         found = self.recovery = self.workers.recover()

@@ -1,9 +1,11 @@
-"""What this node has: GPUs (NVML, or a simulated file when there is no NVIDIA driver) and the
-rest of the hardware the provisioner checks (R-NODE-4): NVMe and SATA drives (/sys/block),
-TPM (/sys/class/tpm), NICs (/sys/class/net), memory (/proc/meminfo) and CPU cores.
+"""What this node has: GPUs (NVML) and the rest of the hardware the provisioner checks
+(R-NODE-4): NVMe and SATA drives (/sys/block), TPM (/sys/class/tpm), NICs (/sys/class/net),
+memory (/proc/meminfo) and CPU cores.
 
-The simulated path exists so that the whole control plane can run on a laptop: such a node
-says so in its registration (`simulated: true`) and in its start-up log. A simulated
+Without an NVIDIA driver the node reports no GPUs (R-NODE-6): it still registers and
+heartbeats, and its inventory source says why. Simulated GPUs are a development option
+(`GPUFLEET_SIMULATED_GPUS`, which `just up` and the tests switch on), never a fallback: such
+a node says so in its registration (`simulated: true`) and in its start-up log. A simulated
 inventory file is either a list of GPUs (no hardware reported) or an object
 `{"gpus": [...], "hardware": {...}}`; a node with simulated GPUs reports simulated hardware.
 """
@@ -34,7 +36,7 @@ T = TypeVar("T")
 class Inventory:
     gpus: list[GpuInfo]
     simulated: bool
-    source: str  # "nvml" or the simulated inventory file
+    source: str  # "nvml", "nvml: <why there are no GPUs>", or the simulated inventory file
     driver_version: str | None = None
     note: str = ""
     hardware: HardwareInventory | None = None
@@ -47,6 +49,8 @@ class Inventory:
         listing = ", ".join(f"{n} x {m}" for m, n in models.items()) or "no GPUs"
         if self.simulated:
             return f"SIMULATED GPUs ({len(self.gpus)}): {listing}; {self.note}"
+        if self.source != "nvml":
+            return f"no GPUs ({self.source}): this node takes no GPU work"
         return f"real GPUs via NVML ({len(self.gpus)}): {listing}; driver {self.driver_version}"
 
 
@@ -89,9 +93,21 @@ def _nvml_gpu(index: int) -> GpuInfo:
     )
 
 
+class NvmlUnavailable(Exception):
+    """NVML did not start: no NVIDIA driver, or no NVML library."""
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
 def read_nvml(root: Path = Path("/")) -> Inventory:
-    """The GPUs NVML sees. Raises pynvml.NVMLError / OSError when NVML cannot start."""
-    pynvml.nvmlInit()
+    """The GPUs NVML sees. Raises NvmlUnavailable when NVML cannot start, and
+    pynvml.NVMLError when it starts but a GPU query fails."""
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError) as exc:
+        raise NvmlUnavailable(_reason(exc)) from exc
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         gpus = [_nvml_gpu(i) for i in range(int(pynvml.nvmlDeviceGetCount()))]
@@ -213,19 +229,25 @@ def read_simulated(path: Path, note: str) -> Inventory:
     return Inventory(gpus=gpus, simulated=True, source=str(path), note=note, hardware=hardware)
 
 
-def read_inventory(settings: AgentSettings) -> Inventory:
-    sim = settings.sim_inventory
-    if settings.force_simulated:
-        return read_simulated(
-            sim, f"GPUFLEET_FORCE_SIMULATED is set; simulated inventory from {sim}"
-        )
+def without_gpus(source: str, root: Path = Path("/")) -> Inventory:
+    """A real node with no GPUs to offer; `source` says why. Its other hardware is read."""
+    return Inventory(gpus=[], simulated=False, source=source, hardware=read_hardware(root))
+
+
+def read_inventory(settings: AgentSettings, root: Path = Path("/")) -> Inventory:
+    """The simulated file when GPUFLEET_SIMULATED_GPUS is set, without asking NVML (the same
+    GPUs on every machine, which tests rely on); otherwise what NVML reports, and no GPUs
+    when it cannot (R-NODE-6)."""
+    sim = settings.simulated_gpus
+    if sim is not None:
+        return read_simulated(sim, f"GPUFLEET_SIMULATED_GPUS is set; inventory from {sim}")
     try:
-        return read_nvml()
-    except (pynvml.NVMLError, OSError) as exc:
-        reason = str(exc) or type(exc).__name__
-        return read_simulated(
-            sim, f"no NVIDIA driver found ({reason}); simulated inventory from {sim}"
-        )
+        return read_nvml(root)
+    except NvmlUnavailable as exc:
+        return without_gpus(f"nvml: no NVIDIA driver ({exc})", root)
+    except pynvml.NVMLError as exc:
+        # NVML runs but a GPU does not answer: report the fault, never pretend.
+        return without_gpus(f"nvml: reading the GPUs failed ({_reason(exc)})", root)
 
 
 # --- telemetry --------------------------------------------------------------------------
@@ -255,6 +277,8 @@ def _nvml_sample(index: int) -> GpuSample:
 
 def sample_telemetry(inventory: Inventory) -> list[GpuSample]:
     """One sample per GPU. Simulated GPUs are idle; a failing NVML query gives None."""
+    if not inventory.gpus:
+        return []  # NVML is not asked (without a driver it would fail every heartbeat)
     if inventory.simulated:
         return [
             GpuSample(index=g.index, utilization_pct=0, memory_used_mb=0) for g in inventory.gpus

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Mapping
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
@@ -27,6 +28,37 @@ def default_sim_inventory() -> Path:
     return Path(str(packaged))
 
 
+ON = frozenset({"1", "true", "yes", "on"})
+OFF = frozenset({"", "0", "false", "no", "off"})
+
+
+def simulated_gpus_file(value: object) -> Path | None:
+    """What `GPUFLEET_SIMULATED_GPUS` asks for: None (unset, 0/false/no/off), the packaged
+    2 x RTX 3090 (1/true/yes/on), or the simulated inventory file it names."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return default_sim_inventory()
+    text = str(value).strip()
+    if text.lower() in OFF:
+        return None
+    if text.lower() in ON:
+        return default_sim_inventory()
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{text!r} is neither on/off (1/true, 0/false) nor a file")
+    return path
+
+
+# Replaced by GPUFLEET_SIMULATED_GPUS. They are no longer read; the agent warns when it sees
+# them, because a node that silently loses its simulated GPUs is hard to explain.
+RETIRED = ("GPUFLEET_FORCE_SIMULATED", "GPUFLEET_SIM_INVENTORY")
+
+
+def retired_settings(env: Mapping[str, str]) -> list[str]:
+    return [name for name in RETIRED if name in env]
+
+
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
 
@@ -34,8 +66,9 @@ class AgentSettings(BaseSettings):
     node_name: str = ""  # empty: the minion id
     region: str = "local"
     account: str = "local"  # the node's owner
-    sim_inventory: Path = Field(default_factory=default_sim_inventory)
-    force_simulated: bool = False
+    # Development and tests only: report the GPUs of a simulated inventory file, never
+    # NVML's. None: real GPUs through NVML, or none without an NVIDIA driver (R-NODE-6).
+    simulated_gpus: Path | None = None
     agent_state_dir: Path = Path("~/.local/state/gpufleet-agent")
     heartbeat_s: float = Field(default=5.0, gt=0)
     worker_poll_s: float = Field(default=0.5, gt=0)
@@ -66,10 +99,15 @@ class AgentSettings(BaseSettings):
             )
         return value
 
-    @field_validator("agent_state_dir", "sim_inventory")
+    @field_validator("agent_state_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @field_validator("simulated_gpus", mode="before")
+    @classmethod
+    def _simulated(cls, value: object) -> Path | None:
+        return simulated_gpus_file(value)
 
     @model_validator(mode="after")
     def _default_name(self) -> AgentSettings:

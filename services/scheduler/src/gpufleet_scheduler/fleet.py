@@ -41,6 +41,7 @@ def node_view(doc: Doc) -> NodeView:
         allow_public_jobs=bool(doc.get("allow_public_jobs")),
         gpu_shares=int(doc.get("gpu_shares") or 1),
         gpu_memory_mb=doc.get("gpu_memory_mb"),
+        simulated=bool(doc.get("simulated")),  # absent in documents written before it was kept
     )
 
 
@@ -146,4 +147,5 @@ def node_doc(node: NodeView) -> Doc:
         "allow_public_jobs": node.allow_public_jobs,
         "gpu_shares": node.gpu_shares,
         "gpu_memory_mb": node.gpu_memory_mb,
+        "simulated": node.simulated,
     }

@@ -2,7 +2,8 @@
 
 Active nodes with a catalogue GPU are kept in groups: for each (GPU model, owner, region)
 the owner's nodes (they pay the usage fee of the model's class: one rate for the group),
-and for each (GPU model, region) the nodes open to public jobs (each at its asking price).
+and for each (GPU model, region) the real nodes open to public jobs (each at its asking
+price; a simulated node serves only its owner, so it is never in these).
 Within a group, heaps keyed by (rate, node id):
 
 - `whole[k]`: nodes with exactly k fully free GPUs;
@@ -102,7 +103,8 @@ class PlacementIndex:
         groups = self._own.setdefault((node.gpu_model, node.owner), {})
         own = groups.setdefault(node.region, _Group(rate=own_rate))
         self._enter(own, node, own_rate, version)
-        if node.allow_public_jobs and node.price_per_gpu_hour is not None:
+        # A simulated node serves only its owner: never in a public group.
+        if node.allow_public_jobs and node.price_per_gpu_hour is not None and not node.simulated:
             pub = self._public.setdefault(node.gpu_model, {})
             group = pub.setdefault(node.region, _Group(rate=None))
             self._enter(group, node, node.price_per_gpu_hour, version)

@@ -1,11 +1,11 @@
 """Where a worker goes: a pure function of the request and the fleet (R-SCHED-1/2/4, R-RES-1).
 
 A node can take a worker when it is `active`, has one of the job's GPU types, is in the
-job's pinned region (if any), is the owner's own or another account's in a region open to
-public jobs, charges at most `max_price` per GPU-hour, has enough GPUs at all, is not held
-for an older job (anti-starvation, see queue.py) and has enough free now. The rate is what
-the job's owner pays per GPU-hour: on the owner's own node the usage fee of the GPU's class
-(R-BILL-1); on another account's node its asking price.
+job's pinned region (if any), is the owner's own or another account's real (not simulated,
+R-NODE-6) node in a region open to public jobs, charges at most `max_price` per GPU-hour,
+has enough GPUs at all, is not held for an older job (anti-starvation, see queue.py) and
+has enough free now. The rate is what the job's owner pays per GPU-hour: on the owner's own
+node the usage fee of the GPU's class (R-BILL-1); on another account's node its asking price.
 
 Among nodes that can: the owner's own nodes first, then the lowest cost for this worker
 (the rate, times the share of the GPU a fractional worker gets), then the tightest fit (the
@@ -46,6 +46,8 @@ class NodeView:
     gpu_shares: int = 1  # shares per GPU (R-SCHED-4)
     partial: tuple[tuple[int, int], ...] = ()  # (GPU, free shares) of GPUs partly in use
     gpu_memory_mb: int | None = None
+    # Its GPUs come from a simulated inventory (development, R-NODE-6): its owner's jobs only.
+    simulated: bool = False
 
     def share_slots(self) -> list[tuple[int, int]]:
         """(free shares, GPU) of every GPU with some room, ascending."""
@@ -121,6 +123,8 @@ def rate_for(node: NodeView, owner: str) -> tuple[Decimal, str] | None:
         return None
     if node.owner == owner:
         return catalog().usage_fee_per_gpu_hour(node.gpu_model), "usage"
+    if node.simulated:
+        return None  # another account's job would "run" on GPUs that do not exist
     if node.allow_public_jobs and node.price_per_gpu_hour is not None:
         return node.price_per_gpu_hour, "market"
     return None
@@ -150,6 +154,8 @@ def rule_out(
     if req.region is not None and node.region != req.region:
         return f"not in pinned region {req.region}"
     priced = rate_for(node, req.owner)
+    if priced is None and node.simulated:
+        return "another account's node with simulated GPUs"
     if priced is None:
         return "another account's node, region not open to public jobs"
     rate = priced[0]

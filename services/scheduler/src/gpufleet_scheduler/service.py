@@ -529,6 +529,7 @@ class Scheduler:
                     if evt.price_per_gpu_hour is None
                     else str(evt.price_per_gpu_hour),
                     "allow_public_jobs": evt.allow_public_jobs,
+                    "simulated": evt.simulated,
                     "updated_ms": now_ms(evt.at),
                 }
                 await self._write_node(evt.node_id, fields, upsert=True)

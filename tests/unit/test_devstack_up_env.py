@@ -1,0 +1,36 @@
+"""`just up`'s child environments (libs/devstack): simulated GPUs are asked for explicitly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpufleet_devstack.up import SERVICES, ServiceSpec, child_env
+
+AGENT = next(s for s in SERVICES if s.name == "node-agent")
+STACK = {"GPUFLEET_NATS_URL": "nats://127.0.0.1:4333"}
+
+
+def test_just_up_switches_simulated_gpus_on_for_its_node_agent() -> None:
+    env = child_env(AGENT, {"PATH": "/bin"}, STACK, Path("/run"))
+    assert env["GPUFLEET_SIMULATED_GPUS"] == "1"
+    assert env["GPUFLEET_AGENT_STATE_DIR"] == "/run/agent"
+    assert env["GPUFLEET_NATS_URL"] == "nats://127.0.0.1:4333" and env["PATH"] == "/bin"
+
+
+def test_the_user_may_turn_simulated_gpus_off() -> None:
+    env = child_env(AGENT, {"GPUFLEET_SIMULATED_GPUS": "0"}, STACK, Path("/run"))
+    assert env["GPUFLEET_SIMULATED_GPUS"] == "0"
+
+
+def test_only_the_node_agent_gets_simulated_gpus() -> None:
+    for spec in SERVICES:
+        if spec is not AGENT:
+            assert "GPUFLEET_SIMULATED_GPUS" not in child_env(spec, {}, STACK, Path("/run"))
+
+
+def test_the_spec_and_the_stack_win_over_our_environment() -> None:
+    spec = ServiceSpec("x", "x", None, env={"GPUFLEET_REGION": "local"})
+    ours = {"GPUFLEET_REGION": "eu", "GPUFLEET_NATS_URL": "nats://elsewhere:4222"}
+    env = child_env(spec, ours, STACK, Path("/run"))
+    assert env["GPUFLEET_REGION"] == "local"
+    assert env["GPUFLEET_NATS_URL"] == "nats://127.0.0.1:4333"
