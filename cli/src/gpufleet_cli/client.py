@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import nats
 import nats.errors
 import nats.js.errors
+from gpufleet_auth import connect_options
 from gpufleet_contracts import Envelope, subjects
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -28,7 +29,6 @@ from . import settings as settings_mod
 T = TypeVar("T")
 
 SOURCE = "gpufleet/cli"
-ACCOUNT_HEADER = "gpufleet-account"  # the acting account; services never read it from payloads
 CONNECT_TIMEOUT_S = 3.0
 FETCH_BATCH = 256
 
@@ -89,9 +89,24 @@ def rpc_type(subject: str) -> str:
 
 
 def request_headers(subject: str, ce_type: str | None = None) -> dict[str, str]:
-    """CloudEvents headers plus the acting account."""
+    """CloudEvents headers. No identity: the server knows who is asking."""
     env = Envelope(type=ce_type or rpc_type(subject), source=SOURCE, subject=subject)
-    return {**env.headers(), ACCOUNT_HEADER: settings_mod.load().account}
+    return env.headers()
+
+
+def addressed(subject: str) -> str:
+    """An account request goes to the acting account's subject
+    (`gpufleet.v1.rpc.billing.balance` -> `....balance.<account>`); others as they are."""
+    if not subject.startswith(subjects.RPC + ".") or subject.count(".") != 4:
+        return subject
+    account = settings_mod.load().acting_account()
+    if account is None:
+        raise CliError(
+            "no identity: run `gpufleet login --creds FILE` (`just up` prints the file), or set "
+            "GPUFLEET_NATS_CREDS; an operator also sets GPUFLEET_ACCOUNT",
+            "unauthenticated",
+        )
+    return subjects.as_account(subject, account)
 
 
 def parse_reply(subject: str, data: bytes) -> dict[str, Any]:
@@ -110,7 +125,7 @@ def parse_reply(subject: str, data: bytes) -> dict[str, Any]:
 
 
 def _no_answer(subject: str) -> CliError:
-    url = settings_mod.load().nats_url
+    url = settings_mod.load().url
     return CliError(
         f"no service answered on {subject} (is `just up` running? GPUFLEET_NATS_URL={url})"
     )
@@ -146,7 +161,7 @@ class Session:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         headers = request_headers(subject, ce_type)
-        data = await self.send(subject, payload, headers, timeout_s or self.timeout_s)
+        data = await self.send(addressed(subject), payload, headers, timeout_s or self.timeout_s)
         return parse_reply(subject, data)
 
     async def _consumer(self, stream: str, subject: str, start_seq: int | None) -> Any:
@@ -245,10 +260,12 @@ async def _noop_cb(*_: Any) -> None:
 
 
 async def _connect(servers: list[str]) -> Client:
+    cfg = settings_mod.load()
     try:
         nc: Client = await asyncio.wait_for(
             nats.connect(
                 servers=servers,
+                **connect_options(cfg.creds, cfg.nats_ca),
                 name="gpufleet-cli",
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
@@ -258,7 +275,18 @@ async def _connect(servers: list[str]) -> Client:
             ),
             timeout=CONNECT_TIMEOUT_S * 2 * max(len(servers), 1),
         )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
+    except nats.errors.Error as exc:
+        if "authorization" in str(exc).lower():
+            raise CliError(
+                f"NATS at {', '.join(servers)} refused this identity ({exc}): run "
+                "`gpufleet login --creds FILE` with a valid credential",
+                "unauthenticated",
+            ) from exc
+        raise CliError(
+            f"cannot connect to NATS at {', '.join(servers)} "
+            "(is `just up` running? set GPUFLEET_NATS_URL)"
+        ) from exc
+    except (OSError, TimeoutError) as exc:
         raise CliError(
             f"cannot connect to NATS at {', '.join(servers)} "
             "(is `just up` running? set GPUFLEET_NATS_URL)"
@@ -275,7 +303,7 @@ def run(fn: Callable[[Session], Awaitable[T]]) -> T:
         try:
             return await fn(Session(nc, cfg.request_timeout_s))
         except nats.errors.ConnectionClosedError as exc:
-            raise CliError(f"the connection to NATS at {cfg.nats_url} was lost") from exc
+            raise CliError(f"the connection to NATS at {cfg.url} was lost") from exc
         except nats.errors.Error as exc:  # anything else the bus refused (JetStream API, ...)
             raise CliError(f"NATS: {type(exc).__name__}: {exc}") from exc
         finally:
@@ -298,7 +326,8 @@ def request(
 ) -> dict[str, Any]:
     """Ask the service on `subject`; its JSON reply, or ServiceError / CliError."""
     headers = request_headers(subject, ce_type)
-    data = send(subject, payload, headers, timeout or settings_mod.load().request_timeout_s)
+    timeout = timeout or settings_mod.load().request_timeout_s
+    data = send(addressed(subject), payload, headers, timeout)
     return parse_reply(subject, data)
 
 

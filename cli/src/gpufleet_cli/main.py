@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from . import billing, jobs, nodes, ops, provider, region
+from . import billing, identity, jobs, nodes, ops, provider, region
 
 app = typer.Typer(
     name="gpufleet",
     help=(
         "Control a gpufleet GPU fleet: jobs, nodes, credits.\n\n"
-        "Talks to the services over NATS. Environment: GPUFLEET_NATS_URL (default "
-        "nats://127.0.0.1:4333, comma-separated for a cluster), GPUFLEET_ACCOUNT (the acting "
-        "account, default 'local'), GPUFLEET_REQUEST_TIMEOUT_S (default 10).\n\n"
+        "Talks to the services over NATS as the identity of `gpufleet login --creds FILE` "
+        "(the current context). Environment overrides: GPUFLEET_NATS_URL (default "
+        "nats://127.0.0.1:4333, comma-separated for a cluster), GPUFLEET_NATS_CREDS (a .creds "
+        "file), GPUFLEET_NATS_CA (TLS), GPUFLEET_ACCOUNT (operators only: the account to act "
+        "for), GPUFLEET_REQUEST_TIMEOUT_S (default 10).\n\n"
         "Every command takes --json (the service's JSON object on stdout). "
         "Exit status: 0 ok, 1 service or connection error, 2 invalid input."
     ),
@@ -26,6 +28,9 @@ app.add_typer(region.app, name="region")
 app.add_typer(billing.app, name="billing")
 app.add_typer(ops.dlq_app, name="dlq")
 app.command()(ops.health)
+app.command()(identity.login)
+app.add_typer(identity.context_app, name="context")
+app.add_typer(identity.admin_app, name="admin")
 
 
 if __name__ == "__main__":

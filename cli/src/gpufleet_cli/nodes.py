@@ -19,6 +19,8 @@ ADD_NODE = subjects.rpc("provisioner", "add_node")
 SHOW_NODE = subjects.rpc("provisioner", "show_node")
 TOGGLE = subjects.rpc("provisioner", "toggle_maintenance")
 REMOVE = subjects.rpc("provisioner", "remove_node")
+TOKEN = subjects.rpc("provisioner", "issue_join_token")
+REVOKE = subjects.rpc("provisioner", "revoke_node")
 
 
 def _act(subject: str, body: dict[str, Any], as_json: bool) -> None:
@@ -125,3 +127,29 @@ def remove(
 ) -> None:
     """Remove a node; its running workers are requeued."""
     _act(REMOVE, {"node": node}, as_json)
+
+
+@app.command("token")
+def token(
+    minion_id: Annotated[str, typer.Argument(help="the node's minion id")],
+    region: Annotated[str, typer.Option(help="the region the node joins")],
+    ttl: Annotated[int, typer.Option(help="seconds the token stays valid")] = 24 * 3600,
+    as_json: JsonFlag = False,
+) -> None:
+    """A one-time join token for one node (R-NODE-2): give it to the node's agent as
+    GPUFLEET_JOIN_TOKEN; it is exchanged once for the node's own credential."""
+    reply = call(TOKEN, {"minion_id": minion_id, "region": region, "ttl_s": ttl}, as_json)
+    if not as_json:
+        render.err().print(
+            f"join token for [bold]{escape(minion_id)}[/] in {escape(region)} "
+            "(one use; treat it as a secret):"
+        )
+        render.out().print(str(reply.get("token")), soft_wrap=True)
+
+
+@app.command("revoke")
+def revoke(
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
+) -> None:
+    """Cut a node off at once: its credential is revoked and it is removed."""
+    _act(REVOKE, {"node": node}, as_json)

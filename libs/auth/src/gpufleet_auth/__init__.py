@@ -1,7 +1,7 @@
 """Identities on the bus: NATS JWTs, credentials files and the permission table."""
 
 from .authority import Authority, Issuer
-from .creds import Creds, inbox_prefix, new_user_key, public, write_secret
+from .creds import Creds, connect_options, inbox_prefix, new_user_key, public, write_secret
 from .permissions import Grant
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "Creds",
     "Grant",
     "Issuer",
+    "connect_options",
     "inbox_prefix",
     "new_user_key",
     "public",

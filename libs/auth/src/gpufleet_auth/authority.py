@@ -117,21 +117,37 @@ class Issuer:
     # --- user JWTs ------------------------------------------------------------------
 
     def user_jwt(
-        self, user_public: str, name: str, grant: Grant, *, expires: int | None = None
+        self,
+        user_public: str,
+        name: str,
+        grant: Grant,
+        *,
+        expires: int | None = None,
+        tags: tuple[str, ...] = (),
     ) -> str:
+        """`tags` tell a client who it is (`account:acme`, `operator`); they grant nothing:
+        the server enforces the permissions."""
         nats = {
             "type": "user",
             **USER_LIMITS,
             **grant.nats_claims(),
             "issuer_account": self.account,
+            "tags": [grant.kind, *tags],
         }
         return jwt.encode(self.account_signing, user_public, name, nats, expires=expires)
 
-    def creds(self, name: str, grant_for: Any, *, expires: int | None = None) -> Creds:
+    def creds(
+        self,
+        name: str,
+        grant_for: Any,
+        *,
+        expires: int | None = None,
+        tags: tuple[str, ...] = (),
+    ) -> Creds:
         """A new key pair and its JWT; `grant_for(inbox)` gives the identity's grant."""
         key = new_user_key()
         grant: Grant = grant_for(inbox_prefix(public(key)))
-        token = self.user_jwt(public(key), name, grant, expires=expires)
+        token = self.user_jwt(public(key), name, grant, expires=expires, tags=tags)
         return Creds(jwt=token, seed=key.seed.decode())
 
     def service(self, name: str) -> Creds:
@@ -139,7 +155,9 @@ class Issuer:
 
     def user(self, account: str, user: str) -> Creds:
         return self.creds(
-            f"user:{account}:{user}", lambda inbox: permissions.for_user(account, inbox)
+            f"user:{account}:{user}",
+            lambda inbox: permissions.for_user(account, inbox),
+            tags=(f"account:{account}", f"user:{user}"),
         )
 
     def operator(self, name: str = "admin") -> Creds:
@@ -155,7 +173,12 @@ class Issuer:
     def node(self, minion_id: str, node_public: str, *, account: str, region: str) -> str:
         """The JWT of a node agent's own key (the agent keeps its seed; only this travels)."""
         grant = permissions.for_node(minion_id, inbox_prefix(node_public))
-        return self.user_jwt(node_public, f"node:{account}:{region}:{minion_id}", grant)
+        return self.user_jwt(
+            node_public,
+            f"node:{account}:{region}:{minion_id}",
+            grant,
+            tags=(f"account:{account}", f"region:{region}", f"minion:{minion_id}"),
+        )
 
     def claims_pusher(self) -> Creds:
         """A system-account user allowed only to push account JWTs."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,24 @@ class Creds:
     def claims(self) -> dict[str, object]:
         return jwt.decode(self.jwt, verify=False)
 
+    def tag(self, name: str) -> str | None:
+        """A tag of the JWT (`account`, `user`, `minion`...): who this credential says it is
+        (a convenience for clients; the server enforces the permissions, not the tags)."""
+        nats = self.claims.get("nats")
+        tags = nats.get("tags", []) if isinstance(nats, dict) else []
+        for tag in tags:
+            key, _, value = str(tag).partition(":")
+            if key == name and value:
+                return value
+        return None
+
+    @property
+    def kind(self) -> str | None:
+        """`user`, `operator`, `node`, `service:<name>`, `enroll`: the first tag."""
+        nats = self.claims.get("nats")
+        tags = nats.get("tags", []) if isinstance(nats, dict) else []
+        return str(tags[0]) if tags else None
+
     @property
     def inbox_prefix(self) -> str:
         """`_INBOX.<public key>`: the only inbox this identity may subscribe to."""
@@ -121,3 +140,16 @@ def write_secret(path: Path, text: str) -> Path:
         fh.write(text)
     os.replace(tmp, path)
     return path
+
+
+def connect_options(creds: Path | str | None, ca: Path | str | None = None) -> dict[str, Any]:
+    """`nats.connect` keyword arguments: the credential file, its inbox (the only one it may
+    subscribe to), and TLS verified against `ca` when given."""
+    options: dict[str, Any] = {}
+    if creds is not None:
+        path = Path(creds).expanduser()
+        options["user_credentials"] = str(path)
+        options["inbox_prefix"] = Creds.read(path).inbox_prefix
+    if ca is not None:
+        options["tls"] = ssl.create_default_context(cafile=str(Path(ca).expanduser()))
+    return options

@@ -1,5 +1,7 @@
 """The bus shared by gpufleet services: FastStream on NATS JetStream."""
 
+from gpufleet_auth.creds import connect_options
+
 from .accounts import NoAccountError, account_of, account_subject
 from .deadletter import MAX_DELIVER, UnknownMessageType, dead_letter_middleware
 from .outbox import OutboxRelay
@@ -7,7 +9,6 @@ from .publish import emit, publish, publish_raw
 from .service import (
     BusSettings,
     ServiceRuntime,
-    connect_options,
     env_flag,
     make_broker,
 )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
-from gpufleet_auth import Creds
+from gpufleet_auth.creds import connect_options
 from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.health import Health
 from gpufleet_store import IndexSpec, Store
@@ -59,19 +58,6 @@ class BusSettings(BaseSettings):
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments of `nats.connect` (and NatsBroker) for this identity."""
         return connect_options(self.nats_creds, self.nats_ca)
-
-
-def connect_options(creds: Path | str | None, ca: Path | str | None = None) -> dict[str, Any]:
-    """The credential, its inbox (the only one it may subscribe to) and TLS."""
-    options: dict[str, Any] = {}
-    if creds is not None:
-        path = Path(creds).expanduser()
-        options["user_credentials"] = str(path)
-        options["inbox_prefix"] = Creds.read(path).inbox_prefix
-    if ca is not None:
-        ctx = ssl.create_default_context(cafile=str(Path(ca).expanduser()))
-        options["tls"] = ctx
-    return options
 
 
 def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker:
