@@ -7,6 +7,7 @@ that a test may kill -9 and restart.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, wait_for
+from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, identities, wait_for
 from gpufleet_devstack.up import NODE_NAME, SERVICES
 
 CLI = [str(Path(sys.executable).parent / "gpufleet")]
@@ -32,14 +33,21 @@ class System:
 
     @property
     def env(self) -> dict[str, str]:
+        """The environment of a process of the system; the CLI's is user `dev` of `local`
+        (`cli_env` for another identity)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
         env.update(
             GPUFLEET_NATS_URL=self.nats.url,
             GPUFLEET_MONGO_URL=self.mongo.url,
             GPUFLEET_LOG_LEVEL="INFO",
+            GPUFLEET_CONFIG_DIR=str(self.root / "cli-config"),
             PYTHONUNBUFFERED="1",
         )
         return env
+
+    @property
+    def cli_env(self) -> dict[str, str]:
+        return {**self.env, "GPUFLEET_NATS_CREDS": str(identities.user_creds(self.nats))}
 
     def start(self) -> None:
         self.nats.start()
@@ -47,8 +55,11 @@ class System:
         for spec in SERVICES:
             env = self.env
             env.update({k: v.format(run_dir=self.root) for k, v in spec.env.items()})
+            env.update(identities.service_env(self.nats, spec.name))
             if spec.name == "node-agent":
                 env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
+                state = Path(env["GPUFLEET_AGENT_STATE_DIR"])
+                env.update(asyncio.run(identities.prepare_node(self.nats, NODE_NAME, state)))
             proc = ServiceProcess(
                 spec.name,
                 [sys.executable, "-m", spec.module],
@@ -87,11 +98,15 @@ class System:
         self.procs[name].restart()
 
     def cli(
-        self, *args: str, check: bool = True, timeout: float = 30
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 30,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [*CLI, *args],
-            env=self.env,
+            env=env if env is not None else self.cli_env,
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -8,6 +8,7 @@ server a `CliError` with a message that says what to check.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -241,6 +242,67 @@ class Session:
                     return
         finally:
             await _close_sub(sub)
+
+
+LOGS_SUBJECT = subjects.rpc("scheduler", "job_logs")
+
+
+async def _log_page(s: Session, job_id: str, after: int) -> tuple[list[StreamRecord], int, bool]:
+    """One page of a job's logs from the scheduler (users cannot read the stream itself)."""
+    body = json.dumps({"job_id": job_id, "after": after}).encode()
+    reply = await s.request(LOGS_SUBJECT, body, ce_type="gpufleet.job.logs.v1")
+    records = [
+        StreamRecord(
+            subject=str(c["subject"]),
+            data=base64.b64decode(str(c["data"])),
+            seq=int(c["seq"]),
+            time=datetime.fromisoformat(str(c["time"])) if c.get("time") else None,
+        )
+        for c in reply.get("chunks") or []
+        if isinstance(c, dict)
+    ]
+    return records, int(reply.get("last_seq") or after), bool(reply.get("more"))
+
+
+async def _drain_logs(
+    s: Session, job_id: str, after: int, on_msg: Callable[[StreamRecord], None]
+) -> int:
+    while True:
+        records, after, more = await _log_page(s, job_id, after)
+        for r in records:
+            on_msg(r)
+        if not more:
+            return after
+
+
+def read_logs(job_id: str) -> list[StreamRecord]:
+    """Every log chunk of a job, oldest first."""
+    out: list[StreamRecord] = []
+    run(lambda s: _drain_logs(s, job_id, 0, out.append))
+    return out
+
+
+def follow_logs(
+    job_id: str,
+    on_msg: Callable[[StreamRecord], None],
+    poll: tuple[str, bytes, str],
+    done: Callable[[dict[str, Any]], bool],
+    interval_s: float = 1.0,
+) -> None:
+    """Deliver a job's log chunks as they arrive until `done(reply)` for the request `poll`."""
+    subject_, payload, ce_type = poll
+
+    async def follow(s: Session) -> None:
+        after = await _drain_logs(s, job_id, 0, on_msg)
+        while True:
+            await asyncio.sleep(interval_s)
+            after = await _drain_logs(s, job_id, after, on_msg)
+            if done(await s.request(subject_, payload, ce_type=ce_type)):
+                await asyncio.sleep(interval_s)  # late chunks of the last moments
+                await _drain_logs(s, job_id, after, on_msg)
+                return
+
+    run(follow)
 
 
 def _record(m: Msg) -> StreamRecord:

@@ -51,7 +51,7 @@ def job_cost(job_id: str) -> dict[str, Any]:
 def read_logs(job_id: str) -> list[StreamRecord]:
     """Every log chunk of the job; none when the stream cannot be read."""
     try:
-        return client.read_stream(subjects.STREAM_LOGS, logs.subject_for(job_id))
+        return client.read_logs(job_id)
     except CliError as exc:
         if exc.code == "invalid":
             raise
@@ -216,9 +216,8 @@ def list_(
 
 def _follow(job_id: str, on_msg: Callable[[StreamRecord], None]) -> None:
     poll = GetJob(job_id=job_id)
-    client.follow_stream(
-        subjects.STREAM_LOGS,
-        logs.subject_for(job_id),
+    client.follow_logs(
+        job_id,
         on_msg,
         poll=(poll.SUBJECT, poll.to_bytes(), poll.TYPE),
         done=lambda reply: _terminal(reply.get("state")),

@@ -1,4 +1,5 @@
-"""Worker log chunks (stream GPUFLEET_LOGS, subject gpufleet.v1.log.<job_id>.<worker>)."""
+"""Worker log chunks (stream GPUFLEET_LOGS, subject gpufleet.v1.log.<minion>.<job>.<worker>),
+read through the scheduler's `job_logs` request."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def subject_for(job_id: str) -> str:
     """Subject filter of every worker's log of a job; refuses ids that are not one token."""
     if not _TOKEN.fullmatch(job_id):
         raise CliError(f"{job_id!r} is not a job id", "invalid")
-    return f"{subjects.LOGS}.{job_id}.>"
+    return f"{subjects.LOGS}.*.{job_id}.*"
 
 
 def worker_of(subject: str) -> str:

@@ -273,6 +273,9 @@ class Authority:
         operator_file = self.directory / "operator.jwt"
         operator_file.write_text(self.operator_jwt() + "\n")
         return (
+            # A JWT travels in the CONNECT line: a service's permissions need more than the
+            # default 4 KiB.
+            "max_control_line: 32768\n"
             f'operator: "{operator_file}"\n'
             f"system_account: {self.system_account}\n"
             "resolver: {\n"

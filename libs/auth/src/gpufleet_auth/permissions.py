@@ -80,19 +80,15 @@ def declare_streams() -> tuple[str, ...]:
 
 
 def consume(stream: str) -> tuple[str, ...]:
-    """Durable and ordered consumers on one stream, and reading its messages by sequence."""
+    """Durable and ordered consumers on one stream (create, info, next, delete: the action
+    is one or two tokens before the stream), reading its messages by sequence, and acks."""
     return (
-        f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
-        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
-        f"$JS.API.CONSUMER.INFO.{stream}.*",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
-        f"$JS.API.CONSUMER.DELETE.{stream}.*",
+        f"$JS.API.CONSUMER.*.{stream}",
+        f"$JS.API.CONSUMER.*.{stream}.>",
+        f"$JS.API.CONSUMER.*.*.{stream}.>",
         f"$JS.API.STREAM.MSG.GET.{stream}",
-        f"$JS.API.DIRECT.GET.{stream}",
         f"$JS.API.DIRECT.GET.{stream}.>",
         f"$JS.ACK.{stream}.>",
-        f"$JS.FC.{stream}.>",
     )
 
 

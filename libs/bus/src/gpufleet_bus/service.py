@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -60,13 +61,23 @@ class BusSettings(BaseSettings):
         return connect_options(self.nats_creds, self.nats_ca)
 
 
+# The inbox prefix each broker was made with (its identity's own: `_INBOX.<public key>`).
+_INBOXES: weakref.WeakKeyDictionary[NatsBroker, str] = weakref.WeakKeyDictionary()
+
+
+def inbox_of(broker: NatsBroker) -> str:
+    """The inbox prefix of a broker made by make_broker (`_INBOX` for any other)."""
+    return _INBOXES.get(broker, "_INBOX")
+
+
 def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker:
     settings = settings or BusSettings()
     tracer_provider, meter_provider = configure(service)
-    return NatsBroker(
+    options = settings.connect_options()
+    broker = NatsBroker(
         settings.servers,
         name=f"gpufleet-{service}",
-        **settings.connect_options(),
+        **options,
         # FastStream's per-message access log goes through our log format, at DEBUG.
         logger=logging.getLogger(f"gpufleet.{service}.bus"),
         log_level=logging.DEBUG,
@@ -77,6 +88,8 @@ def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
     )
+    _INBOXES[broker] = str(options.get("inbox_prefix", "_INBOX"))
+    return broker
 
 
 class ServiceRuntime:
@@ -118,6 +131,7 @@ class ServiceRuntime:
             ),
         )
         self.infrastructure = infrastructure
+        self.inbox_prefix = (inbox_of(broker) + ".").encode()
         self.app.on_startup(self._prepare)
         self.app.after_startup(self._started)
         self.app.on_shutdown(self._stopping)
@@ -191,6 +205,9 @@ class ServiceRuntime:
                 ),
                 ack_policy=AckPolicy.MANUAL,
                 max_workers=max_workers,
+                # pull requests are answered on this identity's own inbox (the only one its
+                # credential may subscribe to); FastStream's default is the shared `_INBOX.`
+                inbox_prefix=self.inbox_prefix,
                 title=f"{self.service}:{durable}",
                 description=message.__doc__,
             )

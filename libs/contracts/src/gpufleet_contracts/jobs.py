@@ -622,6 +622,16 @@ class GetJob(Command):
     job_id: str
 
 
+class GetJobLogs(Command):
+    """A page of a job's worker logs (stream GPUFLEET_LOGS), after stream sequence `after`."""
+
+    TYPE = "gpufleet.job.logs.v1"
+    SUBJECT = subjects.rpc("scheduler", "job_logs")
+    job_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    after: int = Field(default=0, ge=0, strict=True)
+    limit: int = Field(default=256, ge=1, le=1000, strict=True)
+
+
 class ListJobs(Command):
     TYPE = "gpufleet.job.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_jobs")

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from gpufleet_contracts import subjects
+
+from gpufleet_devstack import identities
 from gpufleet_devstack.mongo import EmbeddedMongo
 from gpufleet_devstack.nats import NatsServer, ensure_nats_server
 from gpufleet_devstack.processes import DevstackError, ServiceProcess, log_tail, port_in_use
@@ -83,11 +86,12 @@ SUPERVISE_INTERVAL: Final = 0.5
 
 
 def health_subject(service: str) -> str:
-    return f"gpufleet.v1.rpc.{service}.health"
+    """Asked as the local account (any account may ask a service's health)."""
+    return subjects.as_account(subjects.rpc(service, "health"), identities.LOCAL_ACCOUNT)
 
 
 def heartbeat_subject(minion_id: str) -> str:
-    return f"gpufleet.v1.hb.{minion_id}"
+    return subjects.heartbeat(minion_id)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -269,12 +273,15 @@ class Stack:
         self.stopping = False
         self.gcp: Any = None  # the GCP emulator (gpufleet_gcp_emulator.testing.EmulatorProcess)
         self.gcp_env: dict[str, str] = {}
+        self.node_env: dict[str, dict[str, str]] = {}  # the node agent's join token
 
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         stack = {
             "GPUFLEET_NATS_URL": self.nats.url,
             "GPUFLEET_MONGO_URL": self.mongo.url,
             **self.gcp_env,
+            **identities.service_env(self.nats, spec.name),
+            **self.node_env.get(spec.name, {}),
         }
         return child_env(spec, os.environ, stack, self.run_dir)
 
@@ -317,6 +324,11 @@ class Stack:
     def start_services(self) -> None:
         (self.run_dir / "agent").mkdir(parents=True, exist_ok=True)
         for spec in SERVICES:
+            if spec.name == "node-agent":
+                # A node enrols like a real one: a join token from the provisioner.
+                self.node_env[spec.name] = asyncio.run(
+                    identities.prepare_node(self.nats, NODE_NAME, self.run_dir / "agent")
+                )
             proc = ServiceProcess(
                 spec.name,
                 [sys.executable, "-m", spec.module],
@@ -401,7 +413,9 @@ async def check_health(stack: Stack, wait_s: float = HEALTH_TIMEOUT) -> dict[str
     import nats
 
     status: dict[str, str] = {}
-    nc = await nats.connect(stack.nats.url, connect_timeout=5, max_reconnect_attempts=-1)
+    nc = await nats.connect(
+        stack.nats.url, connect_timeout=5, max_reconnect_attempts=-1, **stack.nats.admin()
+    )
     try:
         heartbeats: set[str] = set()
 
@@ -468,7 +482,9 @@ async def enable_emulated_gcp(stack: Stack) -> list[str]:
 
     key = service_account_key(GCP_PROJECT)
     said: list[str] = []
-    nc = await nats.connect(stack.nats.url, connect_timeout=5)
+    nc = await nats.connect(
+        stack.nats.url, connect_timeout=5, **stack.nats.client(identities.user_creds(stack.nats))
+    )
     try:
         for verb, body in (
             ("enable_provider", {"provider": "gcp", "key_json": json.dumps(key)}),
@@ -477,10 +493,11 @@ async def enable_emulated_gcp(stack: Stack) -> list[str]:
             reply = json.loads(
                 (
                     await nc.request(
-                        f"gpufleet.v1.rpc.provisioner.{verb}",
+                        subjects.as_account(
+                            subjects.rpc("provisioner", verb), identities.LOCAL_ACCOUNT
+                        ),
                         json.dumps(body).encode(),
                         timeout=30,
-                        headers={"gpufleet-account": "local"},
                     )
                 ).data
             )
@@ -497,8 +514,12 @@ def print_what_to_try(stack: Stack) -> None:
     out = stack.out
     out.plain("")
     out.plain("What to try (in another terminal):")
+    creds = identities.user_creds(stack.nats)
     for line in (
-        f"export GPUFLEET_NATS_URL={stack.nats.url}",
+        f"uv run gpufleet login --creds {_rel(creds)} --url {stack.nats.url} --context local",
+        "   # or, for one shell: export GPUFLEET_NATS_URL="
+        f"{stack.nats.url} GPUFLEET_NATS_CREDS={_rel(creds)}",
+        "uv run gpufleet context show   # user dev of account local (plan team)",
         "uv run gpufleet node list",
         'uv run gpufleet job submit --name hello --gpu-type "RTX 3090" --gpu-count 1 '
         "--max-price 1.0 -- python -c \"print('hi')\"",

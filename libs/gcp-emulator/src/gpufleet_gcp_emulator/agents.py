@@ -71,6 +71,11 @@ class AgentLauncher:
             GPUFLEET_HEARTBEAT_S=str(self.heartbeat_s),
             PYTHONUNBUFFERED="1",
         )
+        # The startup script of a real image reads the join token from the metadata server.
+        items = (rec.body.get("metadata") or {}).get("items") or []
+        token = next((i.get("value") for i in items if i.get("key") == "gpufleet-join-token"), None)
+        if token:
+            env["GPUFLEET_JOIN_TOKEN"] = str(token)
         logf = (home / "agent.log").open("ab")
         self.procs[rec.name] = subprocess.Popen(
             [sys.executable, "-m", "gpufleet_node_agent"],

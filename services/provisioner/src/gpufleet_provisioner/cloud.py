@@ -419,13 +419,21 @@ class CloudManager:
         }
         await self.db.nodes.insert_one(doc)
         gpu = gcp_data().gpu_types[gpu_type]
+        metadata = {"gpufleet-minion-id": name, "gpufleet-region": region}
+        if self.prov.identity is not None and self.prov.identity.issuer is not None:
+            # The instance's agent enrols with this one-time token (R-NODE-2): read from
+            # the metadata server by the instance alone, spent at its first start.
+            issued = await self.prov.identity.issue_join_token(owner, name, region, 3600)
+            metadata["gpufleet-join-token"] = str(issued["token"])
+        else:
+            log.warning("no signing keys (GPUFLEET_AUTH_DIR): %s cannot enrol", name)
         body = project.instance_body(
             zone,
             name,
             gpu,
             gpus,
             labels={"gpufleet-account": owner, "gpufleet-managed": "true"},
-            metadata={"gpufleet-minion-id": name, "gpufleet-region": region},
+            metadata=metadata,
         )
         log.info("bursting: creating %s (%d x %s) in %s for %s", name, gpus, gpu_type, zone, demand)
         try:

@@ -21,6 +21,7 @@ from gpufleet_contracts.jobs import (
     CancelJob,
     EnqueueJob,
     GetJob,
+    GetJobLogs,
     JobQueued,
     JobRejected,
     JobStateChanged,
@@ -37,6 +38,7 @@ from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_store import Store, utcnow
 
 from .leadership import Lease
+from .logs import read_logs
 from .service import INDEXES, NotFound, Refused, Scheduler, SchedulerSettings
 
 SERVICE = "scheduler"
@@ -143,6 +145,15 @@ def build_app(
     @concurrent_request("get_job", "A job, its state and why it waits.")
     async def get_job(body: GetJob, msg: NatsMessage) -> dict[str, Any]:
         return await guarded(lambda: sched.get(body.job_id, account_of(msg)))
+
+    @rt.on_request("job_logs", description=GetJobLogs.__doc__)
+    async def job_logs(body: GetJobLogs, msg: NatsMessage) -> dict[str, Any]:
+        async def run() -> dict[str, Any]:
+            job = await sched.document(body.job_id, account_of(msg))
+            js = (await broker.connect()).jetstream()
+            return await read_logs(js, job, body.after, body.limit, rt.inbox_prefix)
+
+        return await guarded(run)
 
     @rt.on_request("list_jobs")
     async def list_jobs(body: ListJobs, msg: NatsMessage) -> dict[str, Any]:

@@ -51,6 +51,8 @@ def place_worker(
         charge=d.charge,
         placed_at=now,
         epoch=epoch,
+        # every node this worker was placed on: its log is read from those nodes' subjects
+        ran_on=[*[m for m in w.get("ran_on") or () if m != node.minion_id], node.minion_id],
     )
     emit(
         tx,

@@ -1011,6 +1011,10 @@ class Scheduler:
     async def get(self, job_id: str, account: str) -> Doc:
         return jobdoc.view(await self._job(job_id, account))
 
+    async def document(self, job_id: str, account: str) -> Doc:
+        """The stored job, if `account` may see it (NotFound otherwise, R-TEN-2)."""
+        return await self._job(job_id, account)
+
     async def list(self, account: str, limit: int = 100) -> list[Doc]:
         jobs = await self.db.jobs.find({"owner": account}).sort("queued_at", -1).to_list(limit)
         return [jobdoc.view(j) for j in jobs]

@@ -1,0 +1,92 @@
+"""The identities of a local stack (`just up`, the e2e tests): every process its own.
+
+Each service gets its own credential (`GPUFLEET_NATS_CREDS`), the provisioner also the
+signing keys (`GPUFLEET_AUTH_DIR`); the local account `local` is created on plan `team`
+with one user, `dev`, whose credential the CLI uses; the node agent enrols with a join
+token, as a real node would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import nats
+from gpufleet_contracts import Envelope, subjects
+
+from .nats import NatsServer
+from .processes import DevstackError
+
+LOCAL_ACCOUNT = "local"
+LOCAL_USER = "dev"
+LOCAL_REGION = "local"
+
+
+def service_env(server: NatsServer, service: str) -> dict[str, str]:
+    """A service's (or the node agent's: none) identity settings."""
+    if service == "node-agent":
+        return {}
+    env = {"GPUFLEET_NATS_CREDS": str(server.creds("service", service))}
+    if service == "provisioner":
+        env["GPUFLEET_AUTH_DIR"] = str(server.authority.directory)
+    return env
+
+
+def user_creds(server: NatsServer, account: str = LOCAL_ACCOUNT, user: str = LOCAL_USER) -> Path:
+    return server.creds("user", user, account=account)
+
+
+async def admin_request(
+    server: NatsServer, verb: str, body: dict[str, Any], *, timeout_s: float = 60.0
+) -> dict[str, Any]:
+    """An operator's request to the provisioner, retried until it is up; the reply object."""
+    subject = subjects.admin("provisioner", verb)
+    headers = Envelope(
+        type=f"gpufleet.admin.{verb}.v1", source="gpufleet/devstack", subject=subject
+    )
+    nc = await nats.connect(server.url, connect_timeout=5, **server.admin())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    try:
+        while True:
+            try:
+                msg = await nc.request(
+                    subject, json.dumps(body).encode(), timeout=5, headers=headers.headers()
+                )
+                reply: dict[str, Any] = json.loads(msg.data)
+                return reply
+            except (nats.errors.NoRespondersError, TimeoutError):
+                if loop.time() > deadline:
+                    raise DevstackError(f"the provisioner did not answer {subject}") from None
+                await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+
+
+async def ensure_account(server: NatsServer, account: str, plan: str = "team") -> None:
+    reply = await admin_request(server, "create_account", {"account": account, "plan": plan})
+    error = reply.get("error") if reply.get("ok") is False else None
+    if error and error.get("code") != "conflict":
+        raise DevstackError(f"create_account {account}: {error.get('message')}")
+
+
+async def join_token(
+    server: NatsServer, minion_id: str, account: str = LOCAL_ACCOUNT, region: str = LOCAL_REGION
+) -> str:
+    body = {"account": account, "minion_id": minion_id, "region": region, "ttl_s": 3600}
+    reply = await admin_request(server, "issue_join_token", body)
+    if reply.get("ok") is False:
+        raise DevstackError(f"join token for {minion_id}: {reply.get('error')}")
+    return str(reply["token"])
+
+
+async def prepare_node(
+    server: NatsServer, minion_id: str, state_dir: Path, account: str = LOCAL_ACCOUNT
+) -> dict[str, str]:
+    """The node agent's enrolment settings: a join token unless it already enrolled."""
+    await ensure_account(server, account)
+    if (state_dir / "node.creds").exists():
+        return {}
+    return {"GPUFLEET_JOIN_TOKEN": await join_token(server, minion_id, account)}
