@@ -22,6 +22,7 @@ from . import subjects
 from .base import Command, Event
 from .catalog import catalog
 from .errors import ErrorBody, rule, ruled
+from .fields import Int
 from .jobspec import (
     IMAGE_NEEDS,
     Checkpoint,
@@ -119,7 +120,7 @@ class JobSpec(BaseModel):
     type: JobType = Field(default=JobType.training, json_schema_extra=rule("R-JOB-1"))
     project: str = Field(default="default", min_length=1, max_length=64)
     gpu_types: list[str] = Field(min_length=1, json_schema_extra=rule("R-JOB-2"))
-    gpu_count: int = Field(
+    gpu_count: Int = Field(
         default=1,
         ge=0,
         le=16,
@@ -135,19 +136,19 @@ class JobSpec(BaseModel):
             "R-SCHED-4", **{"x-valid": "a share of one GPU: 0 < f < 1, e.g. 0.25 or 0.5"}
         ),
     )
-    cpu_count: int | None = Field(default=None, ge=4, le=256, json_schema_extra=rule("R-JOB-2"))
+    cpu_count: Int | None = Field(default=None, ge=4, le=256, json_schema_extra=rule("R-JOB-2"))
     max_price: Money | None = Field(
         default=None,
         ge=0,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "credits per GPU-hour, >= 0"}),
     )
-    disk_size_gb: int = Field(
+    disk_size_gb: Int = Field(
         default=10,
         ge=10,
         le=1000,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "10..1000 GB per worker"}),
     )
-    workers: int = Field(
+    workers: Int = Field(
         default=1,
         ge=1,
         le=64,
@@ -490,18 +491,18 @@ class StartWorker(Command):
     minion_id: str
     job_id: str
     job_name: str
-    worker: int
+    worker: Int
     command: list[str]
     env: dict[str, str] = Field(default_factory=dict)
-    gpu_indices: list[int]
+    gpu_indices: list[Int]
     gpu_uuids: list[str] = Field(default_factory=list)
     placement_id: str  # unique per placement; a re-placed worker gets a new one
     mounts: list[Mount] = Field(default_factory=list)  # the worker's mount plan
     output_archive: str | None = None  # <job_name>.zip or <job_name>_<worker>.zip
     output_upload: str | None = None  # where the archive goes (type:path), if anywhere
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
-    gpu_memory_limit_mb: int | None = None  # what the agent enforces for that share
-    disk_size_gb: int = 10
+    gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
+    disk_size_gb: Int = 10
 
 
 class StopWorker(Command):
@@ -509,7 +510,7 @@ class StopWorker(Command):
     SUBJECT = subjects.command("node", "stop_worker")
     minion_id: str
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     reason: str
 
@@ -548,14 +549,14 @@ class WorkerPlaced(Event):
     TYPE = "gpufleet.worker.placed.v1"
     SUBJECT = subjects.event("worker", "placed")
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     node_id: str
     minion_id: str
     region: str
     gpu_model: str
-    gpu_indices: list[int]
-    gpu_count: int
+    gpu_indices: list[Int]
+    gpu_count: Int
     rate: Money  # credits per GPU-hour, locked
     charge: str  # "usage" (owner's own node, R-BILL-1) or "market" (another account's node)
     payer: str  # the project owner
@@ -573,10 +574,10 @@ class WorkerStarted(Event):
     TYPE = "gpufleet.worker.started.v1"
     SUBJECT = subjects.event("worker", "started")
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     minion_id: str
-    pid: int | None = None
+    pid: Int | None = None
     started_at: datetime
 
 
@@ -586,11 +587,11 @@ class WorkerFinished(Event):
     TYPE = "gpufleet.worker.finished.v1"
     SUBJECT = subjects.event("worker", "finished")
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     minion_id: str
     state: WorkerState
-    exit_code: int | None = None
+    exit_code: Int | None = None
     reason: str | None = None
     started_at: datetime | None = None
     ended_at: datetime
@@ -619,7 +620,7 @@ class GetJob(Command):
 class ListJobs(Command):
     TYPE = "gpufleet.job.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_jobs")
-    limit: int = Field(default=100, ge=1, le=1000)
+    limit: Int = Field(default=100, ge=1, le=1000)
 
 
 class Demand(BaseModel):
@@ -628,11 +629,11 @@ class Demand(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     job_id: str
-    worker: int
+    worker: Int
     owner: str
     project: str
     gpu_types: list[str]
-    gpu_count: int
+    gpu_count: Int
     max_price: Money | None = None
     region: str | None = None  # pinned region (R-RES-1), if any
     burst_allowed: bool = False  # the project allows bursting to the cloud (R-SCHED-3)
@@ -650,7 +651,7 @@ class PendingDemandChanged(Event):
     at: datetime
     # At most MAX_DEMANDS, oldest first, so the event fits a NATS message (1 MB by default);
     # `waiting` counts every waiting worker (a fleet's queue can hold 100,000).
-    waiting: int | None = None
+    waiting: Int | None = None
 
     MAX_DEMANDS: ClassVar[int] = 1000
 

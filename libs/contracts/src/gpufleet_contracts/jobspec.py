@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from .errors import rule, ruled
+from .fields import Int
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -492,7 +493,7 @@ class Environment(BaseModel):
         max_length=256,
         json_schema_extra=rule("R-JOB-7", **{"x-valid": "registry/name:tag"}),
     )
-    image_size_gb: int | None = Field(
+    image_size_gb: Int | None = Field(
         default=None, ge=0, json_schema_extra=rule("R-JOB-7", **{"x-valid": "<= disk_size_gb"})
     )
     image_packages: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))

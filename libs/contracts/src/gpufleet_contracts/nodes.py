@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import subjects
 from .base import Command, Event
+from .fields import Int
 
 
 class NodeState(StrEnum):
@@ -25,13 +26,13 @@ class GpuInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    index: int
+    index: Int
     uuid: str
     model: str | None  # catalogue model, None when NVML's name is not in the catalogue
     nvml_name: str
-    memory_mb: int
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
+    memory_mb: Int
+    pcie_gen: Int | None = None
+    pcie_width: Int | None = None
     mig_mode: bool | None = None
 
 
@@ -42,7 +43,7 @@ class DriveInfo(BaseModel):
 
     name: str
     kind: str  # "nvme" | "sata" | "other"
-    size_gb: int
+    size_gb: Int
     rotational: bool = False
 
 
@@ -50,7 +51,7 @@ class NicInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     name: str
-    speed_mbps: int | None = None  # None: link down or unknown
+    speed_mbps: Int | None = None  # None: link down or unknown
 
 
 class HardwareInventory(BaseModel):
@@ -61,8 +62,8 @@ class HardwareInventory(BaseModel):
     drives: list[DriveInfo] = Field(default_factory=list)
     tpm_version: str | None = None  # "2.0", "1.2" or None when absent
     nics: list[NicInfo] = Field(default_factory=list)
-    memory_mb: int | None = None
-    cpu_cores: int | None = None
+    memory_mb: Int | None = None
+    cpu_cores: Int | None = None
     gpu_form_factor: str | None = None  # "pcie" (default) or "sxm"
 
 
@@ -80,7 +81,7 @@ class RegisterNode(Command):
     driver_version: str | None = None
     price_per_gpu_hour: Decimal | None = None  # asking price when selling to other accounts
     agent_started_at: datetime
-    gpu_shares: int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
+    gpu_shares: Int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
     # Added in issue 4; older agents send none (their hardware is then "not reported").
     hardware: HardwareInventory | None = None
     heartbeat_s: float | None = None  # the agent's heartbeat period (liveness, issue 4)
@@ -100,7 +101,7 @@ class NodeRegistered(Event):
     price_per_gpu_hour: Decimal | None = None
     allow_public_jobs: bool = False
     at: datetime
-    gpu_shares: int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
+    gpu_shares: Int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
 
 
 class NodeStateChanged(Event):
@@ -143,10 +144,10 @@ class CloudInstanceEvent(Event):
 
 class GpuSample(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
-    index: int
-    utilization_pct: int | None = None
-    memory_used_mb: int | None = None
-    temperature_c: int | None = None
+    index: Int
+    utilization_pct: Int | None = None
+    memory_used_mb: Int | None = None
+    temperature_c: Int | None = None
     power_w: float | None = None
 
 
@@ -160,4 +161,4 @@ class NodeHeartbeat(Event):
     running: list[str] = Field(default_factory=list)  # "<job_id>/<worker>"
     gpus: list[GpuSample] = Field(default_factory=list)
     cpu_pct: float | None = None
-    ram_used_mb: int | None = None
+    ram_used_mb: Int | None = None
