@@ -1,5 +1,6 @@
-"""Integers are integers (never a boolean or a string), in the job spec and the other
-commands and requests; each refusal names its field and its rule (gpufleet_contracts.fields)."""
+"""Integers are integers (never a boolean or a string) and names print (no control or format
+characters), in the job spec and the other commands and requests; each refusal names its
+field and its rule (gpufleet_contracts.fields)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 import pytest
 from gpufleet_billing.app import EntriesQuery
 from gpufleet_contracts import field_errors
+from gpufleet_contracts.fields import NAME_RULE, name_problem
 from gpufleet_contracts.jobs import (
+    EnqueueJob,
     JobSpec,
     ListJobs,
     StartWorker,
@@ -122,3 +125,122 @@ def test_money_and_fractions_refuse_booleans(
     assert field in refusals(model, data)
     with pytest.raises(ValidationError):  # in Python too, not only from JSON
         model.model_validate(data)
+
+
+# --- names print ---------------------------------------------------------------------------
+
+BAD_NAMES = {
+    "NUL": "team\x00a",
+    "ESC": "team\x1b[31ma",
+    "newline": "team\na",
+    "right-to-left override": "team\u202ea",
+    "zero-width space": "team\u200ba",
+    "private use": "team\ue000",
+    "unassigned": "team\u0378",
+    "line separator": "team\u2028a",
+    "paragraph separator": "team\u2029a",
+    "leading space": " team",
+    "trailing tab": "team\t",
+}
+GOOD_NAMES = ["team-a", "PASCAL VOC 2012", "Größe", "名前", "a\u00a0b", "x.y_z"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_project_name_refuses_control_and_format_characters(name: str) -> None:
+    rule, message = refusals(SubmitJob, {"spec": {**BASE, "project": name}})["spec.project"]
+    assert rule == "schema:name_chars"
+    assert "Unicode Cc, Cf, Cs, Co, Cn, Zl, Zp" in message and NAME_RULE in message
+    assert message.isprintable()  # names the character, never prints it
+
+
+def test_the_refusal_names_the_character_and_where_it_is() -> None:
+    assert name_problem("team\u202ea") == "U+202E RIGHT-TO-LEFT OVERRIDE at position 4"
+    assert name_problem("a\x00") == "U+0000 at position 1"
+    assert name_problem(" a") == "leading or trailing whitespace"
+    # pydantic refuses a lone surrogate before this check can (not valid UTF-8 text).
+    assert name_problem("a\ud800") == "U+D800 at position 1"
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_names_in_any_script_with_inner_spaces_are_names(name: str) -> None:
+    assert JobSpec.model_validate({**BASE, "project": name}).project == name
+    assert name_problem(name) is None
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "field", "rule"),
+    [
+        # a name with a pattern of its own: the pattern refuses it first, under its rule
+        (SubmitJob, {"spec": {**BASE, "name": "hello\u202e"}}, "spec.name", "R-JOB-2"),
+        (
+            SubmitJob,
+            {"spec": {**BASE, "datasets": [{"name": "coco\n"}]}},
+            "spec.datasets.0.name",
+            "R-JOB-3",
+        ),
+        (SubmitJob, {"spec": {**BASE, "env": {"A\u200b": "1"}}}, "spec.env", "R-JOB-7"),
+        # the pattern allows spaces, the name rule no trailing one
+        (SubmitJob, {"spec": {**BASE, "name": "hello "}}, "spec.name", "schema:name_chars"),
+        (SubmitJob, {"spec": {**BASE, "region": "eu\u200b"}}, "spec.region", "schema:name_chars"),
+        (
+            SubmitJob,
+            {
+                "spec": {
+                    **BASE,
+                    "type": "notebook",
+                    "reservation": {"region": "r1", "name": "port\x1b80"},
+                }
+            },
+            "spec.reservation.name",
+            "schema:name_chars",
+        ),
+        (
+            SubmitJob,
+            {
+                "spec": {
+                    **BASE,
+                    "output_data": {
+                        "type": "regional_datastore",
+                        "path": "/o",
+                        "datastore": "nas\u2028",
+                        "region": "r1",
+                    },
+                }
+            },
+            "spec.output_data.datastore",
+            "schema:name_chars",
+        ),
+        (
+            SubmitJob,
+            {"spec": {**BASE, "environment": {"packages": {"pip": ["numpy\u202e"]}}}},
+            "spec.environment.packages.pip.0",
+            "schema:name_chars",
+        ),
+        (EnqueueJob, {"request_id": "r\x00", "spec": BASE}, "request_id", "schema:name_chars"),
+        (RegisterNode, {**REGISTER, "name": "node\u202e1"}, "name", "schema:name_chars"),
+        (RegisterNode, {**REGISTER, "region": "local\n"}, "region", "schema:name_chars"),
+        (
+            StartWorker,
+            {**START, "mounts": [{"target": "/opt/ml/in\x00", "kind": "input", "source": "x"}]},
+            "mounts.0.target",
+            "schema:name_chars",
+        ),
+        (StartWorker, {**START, "job_name": "\u202ehello"}, "job_name", "schema:name_chars"),
+    ],
+)
+def test_every_name_like_field_refuses_them_naming_field_and_rule(
+    model: type[BaseModel], data: dict[str, Any], field: str, rule: str
+) -> None:
+    assert refusals(model, data)[field][0] == rule
+
+
+def test_commands_and_environment_values_are_free_text_but_never_nul() -> None:
+    spec = JobSpec.model_validate(
+        {**BASE, "command": ["python", "-c", "print(1)\nprint(2)"], "env": {"A": "x\ny\u202e"}}
+    )
+    assert spec.command[2] == "print(1)\nprint(2)"
+    errors = refusals(SubmitJob, {"spec": {**BASE, "command": ["python", "a\x00b"]}})
+    assert errors["spec.command.1"][0] == "schema:nul_char"
+    assert "NUL" in errors["spec.command.1"][1]
+    assert "spec.env.A" in refusals(SubmitJob, {"spec": {**BASE, "env": {"A": "\x00"}}})
+    assert "command.0" in refusals(StartWorker, {**START, "command": ["\x00"]})

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from . import subjects
 from .base import Event
-from .fields import Int
+from .fields import Int, Name
 
 
 class LedgerEntryEvent(Event):
@@ -49,7 +49,7 @@ class EarningCredited(LedgerEntryEvent):
     worker: Int
     placement_id: str
     node_id: str = ""
-    region: str = ""
+    region: Name = ""
     seconds: Int
 
 

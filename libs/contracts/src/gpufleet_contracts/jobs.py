@@ -22,7 +22,7 @@ from . import subjects
 from .base import Command, Event
 from .catalog import catalog
 from .errors import ErrorBody, rule, ruled
-from .fields import Int
+from .fields import Argv, EnvValue, Int, Name
 from .jobspec import (
     IMAGE_NEEDS,
     Checkpoint,
@@ -111,14 +111,14 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(
+    name: Name = Field(
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "1-128 letters, digits, space, _ . -"}),
     )
     type: JobType = Field(default=JobType.training, json_schema_extra=rule("R-JOB-1"))
-    project: str = Field(default="default", min_length=1, max_length=64)
+    project: Name = Field(default="default", min_length=1, max_length=64)
     gpu_types: list[str] = Field(min_length=1, json_schema_extra=rule("R-JOB-2"))
     gpu_count: Int = Field(
         default=1,
@@ -154,7 +154,7 @@ class JobSpec(BaseModel):
         le=64,
         json_schema_extra=rule("R-JOB-5", **{"x-valid": "1..64 (several for training only)"}),
     )
-    region: str | None = Field(
+    region: Name | None = Field(
         default=None,
         min_length=1,
         json_schema_extra=rule("R-RES-1", **{"x-valid": "a region with one of the GPU types"}),
@@ -172,14 +172,14 @@ class JobSpec(BaseModel):
     reservation: Reservation | None = Field(default=None, json_schema_extra=rule("R-RES-3"))
     # --- environment (R-JOB-7) ---
     environment: Environment = Field(default_factory=Environment, json_schema_extra=rule("R-JOB-7"))
-    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=rule("R-JOB-7"))
+    env: dict[str, EnvValue] = Field(default_factory=dict, json_schema_extra=rule("R-JOB-7"))
     allow_burst: bool = Field(default=False, json_schema_extra=rule("R-SCHED-3"))
     # --- what runs (R-JOB-5): one command for all workers, or one per worker ---
-    worker_commands: list[list[str]] = Field(
+    worker_commands: list[Argv] = Field(
         default_factory=list,
         json_schema_extra=rule("R-JOB-5", **{"x-valid": "one command per worker"}),
     )
-    command: list[str] = Field(
+    command: Argv = Field(
         default_factory=list,
         validate_default=True,
         json_schema_extra=rule("R-JOB-5", **{"x-valid": "a command (after --)"}),
@@ -461,7 +461,7 @@ class EnqueueJob(Command):
 
     TYPE = "gpufleet.job.enqueue.v1"
     SUBJECT = subjects.command("scheduler", "enqueue_job", key="jobs")
-    request_id: str = Field(min_length=1, max_length=128)
+    request_id: Name = Field(min_length=1, max_length=128)
     spec: JobSpec
 
 
@@ -476,11 +476,11 @@ class Mount(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    target: str  # e.g. /opt/ml/input/PASCAL_VOC
+    target: Name  # e.g. /opt/ml/input/PASCAL_VOC
     kind: str  # dataset | input | checkpoint | model | output
     source: str  # what fills it: "dataset:PASCAL VOC", "s3://...", "git:https://..."
     read_only: bool = True
-    env: str | None = None  # the variable that tells the worker where it is
+    env: Name | None = None  # the variable that tells the worker where it is
 
 
 class StartWorker(Command):
@@ -488,17 +488,17 @@ class StartWorker(Command):
 
     TYPE = "gpufleet.node.start_worker.v1"
     SUBJECT = subjects.command("node", "start_worker")
-    minion_id: str
+    minion_id: Name
     job_id: str
-    job_name: str
+    job_name: Name
     worker: Int
-    command: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
+    command: Argv
+    env: dict[Name, EnvValue] = Field(default_factory=dict)
     gpu_indices: list[Int]
     gpu_uuids: list[str] = Field(default_factory=list)
     placement_id: str  # unique per placement; a re-placed worker gets a new one
     mounts: list[Mount] = Field(default_factory=list)  # the worker's mount plan
-    output_archive: str | None = None  # <job_name>.zip or <job_name>_<worker>.zip
+    output_archive: Name | None = None  # <job_name>.zip or <job_name>_<worker>.zip
     output_upload: str | None = None  # where the archive goes (type:path), if anywhere
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
     gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
@@ -508,7 +508,7 @@ class StartWorker(Command):
 class StopWorker(Command):
     TYPE = "gpufleet.node.stop_worker.v1"
     SUBJECT = subjects.command("node", "stop_worker")
-    minion_id: str
+    minion_id: Name
     job_id: str
     worker: Int
     placement_id: str
@@ -552,8 +552,8 @@ class WorkerPlaced(Event):
     worker: Int
     placement_id: str
     node_id: str
-    minion_id: str
-    region: str
+    minion_id: Name
+    region: Name
     gpu_model: str
     gpu_indices: list[Int]
     gpu_count: Int
@@ -576,7 +576,7 @@ class WorkerStarted(Event):
     job_id: str
     worker: Int
     placement_id: str
-    minion_id: str
+    minion_id: Name
     pid: Int | None = None
     started_at: datetime
 
@@ -589,7 +589,7 @@ class WorkerFinished(Event):
     job_id: str
     worker: Int
     placement_id: str
-    minion_id: str
+    minion_id: Name
     state: WorkerState
     exit_code: Int | None = None
     reason: str | None = None
@@ -631,11 +631,11 @@ class Demand(BaseModel):
     job_id: str
     worker: Int
     owner: str
-    project: str
+    project: Name
     gpu_types: list[str]
     gpu_count: Int
     max_price: Money | None = None
-    region: str | None = None  # pinned region (R-RES-1), if any
+    region: Name | None = None  # pinned region (R-RES-1), if any
     burst_allowed: bool = False  # the project allows bursting to the cloud (R-SCHED-3)
     waiting_since: datetime
     gpu_fraction: Decimal | None = None

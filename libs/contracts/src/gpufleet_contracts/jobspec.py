@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from .errors import rule, ruled
-from .fields import Int
+from .fields import Argv, Int, Name, PackageList
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -134,8 +134,8 @@ class _Located(BaseModel):
     type: StorageType = Field(json_schema_extra=rule("R-JOB-3"))
     path: str = Field(min_length=1, max_length=1024, json_schema_extra=rule("R-JOB-3"))
     endpoint: str | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
-    datastore: str | None = Field(default=None, json_schema_extra=rule("R-RES-2"))
-    region: str | None = Field(default=None, json_schema_extra=rule("R-RES-1"))
+    datastore: Name | None = Field(default=None, json_schema_extra=rule("R-RES-2"))
+    region: Name | None = Field(default=None, json_schema_extra=rule("R-RES-1"))
 
 
 @ruled
@@ -190,7 +190,7 @@ class Dataset(BaseModel):
 
     model_config = _FROZEN
 
-    name: str = Field(
+    name: Name = Field(
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
@@ -205,7 +205,7 @@ class Checkpoint(BaseModel):
 
     model_config = _FROZEN
 
-    name: str = Field(
+    name: Name = Field(
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
@@ -385,15 +385,15 @@ class Reservation(BaseModel):
 
     model_config = _FROZEN
 
-    region: str = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
-    name: str = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
+    region: Name = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
+    name: Name = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
 
 
 @ruled
 class EndpointSpec(BaseModel):
     model_config = _FROZEN
 
-    server_command: list[str] | None = Field(
+    server_command: Argv | None = Field(
         default=None,
         json_schema_extra=rule("R-JOB-6", **{"x-valid": "a command serving on port 80"}),
     )
@@ -456,9 +456,9 @@ class Packages(BaseModel):
 
     model_config = _FROZEN
 
-    apt: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    conda: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    pip: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    apt: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    conda: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    pip: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
 
     @field_validator("apt", "conda", "pip")
     @classmethod
@@ -486,7 +486,7 @@ class Environment(BaseModel):
         json_schema_extra=rule("R-JOB-7", **{"x-valid": ", ".join(PYTHON_VERSIONS)}),
     )
     framework: Framework = Field(default=Framework.deep_learning, json_schema_extra=rule("R-JOB-7"))
-    framework_version: str | None = Field(default=None, json_schema_extra=rule("R-JOB-7"))
+    framework_version: Name | None = Field(default=None, json_schema_extra=rule("R-JOB-7"))
     image: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$",
@@ -496,7 +496,7 @@ class Environment(BaseModel):
     image_size_gb: Int | None = Field(
         default=None, ge=0, json_schema_extra=rule("R-JOB-7", **{"x-valid": "<= disk_size_gb"})
     )
-    image_packages: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    image_packages: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
     packages: Packages = Field(default_factory=Packages, json_schema_extra=rule("R-JOB-7"))
     keys: list[str] = Field(
         default_factory=list,

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import subjects
 from .base import Command, Event
-from .fields import Int
+from .fields import Int, Name
 
 
 class NodeState(StrEnum):
@@ -70,11 +70,11 @@ class HardwareInventory(BaseModel):
 class RegisterNode(Command):
     TYPE = "gpufleet.node.register.v1"
     SUBJECT = subjects.command("provisioner", "register_node")
-    minion_id: str
-    name: str
-    region: str
+    minion_id: Name
+    name: Name
+    region: Name
     owner: str
-    hostname: str
+    hostname: Name
     gpus: list[GpuInfo]
     simulated: bool
     inventory_source: str  # "nvml" or the simulated inventory file
@@ -91,9 +91,9 @@ class NodeRegistered(Event):
     TYPE = "gpufleet.node.registered.v1"
     SUBJECT = subjects.event("node", "registered")
     node_id: str
-    minion_id: str
-    name: str
-    region: str
+    minion_id: Name
+    name: Name
+    region: Name
     owner: str
     state: NodeState
     gpus: list[GpuInfo]
@@ -108,7 +108,7 @@ class NodeStateChanged(Event):
     TYPE = "gpufleet.node.state_changed.v1"
     SUBJECT = subjects.event("node", "state_changed")
     node_id: str
-    minion_id: str
+    minion_id: Name
     state: NodeState
     reason: str | None = None
     at: datetime
@@ -156,7 +156,7 @@ class NodeHeartbeat(Event):
 
     TYPE = "gpufleet.node.heartbeat.v1"
     SUBJECT = subjects.HEARTBEATS + ".{minion_id}"
-    minion_id: str
+    minion_id: Name
     at: datetime
     running: list[str] = Field(default_factory=list)  # "<job_id>/<worker>"
     gpus: list[GpuSample] = Field(default_factory=list)

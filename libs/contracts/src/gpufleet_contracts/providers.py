@@ -9,7 +9,7 @@ from pydantic import Field
 
 from . import subjects
 from .base import Event
-from .fields import Int
+from .fields import Int, Name
 
 
 class ProviderKind(StrEnum):
@@ -41,7 +41,7 @@ class RegionCreated(Event):
     SUBJECT = subjects.event("provider", "region_created")
     account: str
     provider: ProviderKind
-    name: str
+    name: Name
     storage_mode: str | None = None
     allow_public_jobs: bool = False
     runnable_jobs: dict[str, Int] = Field(default_factory=dict)  # GPU type -> jobs (R-REG-3)
