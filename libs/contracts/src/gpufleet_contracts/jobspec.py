@@ -13,11 +13,19 @@ import re
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .errors import rule, ruled
 from .fields import Argv, Int, Name, PackageList
+from .paths import UnsafePath, contained_path
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -85,15 +93,13 @@ def _check_location(
             forms=" or ".join(prefixes),
             path=path,
         )
-    if kind is StorageType.regional_datastore:
-        _check_inside_root(path, rule_id)
-        if not datastore:
-            raise bad(
-                "datastore_required",
-                "a regional_datastore location names its datastore",
-                "R-RES-2",
-                "datastore: <name of a datastore in the region>",
-            )
+    if kind is StorageType.regional_datastore and not datastore:
+        raise bad(
+            "datastore_required",
+            "a regional_datastore location names its datastore",
+            "R-RES-2",
+            "datastore: <name of a datastore in the region>",
+        )
     if kind is StorageType.wasabi and not endpoint:
         raise bad(
             "endpoint_required",
@@ -111,19 +117,19 @@ def _check_location(
         )
 
 
-def _check_inside_root(path: str, rule_id: str) -> None:
-    """R-RES-2: nothing may resolve outside the datastore root."""
-    lowered = path.lower()
-    parts = path.split("/")
-    if "\0" in path or ".." in parts or "%2e" in lowered or "%00" in lowered or "\\" in path:
+def inside_root(path: str) -> str:
+    """R-RES-2: nothing may resolve outside the datastore root; the path's canonical form."""
+    try:
+        return contained_path(path, rooted=True)
+    except UnsafePath as exc:
         raise bad(
             "outside_root",
-            "path {path!r} would resolve outside the datastore root",
+            "path {path!r} could resolve outside the datastore root: {why}",
             "R-RES-2",
-            "an absolute path without .., NUL, backslashes or encoded dots",
+            "an absolute path inside the root, without .., NUL, backslashes or encodings of them",
             path=path,
-        )
-    _ = rule_id
+            why=str(exc),
+        ) from exc
 
 
 class _Located(BaseModel):
@@ -136,6 +142,15 @@ class _Located(BaseModel):
     endpoint: str | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
     datastore: Name | None = Field(default=None, json_schema_extra=rule("R-RES-2"))
     region: Name | None = Field(default=None, json_schema_extra=rule("R-RES-1"))
+
+    @field_validator("path")
+    @classmethod
+    def _datastore_path(cls, value: str, info: ValidationInfo) -> str:
+        """A datastore path is kept in its canonical (decoded) form, the one checked; one
+        without its leading `/` is refused by its type's path form (R-JOB-3)."""
+        if info.data.get("type") is StorageType.regional_datastore and value.startswith("/"):
+            return inside_root(value)
+        return value
 
 
 @ruled
@@ -321,6 +336,17 @@ class RouteParam(BaseModel):
         return self
 
 
+def _route_file(v: str, why: str) -> PydanticCustomError:
+    return bad(
+        "route_file",
+        "route file must be a relative .py path inside the model code, got {v!r}: {why}",
+        "R-JOB-6",
+        "e.g. subdir/predict.py",
+        v=v,
+        why=why,
+    )
+
+
 @ruled
 class Route(BaseModel):
     model_config = _FROZEN
@@ -353,16 +379,16 @@ class Route(BaseModel):
     @field_validator("file")
     @classmethod
     def _relative_py(cls, v: str) -> str:
-        parts = v.split("/")
-        if v.startswith(("/", "~", "$")) or ".." in parts or "\\" in v or not v.endswith(".py"):
-            raise bad(
-                "route_file",
-                "route file must be a relative .py path inside the model code, got {v!r}",
-                "R-JOB-6",
-                "e.g. subdir/predict.py",
-                v=v,
-            )
-        return v
+        """Kept in its canonical (decoded) form, the one checked (gpufleet_contracts.paths)."""
+        try:
+            file = contained_path(v, rooted=False)
+        except UnsafePath as exc:
+            raise _route_file(v, str(exc)) from exc
+        if file.startswith("$"):
+            raise _route_file(v, "a variable, not a path inside the model code")
+        if not file.endswith(".py"):
+            raise _route_file(v, "not a .py file")
+        return file
 
     @field_validator("body")
     @classmethod
