@@ -304,3 +304,15 @@ def test_a_boolean_count_in_a_file_is_refused(no_bus: None, tmp_path: Path) -> N
     assert result.exit_code == 2
     (field,) = json.loads(result.stdout)["error"]["fields"]
     assert (field["field"], field["rule"]) == ("gpu_count", "R-JOB-2")
+
+
+def test_a_spec_over_its_size_cap_is_refused_locally_naming_spec(
+    no_bus: None, tmp_path: Path
+) -> None:
+    f = tmp_path / "job.json"
+    spec = {"name": "j", "gpu_types": ["T4"], "command": ["a" * 4000] * 20}
+    f.write_text(json.dumps(spec))
+    result = runner.invoke(app, ["job", "submit", "-f", str(f), "--json"])
+    assert result.exit_code == 2
+    (field,) = json.loads(result.stdout)["error"]["fields"]
+    assert (field["field"], field["rule"]) == ("spec", "limit:spec_bytes")

@@ -113,7 +113,12 @@ def build(base: dict[str, Any], flags: dict[str, Any], env_pairs: list[str]) -> 
         job_spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         reply = invalid(MESSAGE, exc, JobSpec)
-        fields = [*reply.error.fields, *env_errors]
+        # A rule of the whole spec (its size, its regions) names it as the scheduler does.
+        fields = [
+            f.model_copy(update={"field": "spec"}) if f.field == "(message)" else f
+            for f in reply.error.fields
+        ]
+        fields.extend(env_errors)
         raise _refused(ErrorReply(error=reply.error.model_copy(update={"fields": fields}))) from exc
     if env_errors:
         raise _refused(

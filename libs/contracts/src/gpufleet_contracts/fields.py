@@ -1,5 +1,5 @@
 """Field types shared by the contracts: integers that are integers, names that print, text a
-process can be given.
+process can be given, and the caps of `limits.py`.
 
 - `Int`: pydantic's strict int. A JSON number without a fraction or a Python int; never a
   boolean (`true` is not 1), a string ("2") or a float (2.0). The CLI turns its integer flags
@@ -12,7 +12,7 @@ process can be given.
   leading or trailing whitespace. Spaces inside ("PASCAL VOC") are names too.
 - `Arg`, `EnvValue`: text handed to a process (a command's arguments, an environment
   variable's value). Free text, newlines included, but never NUL: no process can receive one
-  (the node agent's spawn would fail).
+  (the node agent's spawn would fail), and capped in length.
 
 Which `str` fields are names (decided per field, in the models): job, project, region, node,
 minion, datastore, dataset, checkpoint and reservation names, mount targets and their
@@ -30,10 +30,14 @@ header (R-TEN-2), not from a payload, and are not checked here.
 from __future__ import annotations
 
 import unicodedata
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, Strict
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, GetCoreSchemaHandler, GetJsonSchemaHandler, Strict
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+from . import limits
 
 Int = Annotated[int, Strict()]
 
@@ -98,9 +102,56 @@ def _no_nul(value: str) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class Cap:
+    """At most `limit` items (or characters) as given, refused with rule `limit:<name>`,
+    and shown in the JSON schema (maxItems, maxLength, maxProperties: the AsyncAPI documents).
+
+    Checked before the items are validated: an oversized list costs no more than its length.
+    """
+
+    limit: int
+    name: str
+    unit: str
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, (str, list, tuple, dict)) and len(value) > self.limit:
+            raise PydanticCustomError(
+                "too_big",
+                "{count} {unit}, more than the cap of {limit}",
+                {
+                    "count": len(value),
+                    "unit": self.unit,
+                    "limit": self.limit,
+                    "rule": f"limit:{self.name}",
+                    "valid": f"at most {self.limit} {self.unit}",
+                },
+            )
+        return value
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_before_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        key = _SCHEMA_KEYS.get(str(json_schema.get("type")))
+        if key is not None:
+            json_schema[key] = self.limit
+        return json_schema
+
+
+_SCHEMA_KEYS = {"array": "maxItems", "string": "maxLength", "object": "maxProperties"}
+
+
 Name = Annotated[str, AfterValidator(_name)]
-Arg = Annotated[str, AfterValidator(_no_nul)]
-EnvValue = Annotated[str, AfterValidator(_no_nul)]
-Argv = list[Arg]
-PackageName = Name
-PackageList = list[PackageName]
+Arg = Annotated[str, Cap(limits.ARG_CHARS, "arg_chars", "characters"), AfterValidator(_no_nul)]
+EnvValue = Annotated[
+    str, Cap(limits.ENV_VALUE_CHARS, "env_value_chars", "characters"), AfterValidator(_no_nul)
+]
+Argv = Annotated[list[Arg], Cap(limits.COMMAND_ARGS, "command_args", "arguments")]
+PackageName = Annotated[Name, Cap(limits.PACKAGE_CHARS, "package_chars", "characters")]
+PackageList = Annotated[list[PackageName], Cap(limits.PACKAGES, "packages", "entries")]

@@ -18,11 +18,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import subjects
+from . import limits, subjects
 from .base import Command, Event
 from .catalog import catalog
 from .errors import ErrorBody, rule, ruled
-from .fields import Argv, EnvValue, Int, Name
+from .fields import Argv, Cap, EnvValue, Int, Name
 from .jobspec import (
     IMAGE_NEEDS,
     Checkpoint,
@@ -119,7 +119,9 @@ class JobSpec(BaseModel):
     )
     type: JobType = Field(default=JobType.training, json_schema_extra=rule("R-JOB-1"))
     project: Name = Field(default="default", min_length=1, max_length=64)
-    gpu_types: list[str] = Field(min_length=1, json_schema_extra=rule("R-JOB-2"))
+    gpu_types: Annotated[list[str], Cap(limits.GPU_TYPES, "gpu_types", "GPU types")] = Field(
+        min_length=1, json_schema_extra=rule("R-JOB-2")
+    )
     gpu_count: Int = Field(
         default=1,
         ge=0,
@@ -151,20 +153,25 @@ class JobSpec(BaseModel):
     workers: Int = Field(
         default=1,
         ge=1,
-        le=64,
+        le=limits.WORKERS,
         json_schema_extra=rule("R-JOB-5", **{"x-valid": "1..64 (several for training only)"}),
     )
     region: Name | None = Field(
         default=None,
         min_length=1,
+        max_length=limits.NAME_CHARS,
         json_schema_extra=rule("R-RES-1", **{"x-valid": "a region with one of the GPU types"}),
     )
     # --- data (R-JOB-3), model and checkpoints (R-JOB-4) ---
-    datasets: list[Dataset] = Field(default_factory=list, json_schema_extra=rule("R-JOB-3"))
+    datasets: Annotated[list[Dataset], Cap(limits.DATASETS, "datasets", "datasets")] = Field(
+        default_factory=list, json_schema_extra=rule("R-JOB-3")
+    )
     input_data: InputData | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
     output_data: OutputData | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
     model: ModelSource | None = Field(default=None, json_schema_extra=rule("R-JOB-4"))
-    checkpoints: list[Checkpoint] = Field(default_factory=list, json_schema_extra=rule("R-JOB-4"))
+    checkpoints: Annotated[
+        list[Checkpoint], Cap(limits.CHECKPOINTS, "checkpoints", "checkpoints")
+    ] = Field(default_factory=list, json_schema_extra=rule("R-JOB-4"))
     # --- endpoints (R-JOB-6) and reservations (R-RES-3) ---
     endpoint: EndpointSpec | None = Field(
         default=None, validate_default=True, json_schema_extra=rule("R-JOB-6")
@@ -172,12 +179,16 @@ class JobSpec(BaseModel):
     reservation: Reservation | None = Field(default=None, json_schema_extra=rule("R-RES-3"))
     # --- environment (R-JOB-7) ---
     environment: Environment = Field(default_factory=Environment, json_schema_extra=rule("R-JOB-7"))
-    env: dict[str, EnvValue] = Field(default_factory=dict, json_schema_extra=rule("R-JOB-7"))
+    env: Annotated[dict[str, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
+        default_factory=dict, json_schema_extra=rule("R-JOB-7")
+    )
     allow_burst: bool = Field(default=False, json_schema_extra=rule("R-SCHED-3"))
     # --- what runs (R-JOB-5): one command for all workers, or one per worker ---
-    worker_commands: list[Argv] = Field(
-        default_factory=list,
-        json_schema_extra=rule("R-JOB-5", **{"x-valid": "one command per worker"}),
+    worker_commands: Annotated[list[Argv], Cap(limits.WORKERS, "worker_commands", "commands")] = (
+        Field(
+            default_factory=list,
+            json_schema_extra=rule("R-JOB-5", **{"x-valid": "one command per worker"}),
+        )
     )
     command: Argv = Field(
         default_factory=list,
@@ -343,12 +354,20 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad_names = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        bad_names = [
+            k
+            for k in value
+            if len(k) > limits.ENV_NAME_CHARS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
+        ]
         if bad_names:
             raise PydanticCustomError(
                 "env_name",
                 "invalid environment variable name(s): {bad}",
-                {"bad": ", ".join(bad_names), "rule": "R-JOB-7", "valid": "[A-Za-z_][A-Za-z0-9_]*"},
+                {
+                    "bad": ", ".join(repr(k[:32]) for k in bad_names),
+                    "rule": "R-JOB-7",
+                    "valid": f"[A-Za-z_][A-Za-z0-9_]*, at most {limits.ENV_NAME_CHARS} characters",
+                },
             )
         return value
 
@@ -407,6 +426,24 @@ class JobSpec(BaseModel):
                 "R-RES-1",
                 MAX_PINNED,
                 regions=", ".join(sorted(regions)),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _size(self) -> JobSpec:
+        """The whole spec, as sent (gpufleet_contracts.limits): its events must fit NATS."""
+        # model_dump_json's bytes, without decoding them (~3 us for a typical spec)
+        size = len(self.__pydantic_serializer__.to_json(self, by_alias=True))
+        if size > limits.SPEC_BYTES:
+            raise PydanticCustomError(
+                "too_big",
+                "the job spec is {size} bytes of JSON, more than the cap of {limit}",
+                {
+                    "size": size,
+                    "limit": limits.SPEC_BYTES,
+                    "rule": "limit:spec_bytes",
+                    "valid": f"at most {limits.SPEC_BYTES} bytes of JSON",
+                },
             )
         return self
 
@@ -493,11 +530,16 @@ class StartWorker(Command):
     job_name: Name
     worker: Int
     command: Argv
-    env: dict[Name, EnvValue] = Field(default_factory=dict)
+    env: Annotated[dict[Name, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
+        default_factory=dict
+    )
     gpu_indices: list[Int]
     gpu_uuids: list[str] = Field(default_factory=list)
     placement_id: str  # unique per placement; a re-placed worker gets a new one
-    mounts: list[Mount] = Field(default_factory=list)  # the worker's mount plan
+    # the worker's mount plan
+    mounts: Annotated[list[Mount], Cap(limits.MOUNTS, "mounts", "mounts")] = Field(
+        default_factory=list
+    )
     output_archive: Name | None = None  # <job_name>.zip or <job_name>_<worker>.zip
     output_upload: str | None = None  # where the archive goes (type:path), if anywhere
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
@@ -23,8 +23,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from . import limits
 from .errors import rule, ruled
-from .fields import Argv, Int, Name, PackageList
+from .fields import Argv, Cap, Int, Name, PackageList
 from .paths import UnsafePath, contained_path
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -140,8 +141,12 @@ class _Located(BaseModel):
     type: StorageType = Field(json_schema_extra=rule("R-JOB-3"))
     path: str = Field(min_length=1, max_length=1024, json_schema_extra=rule("R-JOB-3"))
     endpoint: str | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
-    datastore: Name | None = Field(default=None, json_schema_extra=rule("R-RES-2"))
-    region: Name | None = Field(default=None, json_schema_extra=rule("R-RES-1"))
+    datastore: Name | None = Field(
+        default=None, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-2")
+    )
+    region: Name | None = Field(
+        default=None, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-1")
+    )
 
     @field_validator("path")
     @classmethod
@@ -367,7 +372,9 @@ class Route(BaseModel):
         json_schema_extra=rule("R-JOB-6", **{"x-valid": "a Python function name"}),
     )
     positional: bool = False
-    body: list[RouteParam] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
+    body: Annotated[
+        list[RouteParam], Cap(limits.ROUTE_PARAMS, "route_params", "body parameters")
+    ] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
 
     @field_validator("verb")
     @classmethod
@@ -411,8 +418,12 @@ class Reservation(BaseModel):
 
     model_config = _FROZEN
 
-    region: Name = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
-    name: Name = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
+    region: Name = Field(
+        min_length=1, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-3")
+    )
+    name: Name = Field(
+        min_length=1, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-3")
+    )
 
 
 @ruled
@@ -423,7 +434,9 @@ class EndpointSpec(BaseModel):
         default=None,
         json_schema_extra=rule("R-JOB-6", **{"x-valid": "a command serving on port 80"}),
     )
-    routes: list[Route] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
+    routes: Annotated[list[Route], Cap(limits.ROUTES, "routes", "routes")] = Field(
+        default_factory=list, json_schema_extra=rule("R-JOB-6")
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> EndpointSpec:
@@ -512,7 +525,9 @@ class Environment(BaseModel):
         json_schema_extra=rule("R-JOB-7", **{"x-valid": ", ".join(PYTHON_VERSIONS)}),
     )
     framework: Framework = Field(default=Framework.deep_learning, json_schema_extra=rule("R-JOB-7"))
-    framework_version: Name | None = Field(default=None, json_schema_extra=rule("R-JOB-7"))
+    framework_version: Name | None = Field(
+        default=None, max_length=64, json_schema_extra=rule("R-JOB-7")
+    )
     image: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$",

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import subjects
+from . import limits, subjects
 from .base import Command, Event
 from .fields import Int, Name
 
@@ -70,11 +70,11 @@ class HardwareInventory(BaseModel):
 class RegisterNode(Command):
     TYPE = "gpufleet.node.register.v1"
     SUBJECT = subjects.command("provisioner", "register_node")
-    minion_id: Name
-    name: Name
-    region: Name
+    minion_id: Name = Field(min_length=1, max_length=limits.NAME_CHARS)
+    name: Name = Field(min_length=1, max_length=limits.NAME_CHARS)
+    region: Name = Field(min_length=1, max_length=limits.NAME_CHARS)
     owner: str
-    hostname: Name
+    hostname: Name = Field(max_length=255)
     gpus: list[GpuInfo]
     simulated: bool
     inventory_source: str  # "nvml" or the simulated inventory file
