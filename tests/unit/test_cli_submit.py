@@ -287,3 +287,32 @@ def test_fraction_and_data_flags(sent: list[dict[str, Any]]) -> None:
         "endpoint": None,
     }
     assert spec["output_data"]["type"] == "platform"
+
+
+def test_an_integer_flag_that_is_not_a_number_is_refused_by_field(no_bus: None) -> None:
+    """(Numbers go as JSON numbers: test_flags_build_the_submit_payload_and_headers.)"""
+    result = runner.invoke(app, [*BASE, "-g", "T4", "--workers", "two", "--json", "--", "x"])
+    assert result.exit_code == 2
+    fields = {f["field"]: f["rule"] for f in json.loads(result.stdout)["error"]["fields"]}
+    assert fields == {"workers": "R-JOB-5"}
+
+
+def test_a_boolean_count_in_a_file_is_refused(no_bus: None, tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("name: j\ngpu_types: [T4]\ngpu_count: true\ncommand: [x]\n")
+    result = runner.invoke(app, ["job", "submit", "-f", str(f), "--json"])
+    assert result.exit_code == 2
+    (field,) = json.loads(result.stdout)["error"]["fields"]
+    assert (field["field"], field["rule"]) == ("gpu_count", "R-JOB-2")
+
+
+def test_a_spec_over_its_size_cap_is_refused_locally_naming_spec(
+    no_bus: None, tmp_path: Path
+) -> None:
+    f = tmp_path / "job.json"
+    spec = {"name": "j", "gpu_types": ["T4"], "command": ["a" * 4000] * 20}
+    f.write_text(json.dumps(spec))
+    result = runner.invoke(app, ["job", "submit", "-f", str(f), "--json"])
+    assert result.exit_code == 2
+    (field,) = json.loads(result.stdout)["error"]["fields"]
+    assert (field["field"], field["rule"]) == ("spec", "limit:spec_bytes")

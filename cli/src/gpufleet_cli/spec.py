@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,14 @@ def location(value: str | None, kind_key: str) -> dict[str, str] | None:
     if not sep:
         return {kind_key: value, "path": ""}  # refused by the spec, naming the field
     return {kind_key: kind, "path": path}
+
+
+def integer(value: str | None) -> int | str | None:
+    """An integer flag as a number: the spec takes JSON numbers, never "2". Anything else
+    stays as given, for the spec to read (`--gpu-count 0.5`) or refuse, naming the field."""
+    if value is not None and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        return int(value)
+    return value
 
 
 def named(values: list[str] | None) -> list[dict[str, str]] | None:
@@ -104,7 +113,12 @@ def build(base: dict[str, Any], flags: dict[str, Any], env_pairs: list[str]) -> 
         job_spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         reply = invalid(MESSAGE, exc, JobSpec)
-        fields = [*reply.error.fields, *env_errors]
+        # A rule of the whole spec (its size, its regions) names it as the scheduler does.
+        fields = [
+            f.model_copy(update={"field": "spec"}) if f.field == "(message)" else f
+            for f in reply.error.fields
+        ]
+        fields.extend(env_errors)
         raise _refused(ErrorReply(error=reply.error.model_copy(update={"fields": fields}))) from exc
     if env_errors:
         raise _refused(

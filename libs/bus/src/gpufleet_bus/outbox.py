@@ -41,6 +41,16 @@ blobs while the service's next transaction waited behind it.
 
 With `keep`, nx-27017 scans the whole outbox for `{published: false}` at every poll (70 ms at
 20,000 kept rows when a row was a message), so a high-rate service keeps none.
+
+A message that can never be published would block every message behind it, across restarts:
+one over the server's max_payload (headers and body together: the server would close the
+connection), a subject that is not one (empty, or with whitespace, which would break the
+protocol line), text that cannot be encoded. Such a message is dead-lettered instead
+(`PERMANENT`): a record on `gpufleet.v1.dlq.<service>` (the format of `deadletter.py`) names
+its subject, type, id, size and why, but not its body, which may hold secrets (a job's
+environment); its document is then done once the record is acknowledged, like any other
+message, and the messages behind it go out. Everything else (no responders, a missing or an
+error ack, a lost connection, a stream that refuses the message for now) is retried as before.
 """
 
 from __future__ import annotations
@@ -50,19 +60,22 @@ import collections
 import contextlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from faststream.nats import NatsBroker
-from gpufleet_contracts import Envelope
+from gpufleet_contracts import Envelope, subjects
 from gpufleet_store import Store, now_ms, utcnow
 from gpufleet_store.store import OUTBOX, outbox_messages
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import Header
 
+from .deadletter import dead_letter_bytes
 from .streams import stream_for
 
 log = logging.getLogger("gpufleet.outbox")
@@ -74,6 +87,13 @@ FRESH_MAX_DOCS = 2 * ROUND_DOCS  # committed documents held for publishing from 
 # A round of 5,000 publishes holds the event loop ~350 ms without this: the service's next
 # transaction, waiting on a reply from the database, would wait for the whole round.
 YIELD_EVERY = 200
+# What publishing a message again cannot change: it is dead-lettered, not retried.
+PERMANENT = (
+    nats_errors.MaxPayloadError,
+    nats_errors.BadSubjectError,
+    nats_errors.BadHeaderError,
+    UnicodeEncodeError,
+)
 
 
 class OutboxPublishError(RuntimeError):
@@ -88,6 +108,7 @@ class _Doc:
     count: int
     unacked: int = 0
     error: str | None = None
+    dead: int = 0  # messages dead-lettered instead of published
 
 
 class OutboxRelay:
@@ -98,10 +119,14 @@ class OutboxRelay:
         source: str,
         poll_s: float = 1.0,
         keep: timedelta = timedelta(hours=1),
+        service: str | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
         self.source = source
+        # Dead letters go to gpufleet.v1.dlq.<service>; the source is "gpufleet/<service>".
+        self.service = service or source.rsplit("/", 1)[-1]
+        self.dead_letter_subject = subjects.dead_letter(self.service)
         self.poll_s = poll_s
         self.keep = keep
         self._wake = asyncio.Event()
@@ -115,6 +140,7 @@ class OutboxRelay:
         self._clean = False
         self._last_read = float("-inf")
         self.store_reads = 0  # how often the outbox was read back (tests, diagnostics)
+        self.dead_lettered = 0  # messages that could never be published (tests, diagnostics)
         # The ack inbox: one wildcard subscription per connection; `_waiting` maps the reply
         # subject of each message of the current round to its document.
         self._nc: Client | None = None
@@ -198,7 +224,8 @@ class OutboxRelay:
         """Publish one round; mark its acknowledged prefix; raise if it is not all of it."""
         nc = await self._connection()
         flights: list[_Doc] = []
-        sends: list[tuple[str, bytes, str, dict[str, str]]] = []  # subject, payload, reply, headers
+        # (document, subject, payload, reply, headers) of each message, in order
+        sends: list[tuple[_Doc, str, bytes, str, dict[str, str]]] = []
         self._all_acked.clear()
         try:
             # Every reply subject is registered before the first publish, so `_all_acked` is set
@@ -217,11 +244,22 @@ class OutboxRelay:
                         self._waiting[reply] = flight
                         self._next_token += 1
                         flight.unacked += 1
-                    sends.append((subject, payload, reply, headers))
-            for n, (subject, payload, reply, headers) in enumerate(sends, 1):
-                await _send(nc, subject, payload, reply, headers)
+                    sends.append((flight, subject, payload, reply, headers))
+            dead: list[tuple[_Doc, bytes, str]] = []  # document, dead-letter record, its id
+            for n, (flight, subject, payload, reply, headers) in enumerate(sends, 1):
+                try:
+                    await _send(nc, subject, payload, reply, headers)
+                except PERMANENT as exc:
+                    if reply:
+                        del self._waiting[reply]
+                        flight.unacked -= 1
+                    dead.append(
+                        self._dead_letter_record(nc, flight, subject, payload, headers, exc)
+                    )
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # nc.publish only buffers: let others run
+            for flight, record, record_id in dead:
+                await self._send_dead_letter(nc, flight, record, record_id)
             if self._waiting:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._all_acked.wait(), ACK_TIMEOUT_S)
@@ -233,11 +271,63 @@ class OutboxRelay:
                 break
             done.append(flight)
         await self._mark([f.id for f in done])
+        self.dead_lettered += sum(f.dead for f in done)
         if len(done) < len(flights):
             failed = flights[len(done)]
             reason = failed.error or f"{failed.unacked} acks missing after {ACK_TIMEOUT_S} s"
             raise OutboxPublishError(f"outbox document {failed.id}: {reason}")
-        return sum(f.count for f in done)
+        return sum(f.count - f.dead for f in done)
+
+    def _dead_letter_record(
+        self,
+        nc: Client,
+        flight: _Doc,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        exc: Exception,
+    ) -> tuple[_Doc, bytes, str]:
+        """The dead-letter record of a message that can never be published: what it was
+        and why, without its body."""
+        flight.dead += 1
+        msg_id, type_ = headers.get("ce-id", ""), headers.get("ce-type", "")
+        reason = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "outbox message %s (%s on %s, %d bytes) can never be published, dead-lettered: %s",
+            msg_id,
+            type_,
+            subject,
+            len(payload),
+            reason,
+        )
+        detail = {
+            "error": reason,
+            "id": msg_id,
+            "type": type_,
+            "size": len(payload),
+            "max_payload": nc.max_payload,
+            "payload": "left out: it may hold secrets",
+        }
+        record = dead_letter_bytes(self.service, subject, b"", headers, "unpublishable", [detail])
+        return flight, record, f"unpublishable:{msg_id}"
+
+    async def _send_dead_letter(
+        self, nc: Client, flight: _Doc, record: bytes, record_id: str
+    ) -> None:
+        """Publish a dead-letter record; its ack counts for the message's document, so the
+        document is done only once the record is stored. Its id makes a re-sent one (after a
+        crash, or a failed round) a duplicate that JetStream drops."""
+        subject = self.dead_letter_subject
+        headers = {"Nats-Msg-Id": record_id}
+        reply = ""
+        if stream := stream_for(subject):
+            headers[Header.EXPECTED_STREAM.value] = stream
+            reply = f"{self._inbox}{self._next_token}"
+            self._next_token += 1
+            self._waiting[reply] = flight
+            flight.unacked += 1
+            self._all_acked.clear()  # set again by this record's ack, or a later one
+        await _send(nc, subject, record, reply, headers)
 
     async def _mark(self, ids: list[Any]) -> None:
         if not ids:
@@ -320,14 +410,23 @@ async def _send(
     nine headers of every message. Our header names are constants and our values never hold
     a line break (checked here, cheaply); the command goes to the client's pending buffer as
     `nc.publish` sends it. While the client is not connected (or if nats-py's internals are
-    not what this expects) `nc.publish` does it, with its buffering rules."""
-    send = getattr(nc, "_send_command", None)
-    if send is None or not nc.is_connected or len(payload) > nc.max_payload:
-        await nc.publish(subject, payload, reply=reply, headers=headers)
-        return
+    not what this expects) `nc.publish` does it, with its buffering rules.
+
+    Raises MaxPayloadError when headers and body together exceed the server's max_payload
+    (nats-py checks the body alone; the server closes a connection that sends more) and
+    BadSubjectError for a subject nats-py's publish would refuse (empty, or with whitespace),
+    before anything is sent."""
     hdr = _NATS_HDR + "".join(f"{k}: {_clean(v)}\r\n" for k, v in headers.items()) + "\r\n"
     head = hdr.encode()
     total = len(head) + len(payload)
+    if total > nc.max_payload:
+        raise nats_errors.MaxPayloadError
+    if not subject or _BAD_SUBJECT.search(subject):
+        raise nats_errors.BadSubjectError
+    send = getattr(nc, "_send_command", None)
+    if send is None or not nc.is_connected:
+        await nc.publish(subject, payload, reply=reply, headers=headers)
+        return
     await send(
         b"".join(
             (f"HPUB {subject} {reply} {len(head)} {total}\r\n".encode(), head, payload, b"\r\n")
@@ -341,6 +440,7 @@ async def _send(
 
 
 _NATS_HDR = "NATS/1.0\r\n"
+_BAD_SUBJECT = re.compile(r"[ \t\r\n]")  # what nats-py's publish refuses in a subject
 
 
 def _clean(value: str) -> str:

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 from . import subjects
 from .base import Event
+from .fields import Int, Name
 
 
 class LedgerEntryEvent(Event):
@@ -19,7 +20,7 @@ class LedgerEntryEvent(Event):
     entry_key: str
     account: str
     kind: str = ""
-    amount_micro: int
+    amount_micro: Int
     at: datetime
 
 
@@ -30,10 +31,10 @@ class UsageCharged(LedgerEntryEvent):
     TYPE = "gpufleet.billing.usage_charged.v1"
     SUBJECT = subjects.event("billing", "usage_charged")
     job_id: str
-    worker: int
-    gpu_count: int
+    worker: Int
+    gpu_count: Int
     rate: Decimal
-    seconds: int
+    seconds: Int
     placement_id: str = ""
 
 
@@ -45,11 +46,11 @@ class EarningCredited(LedgerEntryEvent):
     SUBJECT = subjects.event("billing", "earning_credited")
     owner: str
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     node_id: str = ""
-    region: str = ""
-    seconds: int
+    region: Name = ""
+    seconds: Int
 
 
 class FederatedFeeCharged(LedgerEntryEvent):
@@ -58,10 +59,10 @@ class FederatedFeeCharged(LedgerEntryEvent):
     TYPE = "gpufleet.billing.federated_fee_charged.v1"
     SUBJECT = subjects.event("billing", "federated_fee_charged")
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     job_type: str
-    seconds: int
+    seconds: Int
 
 
 class DeviceFeeCharged(LedgerEntryEvent):
@@ -70,7 +71,7 @@ class DeviceFeeCharged(LedgerEntryEvent):
     TYPE = "gpufleet.billing.device_fee_charged.v1"
     SUBJECT = subjects.event("billing", "device_fee_charged")
     day: date
-    devices: int
+    devices: Int
 
 
 class PayoutMade(LedgerEntryEvent):

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from . import subjects
 from .base import Event
+from .fields import Name
 
 
 class DeviceAdded(Event):
@@ -13,7 +14,7 @@ class DeviceAdded(Event):
     SUBJECT = subjects.event("device", "added")
     device_id: str
     account: str
-    region: str
+    region: Name
     model: str
     at: datetime
 
@@ -23,5 +24,5 @@ class DeviceRemoved(Event):
     SUBJECT = subjects.event("device", "removed")
     device_id: str
     account: str
-    region: str
+    region: Name
     at: datetime

@@ -18,10 +18,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import subjects
+from . import limits, subjects
 from .base import Command, Event
 from .catalog import catalog
 from .errors import ErrorBody, rule, ruled
+from .fields import Argv, Cap, EnvValue, Int, Name
 from .jobspec import (
     IMAGE_NEEDS,
     Checkpoint,
@@ -110,16 +111,18 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(
+    name: Name = Field(
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "1-128 letters, digits, space, _ . -"}),
     )
     type: JobType = Field(default=JobType.training, json_schema_extra=rule("R-JOB-1"))
-    project: str = Field(default="default", min_length=1, max_length=64)
-    gpu_types: list[str] = Field(min_length=1, json_schema_extra=rule("R-JOB-2"))
-    gpu_count: int = Field(
+    project: Name = Field(default="default", min_length=1, max_length=64)
+    gpu_types: Annotated[list[str], Cap(limits.GPU_TYPES, "gpu_types", "GPU types")] = Field(
+        min_length=1, json_schema_extra=rule("R-JOB-2")
+    )
+    gpu_count: Int = Field(
         default=1,
         ge=0,
         le=16,
@@ -135,35 +138,40 @@ class JobSpec(BaseModel):
             "R-SCHED-4", **{"x-valid": "a share of one GPU: 0 < f < 1, e.g. 0.25 or 0.5"}
         ),
     )
-    cpu_count: int | None = Field(default=None, ge=4, le=256, json_schema_extra=rule("R-JOB-2"))
+    cpu_count: Int | None = Field(default=None, ge=4, le=256, json_schema_extra=rule("R-JOB-2"))
     max_price: Money | None = Field(
         default=None,
         ge=0,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "credits per GPU-hour, >= 0"}),
     )
-    disk_size_gb: int = Field(
+    disk_size_gb: Int = Field(
         default=10,
         ge=10,
         le=1000,
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "10..1000 GB per worker"}),
     )
-    workers: int = Field(
+    workers: Int = Field(
         default=1,
         ge=1,
-        le=64,
+        le=limits.WORKERS,
         json_schema_extra=rule("R-JOB-5", **{"x-valid": "1..64 (several for training only)"}),
     )
-    region: str | None = Field(
+    region: Name | None = Field(
         default=None,
         min_length=1,
+        max_length=limits.NAME_CHARS,
         json_schema_extra=rule("R-RES-1", **{"x-valid": "a region with one of the GPU types"}),
     )
     # --- data (R-JOB-3), model and checkpoints (R-JOB-4) ---
-    datasets: list[Dataset] = Field(default_factory=list, json_schema_extra=rule("R-JOB-3"))
+    datasets: Annotated[list[Dataset], Cap(limits.DATASETS, "datasets", "datasets")] = Field(
+        default_factory=list, json_schema_extra=rule("R-JOB-3")
+    )
     input_data: InputData | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
     output_data: OutputData | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
     model: ModelSource | None = Field(default=None, json_schema_extra=rule("R-JOB-4"))
-    checkpoints: list[Checkpoint] = Field(default_factory=list, json_schema_extra=rule("R-JOB-4"))
+    checkpoints: Annotated[
+        list[Checkpoint], Cap(limits.CHECKPOINTS, "checkpoints", "checkpoints")
+    ] = Field(default_factory=list, json_schema_extra=rule("R-JOB-4"))
     # --- endpoints (R-JOB-6) and reservations (R-RES-3) ---
     endpoint: EndpointSpec | None = Field(
         default=None, validate_default=True, json_schema_extra=rule("R-JOB-6")
@@ -171,14 +179,18 @@ class JobSpec(BaseModel):
     reservation: Reservation | None = Field(default=None, json_schema_extra=rule("R-RES-3"))
     # --- environment (R-JOB-7) ---
     environment: Environment = Field(default_factory=Environment, json_schema_extra=rule("R-JOB-7"))
-    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=rule("R-JOB-7"))
+    env: Annotated[dict[str, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
+        default_factory=dict, json_schema_extra=rule("R-JOB-7")
+    )
     allow_burst: bool = Field(default=False, json_schema_extra=rule("R-SCHED-3"))
     # --- what runs (R-JOB-5): one command for all workers, or one per worker ---
-    worker_commands: list[list[str]] = Field(
-        default_factory=list,
-        json_schema_extra=rule("R-JOB-5", **{"x-valid": "one command per worker"}),
+    worker_commands: Annotated[list[Argv], Cap(limits.WORKERS, "worker_commands", "commands")] = (
+        Field(
+            default_factory=list,
+            json_schema_extra=rule("R-JOB-5", **{"x-valid": "one command per worker"}),
+        )
     )
-    command: list[str] = Field(
+    command: Argv = Field(
         default_factory=list,
         validate_default=True,
         json_schema_extra=rule("R-JOB-5", **{"x-valid": "a command (after --)"}),
@@ -342,12 +354,20 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad_names = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        bad_names = [
+            k
+            for k in value
+            if len(k) > limits.ENV_NAME_CHARS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
+        ]
         if bad_names:
             raise PydanticCustomError(
                 "env_name",
                 "invalid environment variable name(s): {bad}",
-                {"bad": ", ".join(bad_names), "rule": "R-JOB-7", "valid": "[A-Za-z_][A-Za-z0-9_]*"},
+                {
+                    "bad": ", ".join(repr(k[:32]) for k in bad_names),
+                    "rule": "R-JOB-7",
+                    "valid": f"[A-Za-z_][A-Za-z0-9_]*, at most {limits.ENV_NAME_CHARS} characters",
+                },
             )
         return value
 
@@ -409,6 +429,24 @@ class JobSpec(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _size(self) -> JobSpec:
+        """The whole spec, as sent (gpufleet_contracts.limits): its events must fit NATS."""
+        # model_dump_json's bytes, without decoding them (~3 us for a typical spec)
+        size = len(self.__pydantic_serializer__.to_json(self, by_alias=True))
+        if size > limits.SPEC_BYTES:
+            raise PydanticCustomError(
+                "too_big",
+                "the job spec is {size} bytes of JSON, more than the cap of {limit}",
+                {
+                    "size": size,
+                    "limit": limits.SPEC_BYTES,
+                    "rule": "limit:spec_bytes",
+                    "valid": f"at most {limits.SPEC_BYTES} bytes of JSON",
+                },
+            )
+        return self
+
     # --- derived ---
 
     def regions(self) -> set[str]:
@@ -461,7 +499,7 @@ class EnqueueJob(Command):
 
     TYPE = "gpufleet.job.enqueue.v1"
     SUBJECT = subjects.command("scheduler", "enqueue_job", key="{account}")
-    request_id: str = Field(min_length=1, max_length=128)
+    request_id: Name = Field(min_length=1, max_length=128)
     spec: JobSpec
 
     @classmethod
@@ -481,11 +519,11 @@ class Mount(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    target: str  # e.g. /opt/ml/input/PASCAL_VOC
+    target: Name  # e.g. /opt/ml/input/PASCAL_VOC
     kind: str  # dataset | input | checkpoint | model | output
     source: str  # what fills it: "dataset:PASCAL VOC", "s3://...", "git:https://..."
     read_only: bool = True
-    env: str | None = None  # the variable that tells the worker where it is
+    env: Name | None = None  # the variable that tells the worker where it is
 
 
 class StartWorker(Command):
@@ -493,29 +531,34 @@ class StartWorker(Command):
 
     TYPE = "gpufleet.node.start_worker.v1"
     SUBJECT = subjects.command("node", "start_worker")
-    minion_id: str
+    minion_id: Name
     job_id: str
-    job_name: str
-    worker: int
-    command: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
-    gpu_indices: list[int]
+    job_name: Name
+    worker: Int
+    command: Argv
+    env: Annotated[dict[Name, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
+        default_factory=dict
+    )
+    gpu_indices: list[Int]
     gpu_uuids: list[str] = Field(default_factory=list)
     placement_id: str  # unique per placement; a re-placed worker gets a new one
-    mounts: list[Mount] = Field(default_factory=list)  # the worker's mount plan
-    output_archive: str | None = None  # <job_name>.zip or <job_name>_<worker>.zip
+    # the worker's mount plan
+    mounts: Annotated[list[Mount], Cap(limits.MOUNTS, "mounts", "mounts")] = Field(
+        default_factory=list
+    )
+    output_archive: Name | None = None  # <job_name>.zip or <job_name>_<worker>.zip
     output_upload: str | None = None  # where the archive goes (type:path), if anywhere
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
-    gpu_memory_limit_mb: int | None = None  # what the agent enforces for that share
-    disk_size_gb: int = 10
+    gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
+    disk_size_gb: Int = 10
 
 
 class StopWorker(Command):
     TYPE = "gpufleet.node.stop_worker.v1"
     SUBJECT = subjects.command("node", "stop_worker")
-    minion_id: str
+    minion_id: Name
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     reason: str
 
@@ -554,14 +597,14 @@ class WorkerPlaced(Event):
     TYPE = "gpufleet.worker.placed.v1"
     SUBJECT = subjects.event("worker", "placed")
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
     node_id: str
-    minion_id: str
-    region: str
+    minion_id: Name
+    region: Name
     gpu_model: str
-    gpu_indices: list[int]
-    gpu_count: int
+    gpu_indices: list[Int]
+    gpu_count: Int
     rate: Money  # credits per GPU-hour, locked
     charge: str  # "usage" (owner's own node, R-BILL-1) or "market" (another account's node)
     payer: str  # the project owner
@@ -579,10 +622,10 @@ class WorkerStarted(Event):
     TYPE = "gpufleet.worker.started.v1"
     SUBJECT = subjects.event("worker", "started") + ".{minion_id}"  # only that node may say it
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
-    minion_id: str
-    pid: int | None = None
+    minion_id: Name
+    pid: Int | None = None
     started_at: datetime
 
 
@@ -592,11 +635,11 @@ class WorkerFinished(Event):
     TYPE = "gpufleet.worker.finished.v1"
     SUBJECT = subjects.event("worker", "finished") + ".{minion_id}"  # the node, or the scheduler
     job_id: str
-    worker: int
+    worker: Int
     placement_id: str
-    minion_id: str
+    minion_id: Name
     state: WorkerState
-    exit_code: int | None = None
+    exit_code: Int | None = None
     reason: str | None = None
     started_at: datetime | None = None
     ended_at: datetime
@@ -635,7 +678,7 @@ class GetJobLogs(Command):
 class ListJobs(Command):
     TYPE = "gpufleet.job.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_jobs")
-    limit: int = Field(default=100, ge=1, le=1000)
+    limit: Int = Field(default=100, ge=1, le=1000)
 
 
 class Demand(BaseModel):
@@ -644,13 +687,13 @@ class Demand(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     job_id: str
-    worker: int
+    worker: Int
     owner: str
-    project: str
+    project: Name
     gpu_types: list[str]
-    gpu_count: int
+    gpu_count: Int
     max_price: Money | None = None
-    region: str | None = None  # pinned region (R-RES-1), if any
+    region: Name | None = None  # pinned region (R-RES-1), if any
     burst_allowed: bool = False  # the project allows bursting to the cloud (R-SCHED-3)
     waiting_since: datetime
     gpu_fraction: Decimal | None = None
@@ -666,7 +709,7 @@ class PendingDemandChanged(Event):
     at: datetime
     # At most MAX_DEMANDS, oldest first, so the event fits a NATS message (1 MB by default);
     # `waiting` counts every waiting worker (a fleet's queue can hold 100,000).
-    waiting: int | None = None
+    waiting: Int | None = None
 
     MAX_DEMANDS: ClassVar[int] = 1000
 

@@ -11,12 +11,22 @@ from __future__ import annotations
 import ast
 import re
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from . import limits
 from .errors import rule, ruled
+from .fields import Argv, Cap, Int, Name, PackageList
+from .paths import UnsafePath, contained_path
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -84,15 +94,13 @@ def _check_location(
             forms=" or ".join(prefixes),
             path=path,
         )
-    if kind is StorageType.regional_datastore:
-        _check_inside_root(path, rule_id)
-        if not datastore:
-            raise bad(
-                "datastore_required",
-                "a regional_datastore location names its datastore",
-                "R-RES-2",
-                "datastore: <name of a datastore in the region>",
-            )
+    if kind is StorageType.regional_datastore and not datastore:
+        raise bad(
+            "datastore_required",
+            "a regional_datastore location names its datastore",
+            "R-RES-2",
+            "datastore: <name of a datastore in the region>",
+        )
     if kind is StorageType.wasabi and not endpoint:
         raise bad(
             "endpoint_required",
@@ -110,19 +118,19 @@ def _check_location(
         )
 
 
-def _check_inside_root(path: str, rule_id: str) -> None:
-    """R-RES-2: nothing may resolve outside the datastore root."""
-    lowered = path.lower()
-    parts = path.split("/")
-    if "\0" in path or ".." in parts or "%2e" in lowered or "%00" in lowered or "\\" in path:
+def inside_root(path: str) -> str:
+    """R-RES-2: nothing may resolve outside the datastore root; the path's canonical form."""
+    try:
+        return contained_path(path, rooted=True)
+    except UnsafePath as exc:
         raise bad(
             "outside_root",
-            "path {path!r} would resolve outside the datastore root",
+            "path {path!r} could resolve outside the datastore root: {why}",
             "R-RES-2",
-            "an absolute path without .., NUL, backslashes or encoded dots",
+            "an absolute path inside the root, without .., NUL, backslashes or encodings of them",
             path=path,
-        )
-    _ = rule_id
+            why=str(exc),
+        ) from exc
 
 
 class _Located(BaseModel):
@@ -133,8 +141,21 @@ class _Located(BaseModel):
     type: StorageType = Field(json_schema_extra=rule("R-JOB-3"))
     path: str = Field(min_length=1, max_length=1024, json_schema_extra=rule("R-JOB-3"))
     endpoint: str | None = Field(default=None, json_schema_extra=rule("R-JOB-3"))
-    datastore: str | None = Field(default=None, json_schema_extra=rule("R-RES-2"))
-    region: str | None = Field(default=None, json_schema_extra=rule("R-RES-1"))
+    datastore: Name | None = Field(
+        default=None, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-2")
+    )
+    region: Name | None = Field(
+        default=None, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-1")
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _datastore_path(cls, value: str, info: ValidationInfo) -> str:
+        """A datastore path is kept in its canonical (decoded) form, the one checked; one
+        without its leading `/` is refused by its type's path form (R-JOB-3)."""
+        if info.data.get("type") is StorageType.regional_datastore and value.startswith("/"):
+            return inside_root(value)
+        return value
 
 
 @ruled
@@ -189,7 +210,7 @@ class Dataset(BaseModel):
 
     model_config = _FROZEN
 
-    name: str = Field(
+    name: Name = Field(
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
@@ -204,7 +225,7 @@ class Checkpoint(BaseModel):
 
     model_config = _FROZEN
 
-    name: str = Field(
+    name: Name = Field(
         min_length=1,
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]*$",
@@ -320,6 +341,17 @@ class RouteParam(BaseModel):
         return self
 
 
+def _route_file(v: str, why: str) -> PydanticCustomError:
+    return bad(
+        "route_file",
+        "route file must be a relative .py path inside the model code, got {v!r}: {why}",
+        "R-JOB-6",
+        "e.g. subdir/predict.py",
+        v=v,
+        why=why,
+    )
+
+
 @ruled
 class Route(BaseModel):
     model_config = _FROZEN
@@ -340,7 +372,9 @@ class Route(BaseModel):
         json_schema_extra=rule("R-JOB-6", **{"x-valid": "a Python function name"}),
     )
     positional: bool = False
-    body: list[RouteParam] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
+    body: Annotated[
+        list[RouteParam], Cap(limits.ROUTE_PARAMS, "route_params", "body parameters")
+    ] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
 
     @field_validator("verb")
     @classmethod
@@ -352,16 +386,16 @@ class Route(BaseModel):
     @field_validator("file")
     @classmethod
     def _relative_py(cls, v: str) -> str:
-        parts = v.split("/")
-        if v.startswith(("/", "~", "$")) or ".." in parts or "\\" in v or not v.endswith(".py"):
-            raise bad(
-                "route_file",
-                "route file must be a relative .py path inside the model code, got {v!r}",
-                "R-JOB-6",
-                "e.g. subdir/predict.py",
-                v=v,
-            )
-        return v
+        """Kept in its canonical (decoded) form, the one checked (gpufleet_contracts.paths)."""
+        try:
+            file = contained_path(v, rooted=False)
+        except UnsafePath as exc:
+            raise _route_file(v, str(exc)) from exc
+        if file.startswith("$"):
+            raise _route_file(v, "a variable, not a path inside the model code")
+        if not file.endswith(".py"):
+            raise _route_file(v, "not a .py file")
+        return file
 
     @field_validator("body")
     @classmethod
@@ -384,19 +418,25 @@ class Reservation(BaseModel):
 
     model_config = _FROZEN
 
-    region: str = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
-    name: str = Field(min_length=1, json_schema_extra=rule("R-RES-3"))
+    region: Name = Field(
+        min_length=1, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-3")
+    )
+    name: Name = Field(
+        min_length=1, max_length=limits.NAME_CHARS, json_schema_extra=rule("R-RES-3")
+    )
 
 
 @ruled
 class EndpointSpec(BaseModel):
     model_config = _FROZEN
 
-    server_command: list[str] | None = Field(
+    server_command: Argv | None = Field(
         default=None,
         json_schema_extra=rule("R-JOB-6", **{"x-valid": "a command serving on port 80"}),
     )
-    routes: list[Route] = Field(default_factory=list, json_schema_extra=rule("R-JOB-6"))
+    routes: Annotated[list[Route], Cap(limits.ROUTES, "routes", "routes")] = Field(
+        default_factory=list, json_schema_extra=rule("R-JOB-6")
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> EndpointSpec:
@@ -455,9 +495,9 @@ class Packages(BaseModel):
 
     model_config = _FROZEN
 
-    apt: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    conda: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    pip: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    apt: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    conda: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    pip: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
 
     @field_validator("apt", "conda", "pip")
     @classmethod
@@ -485,17 +525,19 @@ class Environment(BaseModel):
         json_schema_extra=rule("R-JOB-7", **{"x-valid": ", ".join(PYTHON_VERSIONS)}),
     )
     framework: Framework = Field(default=Framework.deep_learning, json_schema_extra=rule("R-JOB-7"))
-    framework_version: str | None = Field(default=None, json_schema_extra=rule("R-JOB-7"))
+    framework_version: Name | None = Field(
+        default=None, max_length=64, json_schema_extra=rule("R-JOB-7")
+    )
     image: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9._\-/:@]*$",
         max_length=256,
         json_schema_extra=rule("R-JOB-7", **{"x-valid": "registry/name:tag"}),
     )
-    image_size_gb: int | None = Field(
+    image_size_gb: Int | None = Field(
         default=None, ge=0, json_schema_extra=rule("R-JOB-7", **{"x-valid": "<= disk_size_gb"})
     )
-    image_packages: list[str] = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    image_packages: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
     packages: Packages = Field(default_factory=Packages, json_schema_extra=rule("R-JOB-7"))
     keys: list[str] = Field(
         default_factory=list,

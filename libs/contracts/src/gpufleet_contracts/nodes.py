@@ -8,8 +8,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import subjects
+from . import limits, subjects
 from .base import Command, Event
+from .fields import Int, Name
 
 
 class NodeState(StrEnum):
@@ -25,13 +26,13 @@ class GpuInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    index: int
+    index: Int
     uuid: str
     model: str | None  # catalogue model, None when NVML's name is not in the catalogue
     nvml_name: str
-    memory_mb: int
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
+    memory_mb: Int
+    pcie_gen: Int | None = None
+    pcie_width: Int | None = None
     mig_mode: bool | None = None
 
 
@@ -42,7 +43,7 @@ class DriveInfo(BaseModel):
 
     name: str
     kind: str  # "nvme" | "sata" | "other"
-    size_gb: int
+    size_gb: Int
     rotational: bool = False
 
 
@@ -50,7 +51,7 @@ class NicInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     name: str
-    speed_mbps: int | None = None  # None: link down or unknown
+    speed_mbps: Int | None = None  # None: link down or unknown
 
 
 class HardwareInventory(BaseModel):
@@ -61,26 +62,26 @@ class HardwareInventory(BaseModel):
     drives: list[DriveInfo] = Field(default_factory=list)
     tpm_version: str | None = None  # "2.0", "1.2" or None when absent
     nics: list[NicInfo] = Field(default_factory=list)
-    memory_mb: int | None = None
-    cpu_cores: int | None = None
+    memory_mb: Int | None = None
+    cpu_cores: Int | None = None
     gpu_form_factor: str | None = None  # "pcie" (default) or "sxm"
 
 
 class RegisterNode(Command):
     TYPE = "gpufleet.node.register.v1"
     SUBJECT = subjects.command("provisioner", "register_node")
-    minion_id: str
-    name: str
-    region: str
+    minion_id: Name = Field(min_length=1, max_length=limits.NAME_CHARS)
+    name: Name = Field(min_length=1, max_length=limits.NAME_CHARS)
+    region: Name = Field(min_length=1, max_length=limits.NAME_CHARS)
     owner: str
-    hostname: str
+    hostname: Name = Field(max_length=255)
     gpus: list[GpuInfo]
     simulated: bool
     inventory_source: str  # "nvml", "nvml: <why no GPUs>", or the simulated inventory file
     driver_version: str | None = None
     price_per_gpu_hour: Decimal | None = None  # asking price when selling to other accounts
     agent_started_at: datetime
-    gpu_shares: int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
+    gpu_shares: Int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
     # Added in issue 4; older agents send none (their hardware is then "not reported").
     hardware: HardwareInventory | None = None
     heartbeat_s: float | None = None  # the agent's heartbeat period (liveness, issue 4)
@@ -90,9 +91,9 @@ class NodeRegistered(Event):
     TYPE = "gpufleet.node.registered.v1"
     SUBJECT = subjects.event("node", "registered")
     node_id: str
-    minion_id: str
-    name: str
-    region: str
+    minion_id: Name
+    name: Name
+    region: Name
     owner: str
     state: NodeState
     gpus: list[GpuInfo]
@@ -100,14 +101,14 @@ class NodeRegistered(Event):
     price_per_gpu_hour: Decimal | None = None
     allow_public_jobs: bool = False
     at: datetime
-    gpu_shares: int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
+    gpu_shares: Int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
 
 
 class NodeStateChanged(Event):
     TYPE = "gpufleet.node.state_changed.v1"
     SUBJECT = subjects.event("node", "state_changed")
     node_id: str
-    minion_id: str
+    minion_id: Name
     state: NodeState
     reason: str | None = None
     at: datetime
@@ -143,10 +144,10 @@ class CloudInstanceEvent(Event):
 
 class GpuSample(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
-    index: int
-    utilization_pct: int | None = None
-    memory_used_mb: int | None = None
-    temperature_c: int | None = None
+    index: Int
+    utilization_pct: Int | None = None
+    memory_used_mb: Int | None = None
+    temperature_c: Int | None = None
     power_w: float | None = None
 
 
@@ -155,9 +156,9 @@ class NodeHeartbeat(Event):
 
     TYPE = "gpufleet.node.heartbeat.v1"
     SUBJECT = subjects.HEARTBEATS + ".{minion_id}"
-    minion_id: str
+    minion_id: Name
     at: datetime
     running: list[str] = Field(default_factory=list)  # "<job_id>/<worker>"
     gpus: list[GpuSample] = Field(default_factory=list)
     cpu_pct: float | None = None
-    ram_used_mb: int | None = None
+    ram_used_mb: Int | None = None

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from . import subjects
 from .base import Event
+from .fields import Int, Name
 
 
 class ProviderKind(StrEnum):
@@ -40,8 +41,8 @@ class RegionCreated(Event):
     SUBJECT = subjects.event("provider", "region_created")
     account: str
     provider: ProviderKind
-    name: str
+    name: Name
     storage_mode: str | None = None
     allow_public_jobs: bool = False
-    runnable_jobs: dict[str, int] = Field(default_factory=dict)  # GPU type -> jobs (R-REG-3)
+    runnable_jobs: dict[str, Int] = Field(default_factory=dict)  # GPU type -> jobs (R-REG-3)
     at: datetime

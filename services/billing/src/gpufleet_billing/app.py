@@ -18,6 +18,7 @@ from gpufleet_contracts.billing import (
     UsageCharged,
 )
 from gpufleet_contracts.devices import DeviceAdded, DeviceRemoved
+from gpufleet_contracts.fields import Int
 from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted
 from gpufleet_contracts.providers import ProviderEnabled
 from gpufleet_store import Store, utcnow
@@ -44,7 +45,7 @@ class Range(BaseModel):
 
 
 class EntriesQuery(Range):
-    limit: int = Field(default=50, ge=1, le=1000)
+    limit: Int = Field(default=50, ge=1, le=1000)
 
 
 class JobCostQuery(BaseModel):

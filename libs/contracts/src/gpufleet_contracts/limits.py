@@ -1,0 +1,33 @@
+"""Every size cap of the contracts, in one place (documented in services/scheduler/README.md).
+
+A job spec travels whole in `SubmitJob`, `EnqueueJob` and `JobQueued`, and its command, env
+and mounts in every `StartWorker`; NATS refuses a message over its max_payload (1 MiB by
+default), and an event that cannot be published would block its service's outbox. The whole
+spec is therefore capped (SPEC_BYTES, its JSON as sent), and so is each list and string a
+user fills, so that a refusal names the part that is too big.
+
+A refusal of a cap carries the rule `limit:<name>` (e.g. `limit:spec_bytes`) and, as
+`valid`, the cap itself.
+"""
+
+from __future__ import annotations
+
+SPEC_BYTES = 64 * 1024  # a JobSpec's JSON, as the CLI sends it and the scheduler stores it
+
+NAME_CHARS = 128  # names without a tighter cap of their own (region, datastore, reservation)
+GPU_TYPES = 32  # entries of gpu_types (the catalogue has 15 models; duplicates are dropped)
+WORKERS = 64  # workers of a training job; worker_commands has one command per worker
+DATASETS = 32
+CHECKPOINTS = 32
+ENV_VARS = 128  # environment variables of a job
+ENV_NAME_CHARS = 128
+ENV_VALUE_CHARS = 4096
+COMMAND_ARGS = 256  # arguments of one command (command, each of worker_commands, server)
+ARG_CHARS = 4096  # characters of one argument
+ROUTES = 64  # routes of an endpoint
+ROUTE_PARAMS = 64  # body parameters of one route
+PACKAGES = 256  # entries of each of packages.apt / conda / pip, and of image_packages
+PACKAGE_CHARS = 256  # characters of one package specification
+# A worker's mounts (scheduler mounts.py): each dataset and checkpoint, the two roots they
+# share when there are several, the input, the model code and the output.
+MOUNTS = DATASETS + CHECKPOINTS + 5
