@@ -86,6 +86,8 @@ def _one_server(data: dict[str, Any]) -> dict[str, Any]:
 
 def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
     """docs/events.md: one row per subject, who publishes and who subscribes."""
+    from gpufleet_auth.permissions import who_may
+    from gpufleet_bus.streams import stream_for
     from gpufleet_contracts import Message, subjects
 
     rows: dict[str, dict[str, Any]] = {}
@@ -111,27 +113,50 @@ def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
         f"Streams: `{subjects.STREAM_EVENTS}` (`{subjects.EVENTS}.>`), "
         f"`{subjects.STREAM_COMMANDS}` (`{subjects.COMMANDS}.>`), "
         f"`{subjects.STREAM_LOGS}` (`{subjects.LOGS}.>`), `{subjects.STREAM_DLQ}` "
-        f"(`{subjects.DLQ}.>`). Request/reply (`{subjects.RPC}.*`) and heartbeats "
+        f"(`{subjects.DLQ}.>`). Request/reply (`{subjects.RPC}.<service>.<verb>.<account>`, "
+        f"`{subjects.ADMIN}.*`, `{subjects.ENROLL}.*`, `{subjects.NODES}.*`) and heartbeats "
         f"(`{subjects.HEARTBEATS}.*`) are core NATS.",
         "",
-        "| subject | CloudEvents type | published by | handled by |",
-        "|---|---|---|---|",
+        "The last two columns are what the NATS server lets through "
+        "([`permissions.md`](permissions.md)): who may publish on the subject, and who may "
+        "read it (subscribe, or for a stream's subject consume that stream). Everything else "
+        "is refused before any gpufleet code runs.",
+        "",
+        "| subject | CloudEvents type | published by | handled by | may publish | may read |",
+        "|---|---|---|---|---|---|",
     ]
     for address in sorted(rows):
         row = rows[address]
+        may_pub, may_read = who_may(address, stream_for(_concrete(address)))
         lines.append(
             f"| `{address}` | {('`' + types[address] + '`') if address in types else ''} | "
             f"{', '.join(sorted(row['send'])) or '(clients)'} | "
-            f"{', '.join(sorted(row['receive'])) or '(other systems)'} |"
+            f"{', '.join(sorted(row['receive'])) or '(other systems)'} | "
+            f"{', '.join(may_pub) or '(nobody)'} | {', '.join(may_read) or '(nobody)'} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def _concrete(address: str) -> str:
+    return ".".join("x" if "{" in t or t == "*" else t for t in address.split("."))
+
+
 def _normalise(address: str) -> str:
-    """One row per subject: a node's own subjects and the wildcard forms name `{minion_id}`."""
+    """One row per subject: a subscription's wildcard and a message's `{key}` name the same
+    subject (`...worker.started.*` is `...worker.started.{minion_id}`; an account request's
+    last token is `{account}`)."""
+    import re
+
+    from gpufleet_contracts import Message, subjects
+
     address = address.replace("MINION_ID", "{minion_id}")
     if address == f"{_hb()}.*":
         return f"{_hb()}.{{minion_id}}"
+    for cls in _all_messages(Message):
+        if "{" in cls.SUBJECT and address == re.sub(r"\{[^}]*\}", "*", cls.SUBJECT):
+            return str(cls.SUBJECT)
+    if address.startswith(subjects.RPC + ".") and address.endswith(".*"):
+        return address[:-1] + "{account}"
     return address
 
 
@@ -157,6 +182,9 @@ def render() -> dict[Path, str]:
         for name, doc in docs.items()
     }
     files[DOCS / "events.md"] = event_catalogue(docs)
+    from gpufleet_auth.permissions import markdown
+
+    files[DOCS / "permissions.md"] = markdown()
     return files
 
 
