@@ -51,6 +51,10 @@ setup:
     uv sync --quiet --all-packages --group dev
     uv run python -c "from gpufleet_devstack import ensure_nats_server as e; e()"
 
+# The compose stack's keys, TLS certificates and credentials (deploy/secrets/, git-ignored).
+compose-secrets: setup
+    uv run python -m gpufleet_devstack.compose_secrets deploy/secrets
+
 # Remove the local run directory (NATS and database data, logs) of `just up`.
 clean:
     rm -rf .run

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from gpufleet_auth import Creds
+from gpufleet_auth import Creds, write_secret
 from gpufleet_contracts import subjects
 from rich.markup import escape
 from rich.table import Table
@@ -171,12 +171,15 @@ def node_token(
     minion_id: Annotated[str, typer.Argument()],
     region: Annotated[str, typer.Option()],
     ttl: Annotated[int, typer.Option()] = 24 * 3600,
+    out: Annotated[Path | None, typer.Option("--out", help="write it to this file (0600)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """A join token for a node of any account."""
     body = {"account": account, "minion_id": minion_id, "region": region, "ttl_s": ttl}
     reply = call(subjects.admin("provisioner", "issue_join_token"), body, as_json)
-    if not as_json:
+    if out is not None:
+        write_secret(out, str(reply.get("token")) + "\n")
+    elif not as_json:
         render.out().print(str(reply.get("token")), soft_wrap=True)
 
 
