@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from gpufleet_bus import BusSettings, publish
-from gpufleet_contracts import subjects
+from gpufleet_bus import BusSettings, ensure_streams, make_broker, publish
+from gpufleet_bus.streams import ensure_node_consumer, node_consumer
+from gpufleet_contracts import envelope_for, subjects
 from gpufleet_contracts.jobs import (
     StartWorker,
     StopWorker,
@@ -30,14 +31,15 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
-from .conftest import broker_for
-
 PY = sys.executable
 
 
 @asynccontextmanager
-async def running_agent(url: str, state_dir: Path, minion_id: str) -> AsyncIterator[Agent]:
-    """The agent app on a real broker: start-up hooks, consumers, loops; stopped at the end."""
+async def running_agent(
+    server: NatsServer, state_dir: Path, minion_id: str
+) -> AsyncIterator[Agent]:
+    """The agent app on a real broker, with an enrolled node's credential and the command
+    consumer the provisioner would have made: start-up hooks, consumers, loops."""
     settings = AgentSettings(
         minion_id=minion_id,
         agent_state_dir=state_dir,
@@ -45,7 +47,12 @@ async def running_agent(url: str, state_dir: Path, minion_id: str) -> AsyncItera
         heartbeat_s=0.3,
         worker_poll_s=0.1,
     )
-    app, agent = build_app(settings, broker_for("node-agent", url), bus=BusSettings(nats_url=url))
+    nc = await nats.connect(server.url, **server.admin())
+    await ensure_streams(nc.jetstream())
+    await ensure_node_consumer(nc.jetstream(), minion_id)
+    await nc.close()
+    bus = BusSettings(nats_url=server.url, nats_creds=server.creds("node", minion_id))
+    app, agent = build_app(settings, make_broker("node-agent", bus), bus=bus)
     await app.start()
     try:
         yield agent
@@ -73,8 +80,9 @@ class JsPublisher:
 
 
 @asynccontextmanager
-async def client(url: str) -> AsyncIterator[Client]:
-    nc = await nats.connect(url)
+async def client(server: NatsServer) -> AsyncIterator[Client]:
+    """An operator's connection: the test plays the scheduler and reads the streams."""
+    nc = await nats.connect(server.url, **server.admin())
     try:
         yield nc
     finally:
@@ -95,7 +103,7 @@ async def read_stream(js: JetStreamContext, subject: str) -> list[Msg]:
 
 
 async def events_of(js: JetStreamContext, cls: type[Any], placement_id: str) -> list[Any]:
-    msgs = await read_stream(js, cls.SUBJECT)
+    msgs = await read_stream(js, cls.SUBJECT.replace("{minion_id}", "*"))
     return [e for e in (cls.from_bytes(m.data) for m in msgs) if e.placement_id == placement_id]
 
 
@@ -140,10 +148,10 @@ async def test_registers_heartbeats_and_runs_a_worker_once(
         "print('hello from', os.environ['CUDA_VISIBLE_DEVICES'])"
     )
     cmd = start_cmd(minion, [PY, "-c", code], placement)
-    async with client(nats_server.url) as nc:
+    async with client(nats_server) as nc:
         js = nc.jetstream()
         beats = await nc.subscribe(subjects.heartbeat(minion))
-        async with running_agent(nats_server.url, tmp_path / "state", minion) as agent:
+        async with running_agent(nats_server, tmp_path / "state", minion) as agent:
             # registration, on the provisioner's command subject
             reg_subject = f"gpufleet.v1.cmd.provisioner.{minion}.register_node"
             await wait_for_async(agent.registered.is_set, timeout=10)
@@ -166,14 +174,13 @@ async def test_registers_heartbeats_and_runs_a_worker_once(
             assert done.log_tail == "hello from 1\n"
             started = await events_of(js, WorkerStarted, placement)
             assert len(started) == 1
-            logs = await read_stream(js, subjects.log(cmd.job_id, 0))
+            logs = await read_stream(js, subjects.log(cmd.minion_id, cmd.job_id, 0))
             assert b"".join(m.data for m in logs) == b"hello from 1\n"
 
             # the same command again, under another message id: not run twice
-            ack = await js.publish(
-                cmd.subject(), cmd.to_bytes(), headers={"Nats-Msg-Id": uuid.uuid4().hex}
-            )
-            durable = f"node-agent-node-{minion}-start"
+            again = envelope_for(cmd, source="gpufleet/scheduler")  # a new ce-id
+            ack = await js.publish(cmd.subject(), cmd.to_bytes(), headers=again.headers())
+            durable = node_consumer(minion)
             await wait_for_async(lambda: consumer_caught_up(js, durable, ack.seq), timeout=10)
             await agent.workers.poll_once()
 
@@ -206,9 +213,9 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
     state = tmp_path / "state"
     code = "import time; print('begin', flush=True); time.sleep(2); print('end')"
     cmd = start_cmd(minion, [PY, "-c", code], placement)
-    async with client(nats_server.url) as nc:
+    async with client(nats_server) as nc:
         js = nc.jetstream()
-        async with running_agent(nats_server.url, state, minion) as first:
+        async with running_agent(nats_server, state, minion) as first:
             await publish(JsPublisher(js), cmd, source="gpufleet/scheduler")
 
             async def running() -> bool:
@@ -217,7 +224,7 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
             await wait_for_async(running, timeout=20)
             assert first.workers.running() == [f"{cmd.job_id}/0"]
         # the agent is gone; its worker is not
-        async with running_agent(nats_server.url, state, minion) as second:
+        async with running_agent(nats_server, state, minion) as second:
             assert second.recovery is not None
             assert second.recovery.reattached == [placement]
             done = await wait_finished(js, placement)
@@ -227,5 +234,5 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
                 await second.workers.poll_once()
         assert len(await events_of(js, WorkerFinished, placement)) == 1
         assert len(await events_of(js, WorkerStarted, placement)) == 1
-        logs = await read_stream(js, subjects.log(cmd.job_id, 0))
+        logs = await read_stream(js, subjects.log(cmd.minion_id, cmd.job_id, 0))
         assert b"".join(m.data for m in logs) == b"begin\nend\n"

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats
-from gpufleet_bus import publish
+from gpufleet_bus import BusSettings, make_broker, publish
 from gpufleet_contracts import subjects
 from gpufleet_contracts.nodes import (
     DriveInfo,
@@ -23,11 +23,12 @@ from gpufleet_contracts.nodes import (
     RegisterNode,
 )
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_node_agent.enrol import enrol
 from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.settings import ProvisionerSettings
 from nats.aio.client import Client
 
-from .conftest import broker_for, running, store_for
+from .conftest import running, store_for
 from .test_node_agent import JsPublisher
 
 
@@ -76,23 +77,50 @@ def registration(minion: str, account: str, region: str, **kw: Any) -> RegisterN
 
 
 class Bus:
-    def __init__(self, nc: Client, account: str) -> None:
-        self.nc = nc
+    """The test's hands: a user of `account` (requests), an operator (watches events), and
+    each node it enrols (a join token exchanged for the node's own credential)."""
+
+    def __init__(self, server: NatsServer, nc: Client, user: Client, account: str) -> None:
+        self.server = server
+        self.nc = nc  # operator
+        self.user = user
         self.account = account
         self.events: list[dict[str, Any]] = []
+        self.nodes: dict[str, Client] = {}
 
     async def ask(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        reply = await self.nc.request(
-            subjects.rpc("provisioner", verb),
+        reply = await self.user.request(
+            subjects.as_account(subjects.rpc("provisioner", verb), self.account),
             json.dumps(body or {}).encode(),
             timeout=10,
-            headers={"gpufleet-account": self.account},
         )
         data: dict[str, Any] = json.loads(reply.data)
         return data
 
+    async def node(self, minion: str, region: str) -> Client:
+        """The connection of node `minion`, enrolled in `region` of this account."""
+        if minion not in self.nodes:
+            reply = await self.nc.request(
+                subjects.admin("provisioner", "issue_join_token"),
+                json.dumps(
+                    {"account": self.account, "minion_id": minion, "region": region}
+                ).encode(),
+                timeout=10,
+            )
+            token = json.loads(reply.data)["token"]
+            path = self.server.authority.directory / "test-nodes" / f"{minion}.creds"
+            await enrol([self.server.url], token, minion, path, attempts=3)
+            self.nodes[minion] = await nats.connect(self.server.url, **NatsServer.client(path))
+        return self.nodes[minion]
+
     async def send(self, msg: Any) -> None:
-        await publish(JsPublisher(self.nc.jetstream()), msg, source="test")
+        """A node's message, sent by that node (enrolled in the message's region)."""
+        nc = await self.node(msg.minion_id, getattr(msg, "region", "lab"))
+        await publish(JsPublisher(nc.jetstream()), msg, source="test")
+
+    async def close(self) -> None:
+        for nc in (*self.nodes.values(), self.user, self.nc):
+            await nc.close()
 
     def states(self, minion: str) -> list[str]:
         return [e["state"] for e in self.events if e.get("minion_id") == minion]
@@ -108,14 +136,22 @@ async def provisioner(
         "auto_activate_nodes": False,
         **settings,
     }
-    config = ProvisionerSettings(**values)
+    config = ProvisionerSettings(auth_dir=nats_server.authority.directory, **values)
+    bus_settings = BusSettings(
+        nats_url=nats_server.url, nats_creds=nats_server.creds("service", "provisioner")
+    )
     app, _ = build_app(
         store_for("provisioner", mongo_server.url, db_prefix),
-        broker_for("provisioner", nats_server.url),
+        make_broker("provisioner", bus_settings),
         settings=config,
+        bus=bus_settings,
     )
-    nc = await nats.connect(nats_server.url)
-    bus = Bus(nc, f"acct-{uuid.uuid4().hex[:6]}")
+    account = f"acct-{uuid.uuid4().hex[:6]}"
+    nc = await nats.connect(nats_server.url, **nats_server.admin())
+    user = await nats.connect(
+        nats_server.url, **nats_server.client(nats_server.creds("user", "u", account=account))
+    )
+    bus = Bus(nats_server, nc, user, account)
 
     async def on_event(msg: Any) -> None:
         bus.events.append(json.loads(msg.data))
@@ -126,7 +162,7 @@ async def provisioner(
         async with running(app):
             yield bus
     finally:
-        await nc.close()
+        await bus.close()
 
 
 async def node(bus: Bus, ref: str) -> dict[str, Any]:
@@ -292,7 +328,7 @@ async def test_a_silent_node_is_lost_and_comes_back(
         assert event["workers"] == "requeue" and "no heartbeat" in event["reason"]
         assert event["previous"] == "active"
         hb = NodeHeartbeat(minion_id=m, at=datetime.now(UTC))
-        await bus.nc.publish(subjects.heartbeat(m), hb.to_bytes())
+        await (await bus.node(m, "auto")).publish(subjects.heartbeat(m), hb.to_bytes())
 
         async def back() -> bool:
             return bus.states(m)[-1:] == ["active"] and len(bus.states(m)) >= 3

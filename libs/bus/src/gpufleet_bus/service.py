@@ -24,6 +24,7 @@ from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.nats.security import NatsCredentials, NatsSecurity
 from gpufleet_auth.creds import connect_options
 from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.health import Health
@@ -74,9 +75,16 @@ def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker
     settings = settings or BusSettings()
     tracer_provider, meter_provider = configure(service)
     options = settings.connect_options()
+    creds, tls = options.pop("user_credentials", None), options.pop("tls", None)
+    security: NatsSecurity | None = None
+    if creds is not None:
+        security = NatsCredentials(creds, ssl_context=tls)
+    elif tls is not None:
+        security = NatsSecurity(ssl_context=tls)
     broker = NatsBroker(
         settings.servers,
         name=f"gpufleet-{service}",
+        security=security,
         **options,
         # FastStream's per-message access log goes through our log format, at DEBUG.
         logger=logging.getLogger(f"gpufleet.{service}.bus"),
