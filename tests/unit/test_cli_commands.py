@@ -227,9 +227,9 @@ def test_dlq_list(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_line_printer_tags_whole_lines() -> None:
     written: list[str] = []
     printer = logs.LinePrinter(prefix=True, write=written.append)
-    printer(StreamRecord(subjects.log("j", 0), b"a\nb", 1))
-    printer(StreamRecord(subjects.log("j", 1), "é\n".encode()[:1], 2))  # split UTF-8
-    printer(StreamRecord(subjects.log("j", 0), b"c\n", 3))
-    printer(StreamRecord(subjects.log("j", 1), "é\n".encode()[1:], 4))
+    printer(StreamRecord(subjects.log("m1", "j", 0), b"a\nb", 1))
+    printer(StreamRecord(subjects.log("m1", "j", 1), "é\n".encode()[:1], 2))  # split UTF-8
+    printer(StreamRecord(subjects.log("m1", "j", 0), b"c\n", 3))
+    printer(StreamRecord(subjects.log("m1", "j", 1), "é\n".encode()[1:], 4))
     printer.close()
     assert "".join(written) == "[w0] a\n[w0] bc\n[w1] é\n"

@@ -95,8 +95,8 @@ def test_show_json_merges_job_cost_and_log_tail(
 ) -> None:
     logs.extend(
         [
-            StreamRecord(subjects.log("j1", 0), b"epoch 1\n", 1),
-            StreamRecord(subjects.log("j1", 0), b"epoch 2\n", 2),
+            StreamRecord(subjects.log("m1", "j1", 0), b"epoch 1\n", 1),
+            StreamRecord(subjects.log("m1", "j1", 0), b"epoch 2\n", 2),
         ]
     )
     bus = use(monkeypatch, {GetJob.SUBJECT: job(), BILLING_JOB_COST: COST})
@@ -165,9 +165,9 @@ def test_a_wildcard_is_not_a_job_id(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_logs_grouped_per_worker(monkeypatch: pytest.MonkeyPatch, logs: list[StreamRecord]) -> None:
     logs.extend(
         [
-            StreamRecord(subjects.log("j1", 1), b"b1\n", 1),
-            StreamRecord(subjects.log("j1", 0), b"a1\na", 2),
-            StreamRecord(subjects.log("j1", 0), b"2\n", 3),
+            StreamRecord(subjects.log("m1", "j1", 1), b"b1\n", 1),
+            StreamRecord(subjects.log("m1", "j1", 0), b"a1\na", 2),
+            StreamRecord(subjects.log("m1", "j1", 0), b"2\n", 3),
         ]
     )
     use(monkeypatch, {GetJob.SUBJECT: job(workers=2)})
@@ -187,15 +187,15 @@ def test_logs_follow_prints_until_terminal(monkeypatch: pytest.MonkeyPatch) -> N
     ) -> None:
         seen.update(stream=stream, subject=subject, poll=poll)
         assert not done({"state": "running"}) and done({"state": "finished"})
-        on_msg(StreamRecord(subjects.log("j1", 1), b"one\ntw", 1))
-        on_msg(StreamRecord(subjects.log("j1", 1), b"o\n", 2))
+        on_msg(StreamRecord(subjects.log("m1", "j1", 1), b"one\ntw", 1))
+        on_msg(StreamRecord(subjects.log("m1", "j1", 1), b"o\n", 2))
 
     monkeypatch.setattr(client, "follow_stream", follow_stream)
     result = runner.invoke(app, ["job", "logs", "j1", "--follow"])
     assert result.exit_code == 0, result.output
     assert result.stdout == "[w1] one\n[w1] two\n"
     assert seen["stream"] == subjects.STREAM_LOGS
-    assert seen["subject"] == "gpufleet.v1.log.j1.>"
+    assert seen["subject"] == "gpufleet.v1.log.*.j1.*"
     assert seen["poll"] == (GetJob.SUBJECT, GetJob(job_id="j1").to_bytes(), GetJob.TYPE)
 
 

@@ -1,4 +1,4 @@
-"""Worker log chunks (stream GPUFLEET_LOGS, subject gpufleet.v1.log.<job_id>.<worker>)."""
+"""Worker log chunks: stream GPUFLEET_LOGS, gpufleet.v1.log.<minion_id>.<job_id>.<worker>."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
 def subject_for(job_id: str) -> str:
-    """Subject filter of every worker's log of a job; refuses ids that are not one token."""
+    """Subject filter of every worker's log of a job, on whichever node ran it; refuses ids
+    that are not one token."""
     if not _TOKEN.fullmatch(job_id):
         raise CliError(f"{job_id!r} is not a job id", "invalid")
-    return f"{subjects.LOGS}.{job_id}.>"
+    return f"{subjects.LOGS}.*.{job_id}.*"
 
 
 def worker_of(subject: str) -> str:
