@@ -205,10 +205,20 @@ class ServiceRuntime:
                 ),
                 ack_policy=AckPolicy.MANUAL,
                 max_workers=max_workers,
+                inbox_prefix=self._pull_inbox(),
                 title=f"{self.service}:{durable}",
                 description=message.__doc__,
             )
         )
+
+    def _pull_inbox(self) -> bytes:
+        """Where a pull consumer's messages are delivered: under the connection's own inbox
+        prefix (`_INBOX.<public key>`, the only inbox a credential may subscribe to). Left
+        alone, FastStream gives pull subscriptions the plain `_INBOX.`, which the server
+        refuses to a credential."""
+        kwargs: dict[str, Any] = getattr(self.broker, "_connection_kwargs", None) or {}
+        prefix = kwargs.get("inbox_prefix") or "_INBOX"
+        return (prefix if isinstance(prefix, bytes) else str(prefix).encode()) + b"."
 
     def publishes(self, *messages: type[Message]) -> None:
         """Declare what this service publishes (through its outbox), for the AsyncAPI document.
