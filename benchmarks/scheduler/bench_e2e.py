@@ -18,6 +18,11 @@ the scheduler as its own process (`python -m gpufleet_scheduler`), as in product
    and until it resumed: the first WorkerPlaced of the queue (first start), or the end of
    its first pass over the whole queue (restarts after a clean stop and a kill -9, when
    the fleet is already full).
+
+Authentication is on, as in production: the scheduler runs with its service credential,
+each of the 200 accounts submits with a user credential of its own on its account's
+subject (a connection per account, made before any clock starts), and the benchmark's own
+reads and raw ceilings use an operator's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import JobSpec, SubmitJob, WorkerPlaced
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_scheduler import jobdoc
@@ -49,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from synth import fleet
 
 PREFIX = "bench"
+ACCOUNTS = [f"acct{i:03d}" for i in range(200)]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -56,8 +63,8 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-async def bus_ceiling(url: str, n: int = 20_000) -> dict[str, float]:
-    nc = await nats.connect(url)
+async def bus_ceiling(ns: NatsServer, n: int = 20_000) -> dict[str, float]:
+    nc = await nats.connect(ns.url, **ns.admin())
     js = nc.jetstream()
     await js.add_stream(name="BENCH_RAW", subjects=["bench.raw.>"])
     payload = b"x" * 600
@@ -148,13 +155,14 @@ def job_doc(spec: JobSpec, owner: str, at: datetime) -> dict[str, Any]:
     return jobdoc.new_job("j" + uuid.uuid4().hex[:12], spec, owner, at, None)
 
 
-def start_scheduler(nats_url: str, mongo_url: str, log: Path) -> subprocess.Popen[bytes]:
+def start_scheduler(ns: NatsServer, mongo_url: str, log: Path) -> subprocess.Popen[bytes]:
     # As in the image (deploy/Dockerfile compiles bytecode): the first start writes the
     # bytecode cache, so restarts do not time compiling every module again.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env = {
         **env,
-        "GPUFLEET_NATS_URL": nats_url,
+        "GPUFLEET_NATS_URL": ns.url,
+        "GPUFLEET_NATS_CREDS": str(ns.creds("service", "scheduler")),
         "GPUFLEET_MONGO_URL": mongo_url,
         "GPUFLEET_DB_PREFIX": PREFIX,
         "GPUFLEET_LOG_LEVEL": "INFO",
@@ -204,18 +212,35 @@ class Placed:
                 await asyncio.wait_for(self.changed.wait(), 1.0)
 
 
-async def submit(nc: Any, s: JobSpec | bytes, owner: str) -> tuple[str, float]:
+class Users:
+    """One connection per account, with a user credential of that account: a submission
+    goes to `<SubmitJob.SUBJECT>.<account>`, the only one of it the credential may publish."""
+
+    def __init__(self, ns: NatsServer) -> None:
+        self.ns = ns
+        self.conns: dict[str, Any] = {}
+
+    async def connect(self, accounts: list[str]) -> None:
+        for account in accounts:
+            creds = self.ns.creds("user", "bench", account=account)
+            self.conns[account] = await nats.connect(self.ns.url, **NatsServer.client(creds))
+
+    async def close(self) -> None:
+        for nc in self.conns.values():
+            await nc.close()
+
+
+async def submit(users: Users, s: JobSpec | bytes, owner: str) -> tuple[str, float]:
     payload = s if isinstance(s, bytes) else SubmitJob(spec=s).to_bytes()
+    subject = subjects.as_account(SubmitJob.SUBJECT, owner)
     t = time.perf_counter()
-    reply = await nc.request(
-        SubmitJob.SUBJECT, payload, timeout=60, headers={"gpufleet-account": owner}
-    )
+    reply = await users.conns[owner].request(subject, payload, timeout=60)
     body = json.loads(reply.data)
     return body["id"], t
 
 
 async def throughput(
-    nc: Any, placed: Placed, n: int, rng: random.Random, in_flight: int = 256
+    users: Users, placed: Placed, n: int, rng: random.Random, in_flight: int = 256
 ) -> dict[str, float]:
     sem = asyncio.Semaphore(in_flight)
     sent: dict[str, float] = {}
@@ -224,7 +249,7 @@ async def throughput(
 
     async def one(i: int) -> None:
         async with sem:
-            job_id, t = await submit(nc, payloads[i], f"acct{i % 200:03d}")
+            job_id, t = await submit(users, payloads[i], ACCOUNTS[i % 200])
             sent[job_id] = t
 
     t0 = time.perf_counter()
@@ -243,7 +268,7 @@ async def throughput(
 
 
 async def latency(
-    nc: Any, placed: Placed, rate: float, seconds: float, rng: random.Random
+    users: Users, placed: Placed, rate: float, seconds: float, rng: random.Random
 ) -> dict[str, float]:
     sent: dict[str, float] = {}
     tasks = []
@@ -255,7 +280,7 @@ async def latency(
     i = 0
 
     async def one(k: int, t_send: float) -> None:
-        job_id, _ = await submit(nc, payloads[k], f"acct{k % 200:03d}")
+        job_id, _ = await submit(users, payloads[k], ACCOUNTS[k % 200])
         sent[job_id] = t_send
 
     while time.perf_counter() - t0 < seconds and i < len(payloads):
@@ -279,7 +304,7 @@ async def latency(
 
 
 async def _start_and_wait(
-    nats_url: str, mongo_url: str, log: Path, placed: Placed, until: str = "placed"
+    ns: NatsServer, mongo_url: str, log: Path, placed: Placed, until: str = "placed"
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Start the scheduler; time until its memory is rebuilt (its `loaded` line) and, with
     until="placed", until the first WorkerPlaced of the resumed queue arrives, or with
@@ -288,7 +313,7 @@ async def _start_and_wait(
     log.write_text("")  # noqa: ASYNC240
     before = len(placed.at)
     t0 = time.perf_counter()
-    proc = start_scheduler(nats_url, mongo_url, log)
+    proc = start_scheduler(ns, mongo_url, log)
     loaded_at = first_placed = resumed_at = None
     while time.perf_counter() - t0 < 300:
         await asyncio.sleep(0.05)
@@ -325,7 +350,7 @@ async def _wait_for_log(log: Path, text: str, limit_s: float = 300) -> None:
 
 
 async def restart(
-    nats_url: str, mongo_url: str, log: Path, placed: Placed, jobs: int, nodes: int, nc: Any
+    ns: NatsServer, mongo_url: str, log: Path, placed: Placed, jobs: int, nodes: int, users: Users
 ) -> dict[str, Any]:
     """Three restarts with `jobs` queued: the first ever (no checkpoint: every document is
     read), after a clean stop (SIGTERM: the leader writes a checkpoint as it stops), and
@@ -348,7 +373,7 @@ async def restart(
     await client.close()
     out: dict[str, Any] = {"queued_jobs_in_store": jobs, "nodes": nodes, "seed_s": round(seed_s, 1)}
 
-    proc, out["first_start_no_checkpoint"] = await _start_and_wait(nats_url, mongo_url, log, placed)
+    proc, out["first_start_no_checkpoint"] = await _start_and_wait(ns, mongo_url, log, placed)
     await _wait_for_log(log, "checkpoint at rev")  # written after a long load
     await _wait_for_log(log, "first pass after loading")  # the whole queue was looked at
     proc.terminate()
@@ -356,16 +381,16 @@ async def restart(
 
     # The fleet is full after the first pass, so nothing new is placed: time the rebuild.
     proc, out["after_clean_stop"] = await _start_and_wait(
-        nats_url, mongo_url, log, placed, until="first_pass"
+        ns, mongo_url, log, placed, until="first_pass"
     )
     await asyncio.gather(
-        *(submit(nc, spec(400_000 + i, rng), f"acct{i % 200:03d}") for i in range(2000))
+        *(submit(users, spec(400_000 + i, rng), ACCOUNTS[i % 200]) for i in range(2000))
     )
     proc.kill()
     proc.wait(10)
 
     proc, out["after_kill_9_with_2000_later_jobs"] = await _start_and_wait(
-        nats_url, mongo_url, log, placed, until="first_pass"
+        ns, mongo_url, log, placed, until="first_pass"
     )
     proc.terminate()
     proc.wait(60)
@@ -391,7 +416,7 @@ async def main() -> None:
     results: dict[str, Any] = {"machine_cpus": os.cpu_count()}
     proc = None
     try:
-        results["raw"] = {**await bus_ceiling(ns.url), **await store_ceiling(mg.url)}
+        results["raw"] = {**await bus_ceiling(ns), **await store_ceiling(mg.url)}
         print(json.dumps(results, indent=2), flush=True)
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mg.url)
         db = client[f"{PREFIX}_scheduler"]
@@ -400,35 +425,38 @@ async def main() -> None:
             await db.nodes.insert_many([node_doc(n) for n in nodes[i : i + 1000]])
         await client.close()
         log = tmp / "scheduler.log"
-        proc = start_scheduler(ns.url, mg.url, log)
-        nc = await nats.connect(ns.url)
+        proc = start_scheduler(ns, mg.url, log)
+        nc = await nats.connect(ns.url, **ns.admin())  # watches the events
         placed = Placed()
         await nc.subscribe(WorkerPlaced.SUBJECT, cb=placed.cb)
+        users = Users(ns)
+        await users.connect(ACCOUNTS)
         rng = random.Random(3)
         # Warm up: wait until the process answers (imports, connects, loads the fleet).
         deadline = time.perf_counter() + 120
         while True:
             try:
-                await submit(nc, spec(0, rng), "acct000")
+                await submit(users, spec(0, rng), "acct000")
                 break
             except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
                 if time.perf_counter() > deadline:
                     raise
                 await asyncio.sleep(0.5)
-        await throughput(nc, placed, 50, rng)
-        tp = await throughput(nc, placed, a.jobs, rng, a.in_flight)
+        await throughput(users, placed, 50, rng)
+        tp = await throughput(users, placed, a.jobs, rng, a.in_flight)
         results["submit_to_placed"] = tp
         print(json.dumps(results, indent=2), flush=True)
         rate = max(1.0, tp["submit_to_placed_per_s"] / 2)
-        results["latency_at_half_load"] = await latency(nc, placed, rate, a.latency_seconds, rng)
+        results["latency_at_half_load"] = await latency(users, placed, rate, a.latency_seconds, rng)
         print(json.dumps(results, indent=2), flush=True)
         proc.terminate()
         proc.wait(10)
         proc = None
         if a.restart_jobs:
             results["restart"] = await restart(
-                ns.url, mg.url, log, placed, a.restart_jobs, a.nodes, nc
+                ns, mg.url, log, placed, a.restart_jobs, a.nodes, users
             )
+        await users.close()
         await nc.close()
     finally:
         if proc is not None:

@@ -9,13 +9,12 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-import nats
 from gpufleet_billing.app import build_app
 from gpufleet_contracts import Message, envelope_for, subjects
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 
-from .conftest import broker_for, running, store_for
+from .conftest import admin_connect, broker_for, running, store_for
 from .test_billing_support import (
     HOUR,
     T0,
@@ -58,10 +57,11 @@ def history() -> list[Message]:
     ]  # fmt: skip
 
 
-async def publish_all(url: str, messages: list[Message], dup_every: int = 3) -> None:
+async def publish_all(server: NatsServer, messages: list[Message], dup_every: int = 3) -> None:
     """Publish on JetStream; every `dup_every`-th message twice under a new id (a redelivery
-    the stream cannot deduplicate)."""
-    nc = await nats.connect(url)
+    the stream cannot deduplicate). The history comes from several services and nodes: the
+    test writes it as an operator."""
+    nc = await admin_connect(server)
     js = nc.jetstream()
     for i, msg in enumerate(messages):
         for _ in range(2 if i % dup_every == 0 else 1):
@@ -84,10 +84,10 @@ async def settled(store: Any, within_s: float = 60) -> dict[str, int]:
     raise AssertionError(f"balances never settled: {last}")
 
 
-def app_on(nats_url: str, mongo_url: str, prefix: str) -> Any:
+def app_on(server: NatsServer, mongo_url: str, prefix: str) -> Any:
     app, _ = build_app(
         store_for("billing", mongo_url, prefix),
-        broker_for("billing", nats_url),
+        broker_for("billing", server),
         clock=FakeClock(NOW),
         tick_s=0.2,
     )
@@ -98,13 +98,13 @@ async def test_stop_mid_stream_then_replay_everything_gives_the_same_balances(
     fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:
     events = history()
-    first = app_on(fresh_nats.url, mongo_server.url, db_prefix)
+    first = app_on(fresh_nats, mongo_server.url, db_prefix)
     async with running(first):
-        await publish_all(fresh_nats.url, events[:9])
+        await publish_all(fresh_nats, events[:9])
         await asyncio.sleep(0.3)
     # Stopped with messages pending; the rest arrives while billing is down.
-    await publish_all(fresh_nats.url, events[9:])
-    again = app_on(fresh_nats.url, mongo_server.url, db_prefix)
+    await publish_all(fresh_nats, events[9:])
+    again = app_on(fresh_nats, mongo_server.url, db_prefix)
     async with running(again):
         original = await settled(store_for("billing", mongo_server.url, db_prefix))
 
@@ -118,14 +118,14 @@ async def test_stop_mid_stream_then_replay_everything_gives_the_same_balances(
     assert "earnings:seller" in original  # today's hours are not paid out yet
 
     # Rebuild on an empty database from the whole event history.
-    nc = await nats.connect(fresh_nats.url)
+    nc = await admin_connect(fresh_nats)
     js = nc.jetstream()
     for info in await js.consumers_info(subjects.STREAM_EVENTS):
         if info.name.startswith("billing-"):
             await js.delete_consumer(subjects.STREAM_EVENTS, info.name)
     await nc.close()
     rebuilt_prefix = f"{db_prefix}r"
-    rebuilt = app_on(fresh_nats.url, mongo_server.url, rebuilt_prefix)
+    rebuilt = app_on(fresh_nats, mongo_server.url, rebuilt_prefix)
     async with running(rebuilt):
         replayed = await settled(store_for("billing", mongo_server.url, rebuilt_prefix))
     assert replayed == original

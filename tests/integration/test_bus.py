@@ -12,7 +12,7 @@ from gpufleet_contracts import Event, subjects
 from gpufleet_devstack import NatsServer, wait_for_async
 from nats.js.api import DeliverPolicy
 
-from .conftest import broker_for, running
+from .conftest import admin_connect, as_user, broker_for, running
 
 
 class Pinged(Event):
@@ -21,8 +21,9 @@ class Pinged(Event):
     n: int
 
 
-async def read_stream(url: str, subject: str) -> list[nats.aio.msg.Msg]:
-    nc = await nats.connect(url)
+async def read_stream(server: NatsServer, subject: str) -> list[nats.aio.msg.Msg]:
+    """Every message of `subject` so far, read as an operator (the test harness)."""
+    nc = await admin_connect(server)
     try:
         js = nc.jetstream()
         sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
@@ -39,7 +40,7 @@ async def read_stream(url: str, subject: str) -> list[nats.aio.msg.Msg]:
 async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
     fresh_nats: NatsServer,
 ) -> None:
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     rt = ServiceRuntime("svc", broker, None)
     seen: list[int] = []
 
@@ -48,7 +49,7 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
         seen.append(body.n)
 
     async with running(rt.app):
-        nc = await nats.connect(fresh_nats.url)
+        nc = await admin_connect(fresh_nats)
         js = nc.jetstream()
         await js.publish(Pinged.SUBJECT, b'{"n": "not a number"}')
         await js.publish(Pinged.SUBJECT, b"\xff\xfe not json")
@@ -57,7 +58,7 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
         info = await js.consumer_info(subjects.STREAM_EVENTS, "svc-pinged")
         await nc.close()
     assert info.num_ack_pending == 0 and info.num_pending == 0  # termed, not redelivered
-    dead = await read_stream(fresh_nats.url, subjects.dead_letter("svc"))
+    dead = await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     records = [json.loads(m.data) for m in dead]
     assert [r["reason"] for r in records] == ["invalid", "invalid"]
     assert records[0]["errors"][0]["field"] == "n"
@@ -66,7 +67,7 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
 
 
 async def test_a_failing_handler_is_retried_until_it_succeeds(fresh_nats: NatsServer) -> None:
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     rt = ServiceRuntime("svc", broker, None)
     attempts: list[int] = []
 
@@ -81,15 +82,15 @@ async def test_a_failing_handler_is_retried_until_it_succeeds(fresh_nats: NatsSe
         await wait_for_async(lambda: len(attempts) >= 3, timeout=15)
         await asyncio.sleep(1.0)
     assert attempts == [1, 1, 1]  # redelivered after each failure, never lost, then done
-    assert await read_stream(fresh_nats.url, subjects.dead_letter("svc")) == []
+    assert await read_stream(fresh_nats, subjects.dead_letter("svc", "*")) == []
 
 
 async def test_duplicate_publish_is_dropped_by_message_id(fresh_nats: NatsServer) -> None:
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     async with running(ServiceRuntime("svc", broker, None).app):
         for _ in range(3):
             await publish(broker, Pinged(n=1), source="test", msg_id="same-event")
-    msgs = await read_stream(fresh_nats.url, Pinged.SUBJECT)
+    msgs = await read_stream(fresh_nats, Pinged.SUBJECT)
     assert len(msgs) == 1
     assert msgs[0].headers is not None and msgs[0].headers["ce-id"] == "same-event"
 
@@ -99,7 +100,7 @@ async def test_invalid_request_gets_a_structured_error_and_is_kept(
 ) -> None:
     from gpufleet_contracts.jobs import SubmitJob
 
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     rt = ServiceRuntime("svc", broker, None)
 
     @rt.on_request("submit")
@@ -107,12 +108,11 @@ async def test_invalid_request_gets_a_structured_error_and_is_kept(
         raise AssertionError("an invalid request must not reach the handler")
 
     async with running(rt.app):
-        nc = await nats.connect(fresh_nats.url)
         bad = {
             "spec": {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"], "disk_size_gb": 5}
         }
-        reply = await nc.request(subjects.rpc("svc", "submit"), json.dumps(bad).encode(), timeout=5)
-        await nc.close()
+        async with as_user(fresh_nats, "acme") as user:
+            reply = await user.request(subjects.rpc("svc", "submit"), json.dumps(bad).encode(), 5)
     body = json.loads(reply.data)
     assert body["ok"] is False and body["error"]["code"] == "invalid"
     assert body["error"]["fields"] == [
@@ -123,5 +123,5 @@ async def test_invalid_request_gets_a_structured_error_and_is_kept(
             "valid": "10..1000 GB per worker",
         }
     ]
-    dead = await read_stream(fresh_nats.url, subjects.dead_letter("svc"))
+    dead = await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     assert len(dead) == 1

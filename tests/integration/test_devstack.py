@@ -32,7 +32,7 @@ async def test_nats_jetstream_publish_and_read_back(nats_server: NatsServer) -> 
     assert nats_server.running
     assert nats_server.url == f"nats://127.0.0.1:{nats_server.port}"
     stream = _stream_name()
-    nc = await nats.connect(nats_server.url)
+    nc = await nats.connect(nats_server.url, **nats_server.admin())
     try:
         js = nc.jetstream()
         await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
@@ -52,7 +52,7 @@ async def test_nats_jetstream_publish_and_read_back(nats_server: NatsServer) -> 
 async def test_nats_kill_and_restart_keeps_jetstream_data(fresh_nats: NatsServer) -> None:
     stream = _stream_name()
     port, store_dir = fresh_nats.port, fresh_nats.store_dir
-    nc = await nats.connect(fresh_nats.url)
+    nc = await nats.connect(fresh_nats.url, **fresh_nats.admin())
     js = nc.jetstream()
     await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
     for i in range(5):
@@ -67,7 +67,7 @@ async def test_nats_kill_and_restart_keeps_jetstream_data(fresh_nats: NatsServer
     assert fresh_nats.pid != first_pid
     assert (fresh_nats.port, fresh_nats.store_dir) == (port, store_dir)
 
-    nc = await nats.connect(fresh_nats.url)
+    nc = await nats.connect(fresh_nats.url, **fresh_nats.admin())
     try:
         js = nc.jetstream()
         info = await js.stream_info(stream)
@@ -85,6 +85,7 @@ async def test_nats_client_reconnects_after_restart(fresh_nats: NatsServer) -> N
 
     nc = await nats.connect(
         fresh_nats.url,
+        **fresh_nats.admin(),
         reconnect_time_wait=0.1,
         max_reconnect_attempts=-1,
         reconnected_cb=on_reconnect,
@@ -98,6 +99,13 @@ async def test_nats_client_reconnects_after_restart(fresh_nats: NatsServer) -> N
         assert (await sub.next_msg(timeout=2)).data == b"pong"
     finally:
         await nc.close()
+
+
+async def test_nats_refuses_an_anonymous_connection(nats_server: NatsServer) -> None:
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(
+            nats_server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2
+        )
 
 
 def test_nats_refuses_a_busy_port(nats_server: NatsServer, tmp_path: Path) -> None:

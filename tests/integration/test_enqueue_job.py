@@ -7,24 +7,26 @@ import json
 from typing import Any
 
 import nats
+import pytest
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_contracts.jobs import EnqueueJob, JobQueued, JobRejected, JobSpec
-from gpufleet_devstack import wait_for_async
+from gpufleet_devstack import NatsServer, wait_for_async
 
+from .conftest import connect
 from .test_bus import read_stream
 from .test_job_flow import system  # noqa: F401  (the in-process scheduler and billing)
 
 SPEC = {"name": "from-ci", "gpu_types": ["RTX 3090"], "max_price": "1.0", "command": ["true"]}
 
 
-async def enqueue(url: str, body: bytes, account: str = "local") -> None:
-    """Publish as another system would: JetStream, CloudEvents headers, its own account."""
-    env = Envelope(type=EnqueueJob.TYPE, source="ci-system", subject=EnqueueJob.SUBJECT)
-    nc = await nats.connect(url)
+async def enqueue(server: NatsServer, body: bytes, account: str = "local") -> None:
+    """Publish as another system would: JetStream, CloudEvents headers, with a credential of
+    its account, on that account's subject (the only one the credential may publish)."""
+    subject = EnqueueJob.subject_for(account)
+    env = Envelope(type=EnqueueJob.TYPE, source="ci-system", subject=subject)
+    nc = await connect(server, server.creds("user", "ci-system", account=account))
     try:
-        await nc.jetstream().publish(
-            EnqueueJob.SUBJECT, body, headers={**env.headers(), "gpufleet-account": account}
-        )
+        await nc.jetstream().publish(subject, body, headers=env.headers())
     finally:
         await nc.close()
 
@@ -34,13 +36,13 @@ async def jobs(client: Any) -> list[dict[str, Any]]:
 
 
 async def test_an_event_queues_one_job_however_often_it_is_delivered(system: Any) -> None:  # noqa: F811
-    client, _, url = system
+    client, _, server = system
     cmd = EnqueueJob(request_id="build-42", spec=JobSpec.model_validate(SPEC))
     for _ in range(3):  # re-sent under new message ids: still one job
-        await enqueue(url, cmd.to_bytes())
+        await enqueue(server, cmd.to_bytes())
 
     async def queued_event() -> bool:
-        msgs = await read_stream(url, JobQueued.SUBJECT)
+        msgs = await read_stream(server, JobQueued.SUBJECT)
         return any(JobQueued.from_bytes(m.data).request_id == "build-42" for m in msgs)
 
     await wait_for_async(queued_event, timeout=15)
@@ -49,7 +51,7 @@ async def test_an_event_queues_one_job_however_often_it_is_delivered(system: Any
     assert job["owner"] == "local"
     placed = await client.job(job["id"])
     assert placed["state"] in ("starting", "running")  # it went on to a GPU by itself
-    events = [JobQueued.from_bytes(m.data) for m in await read_stream(url, JobQueued.SUBJECT)]
+    events = [JobQueued.from_bytes(m.data) for m in await read_stream(server, JobQueued.SUBJECT)]
     assert [e.job_id for e in events if e.request_id == "build-42"] == [job["id"]]
 
 
@@ -60,13 +62,14 @@ async def _count(client: Any, name: str, n: int) -> bool:
 async def test_an_invalid_event_is_dead_lettered_with_its_rules_and_queues_nothing(
     system: Any,  # noqa: F811
 ) -> None:
-    client, _, url = system
+    client, _, server = system
     bad = {"request_id": "build-43", "spec": {**SPEC, "disk_size_gb": 5, "gpu_types": ["X"]}}
-    await enqueue(url, json.dumps(bad).encode())
+    await enqueue(server, json.dumps(bad).encode())
 
     async def dead_lettered() -> list[dict[str, Any]]:
         return [
-            json.loads(m.data) for m in await read_stream(url, subjects.dead_letter("scheduler"))
+            json.loads(m.data)
+            for m in await read_stream(server, subjects.dead_letter("scheduler", "*"))
         ]
 
     await wait_for_async(lambda: _nonempty(dead_lettered), timeout=15)
@@ -85,15 +88,29 @@ async def _nonempty(fn: Any) -> bool:
 async def test_a_pin_to_a_region_without_the_gpu_type_is_rejected_by_event(
     system: Any,  # noqa: F811
 ) -> None:
-    client, _, url = system
+    client, _, server = system
     spec = JobSpec.model_validate({**SPEC, "gpu_types": ["T4"], "region": "local"})
-    await enqueue(url, EnqueueJob(request_id="build-44", spec=spec).to_bytes())
+    await enqueue(server, EnqueueJob(request_id="build-44", spec=spec).to_bytes())
 
     async def rejected() -> list[JobRejected]:
-        return [JobRejected.from_bytes(m.data) for m in await read_stream(url, JobRejected.SUBJECT)]
+        return [
+            JobRejected.from_bytes(m.data) for m in await read_stream(server, JobRejected.SUBJECT)
+        ]
 
     await wait_for_async(lambda: _nonempty(rejected), timeout=15)
     (event,) = await rejected()
     assert event.request_id == "build-44" and event.account == "local"
     assert [(f.field, f.rule) for f in event.error.fields] == [("spec.region", "R-RES-1")]
     assert await jobs(client) == []
+
+
+async def test_a_credential_cannot_enqueue_for_another_account(system: Any) -> None:  # noqa: F811
+    _, _, server = system
+    cmd = EnqueueJob(request_id="build-45", spec=JobSpec.model_validate(SPEC))
+    nc = await connect(server, server.creds("user", "ci-system", account="local"))
+    try:
+        with pytest.raises(nats.errors.TimeoutError):  # the server drops it: no stream ack
+            await nc.jetstream().publish(EnqueueJob.subject_for("other"), cmd.to_bytes(), timeout=1)
+    finally:
+        await nc.close()
+    assert await read_stream(server, EnqueueJob.subject_for("other")) == []

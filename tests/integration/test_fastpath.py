@@ -5,42 +5,51 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
 
 import nats
+import pytest
 from gpufleet_bus import ServiceRuntime
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import SubmitJob
 from gpufleet_devstack import NatsServer
 
-from .conftest import broker_for, running
+from .conftest import admin_connect, as_user, broker_for, running
 from .test_bus import read_stream
 
 GOOD = {"spec": {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"]}}
 
 
 async def test_fast_request_validates_like_every_other_request(fresh_nats: NatsServer) -> None:
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     rt = ServiceRuntime("svc", broker, None)
-    seen: list[tuple[str, str | None]] = []
+    seen: list[tuple[str, str]] = []
 
     @rt.on_fast_request("submit", SubmitJob)
-    async def submit(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, str]:
-        seen.append((body.spec.name, headers.get("gpufleet-account")))
+    async def submit(body: SubmitJob, account: str) -> dict[str, str]:
+        seen.append((body.spec.name, account))
         return {"id": "j1"}
 
     async with running(rt.app):
-        nc = await nats.connect(fresh_nats.url)
         subject = subjects.rpc("svc", "submit")
-        ok = await nc.request(
-            subject, json.dumps(GOOD).encode(), timeout=5, headers={"gpufleet-account": "acme"}
-        )
         bad = {"spec": {**GOOD["spec"], "disk_size_gb": 5}}
-        refused = await nc.request(subject, json.dumps(bad).encode(), timeout=5)
-        garbage = await nc.request(subject, b"\xff not json", timeout=5)
+        async with as_user(fresh_nats, "acme") as user:
+            ok = await user.request(subject, json.dumps(GOOD).encode(), 5)
+            refused = await user.request(subject, json.dumps(bad).encode(), 5)
+            garbage = await user.request(subject, b"\xff not json", 5)
+            # Acting for another account: the server drops the publish, nothing answers.
+            with pytest.raises(nats.errors.TimeoutError):
+                await user.nc.request(
+                    subjects.as_account(subject, "other"), json.dumps(GOOD).encode(), timeout=1
+                )
+        # A subject whose account token is not an account name is refused, never served.
+        nc = await admin_connect(fresh_nats)
+        unowned = await nc.request(
+            subjects.as_account(subject, "@nobody"), json.dumps(GOOD).encode(), timeout=5
+        )
         await nc.close()
     assert json.loads(ok.data) == {"id": "j1"}
-    assert seen == [("x", "acme")]
+    assert seen == [("x", "acme")]  # the account is the subject's, never a header's
+    assert json.loads(unowned.data)["error"]["code"] == "invalid"
     body = json.loads(refused.data)
     assert body["ok"] is False and body["error"]["code"] == "invalid"
     assert body["error"]["fields"] == [
@@ -53,7 +62,7 @@ async def test_fast_request_validates_like_every_other_request(fresh_nats: NatsS
     ]
     assert json.loads(garbage.data)["error"]["code"] == "invalid"
     dead = [
-        json.loads(m.data) for m in await read_stream(fresh_nats.url, subjects.dead_letter("svc"))
+        json.loads(m.data) for m in await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     ]
     assert [d["reason"] for d in dead] == ["invalid", "invalid"]
     assert json.loads(dead[0]["payload"]) == bad  # kept byte for byte
@@ -63,13 +72,13 @@ async def test_fast_request_validates_like_every_other_request(fresh_nats: NatsS
 async def test_fast_request_failure_answers_internal_and_requests_run_concurrently(
     fresh_nats: NatsServer,
 ) -> None:
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     rt = ServiceRuntime("svc", broker, None)
     gate = asyncio.Event()
     inside = 0
 
     @rt.on_fast_request("slow", SubmitJob)
-    async def slow(body: SubmitJob, headers: Mapping[str, str]) -> dict[str, int]:
+    async def slow(body: SubmitJob, account: str) -> dict[str, int]:
         nonlocal inside
         inside += 1
         if body.spec.name == "boom":
@@ -80,15 +89,14 @@ async def test_fast_request_failure_answers_internal_and_requests_run_concurrent
         return {"inside": inside}
 
     async with running(rt.app):
-        nc = await nats.connect(fresh_nats.url)
         subject = subjects.rpc("svc", "slow")
-        replies = await asyncio.gather(
-            *(nc.request(subject, json.dumps(GOOD).encode(), timeout=10) for _ in range(20))
-        )
-        boom = {"spec": {**GOOD["spec"], "name": "boom"}}
-        failed = await nc.request(subject, json.dumps(boom).encode(), timeout=5)
-        await nc.close()
+        async with as_user(fresh_nats, "acme") as user:
+            replies = await asyncio.gather(
+                *(user.request(subject, json.dumps(GOOD).encode(), 10) for _ in range(20))
+            )
+            boom = {"spec": {**GOOD["spec"], "name": "boom"}}
+            failed = await user.request(subject, json.dumps(boom).encode(), 5)
     assert all(json.loads(r.data)["inside"] >= 20 for r in replies)
     error = json.loads(failed.data)["error"]
     assert (error["code"], error["message"]) == ("internal", "RuntimeError")
-    assert await read_stream(fresh_nats.url, subjects.dead_letter("svc")) == []  # not invalid
+    assert await read_stream(fresh_nats, subjects.dead_letter("svc", "*")) == []  # not invalid

@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import nats
 import pytest
 from cryptography.fernet import Fernet
-from gpufleet_contracts import subjects
+from gpufleet_bus import publish
+from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.jobs import Demand, PendingDemandChanged
 from gpufleet_contracts.nodes import GpuInfo, NodeHeartbeat, RegisterNode
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
@@ -26,8 +26,15 @@ from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.gcp import GcpEndpoints
 from gpufleet_provisioner.settings import ProvisionerSettings
 
-from .conftest import broker_for, running, store_for
-from .test_provisioner_nodes import Bus
+from .conftest import (
+    AccountClient,
+    JsPublisher,
+    admin_connect,
+    broker_for,
+    connect,
+    running,
+    store_for,
+)
 
 PEM = service_account_key("any", "k1")["private_key"]
 SECRET_MARKER = PEM.splitlines()[5]  # a line of the key's body, to look for in outputs
@@ -47,9 +54,45 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatorProce
         emu.stop()
 
 
-class Cloud(Bus):
-    project = ""
-    raw: list[tuple[str, dict[str, str], bytes]]
+class Cloud:
+    """The test's side of the provisioner, each part with its own credential: a user of a
+    new account (its requests), the scheduler (pending demand), the instances' node agents
+    (registration, heartbeats); an operator watches every event."""
+
+    def __init__(self, server: NatsServer, user: AccountClient) -> None:
+        self.server, self.user, self.account = server, user, user.account
+        self.project = ""
+        self.events: list[dict[str, Any]] = []
+        self.raw: list[tuple[str, dict[str, str], bytes]] = []
+        self.publishers: dict[str, JsPublisher] = {}
+
+    async def ask(self, verb: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self.user.call(
+            subjects.rpc("provisioner", verb), json.dumps(body or {}).encode()
+        )
+
+    async def publisher(self, kind: str, name: str) -> JsPublisher:
+        if f"{kind}:{name}" not in self.publishers:
+            creds = self.server.creds(kind, name, account=self.account)
+            self.publishers[f"{kind}:{name}"] = JsPublisher(await connect(self.server, creds))
+        return self.publishers[f"{kind}:{name}"]
+
+    async def agent(self, minion_id: str) -> JsPublisher:
+        return await self.publisher("node", minion_id)
+
+    async def send(self, msg: Message) -> None:
+        """As its publisher would: a registration from the node's agent, pending demand
+        from the scheduler."""
+        if isinstance(msg, RegisterNode):
+            sender = await self.agent(msg.minion_id)
+        else:
+            sender = await self.publisher("service", "scheduler")
+        await publish(sender, msg, source="test")
+
+    async def close(self) -> None:
+        for p in self.publishers.values():
+            await p.nc.close()
+        await self.user.nc.close()
 
 
 @asynccontextmanager
@@ -70,14 +113,15 @@ async def provisioner(
     )
     app, _prov = build_app(
         store_for("provisioner", mongo_server.url, db_prefix),
-        broker_for("provisioner", nats_server.url),
+        broker_for("provisioner", nats_server),
         settings=settings,
         endpoints=GcpEndpoints(compute=emulator.compute, grpc=emulator.grpc),
     )
-    nc = await nats.connect(nats_server.url)
-    bus = Cloud(nc, f"acct-{uuid.uuid4().hex[:6]}")
+    account = f"acct-{uuid.uuid4().hex[:6]}"
+    user = await connect(nats_server, nats_server.creds("user", "dev", account=account))
+    bus = Cloud(nats_server, AccountClient(user, account))
     bus.project = f"proj-{uuid.uuid4().hex[:8]}"
-    bus.raw = []
+    nc = await admin_connect(nats_server)  # watches every event
 
     async def on_event(msg: Any) -> None:
         bus.events.append(json.loads(msg.data))
@@ -93,9 +137,10 @@ async def provisioner(
             yield bus
     finally:
         await nc.close()
+        await bus.close()
 
 
-def demand(bus: Bus, job: str, **kw: Any) -> Demand:
+def demand(bus: Cloud, job: str, **kw: Any) -> Demand:
     base: dict[str, Any] = {
         "job_id": job,
         "worker": 0,
@@ -109,16 +154,16 @@ def demand(bus: Bus, job: str, **kw: Any) -> Demand:
     return Demand(**{**base, **kw})
 
 
-async def pending(bus: Bus, *demands: Demand) -> None:
+async def pending(bus: Cloud, *demands: Demand) -> None:
     await bus.send(PendingDemandChanged(demands=list(demands), at=datetime.now(UTC)))
 
 
-async def cloud_nodes(bus: Bus) -> list[dict[str, Any]]:
+async def cloud_nodes(bus: Cloud) -> list[dict[str, Any]]:
     nodes = (await bus.ask("list_nodes"))["nodes"]
     return [n for n in nodes if n["provider"] == "gcp" and n["kind"] == "compute"]
 
 
-async def wait_node(bus: Bus, check: Any, within: float = 20) -> dict[str, Any]:
+async def wait_node(bus: Cloud, check: Any, within: float = 20) -> dict[str, Any]:
     found: dict[str, Any] = {}
 
     async def ok() -> bool:
@@ -132,7 +177,7 @@ async def wait_node(bus: Bus, check: Any, within: float = 20) -> dict[str, Any]:
     return found
 
 
-def agent_registration(bus: Bus, name: str, region: str = "us-central1") -> RegisterNode:
+def agent_registration(bus: Cloud, name: str, region: str = "us-central1") -> RegisterNode:
     return RegisterNode(
         minion_id=name,
         name=name,
@@ -155,9 +200,9 @@ def agent_registration(bus: Bus, name: str, region: str = "us-central1") -> Regi
     )
 
 
-async def heartbeat(bus: Bus, name: str, running: list[str]) -> None:
+async def heartbeat(bus: Cloud, name: str, running: list[str]) -> None:
     hb = NodeHeartbeat(minion_id=name, at=datetime.now(UTC), running=running)
-    await bus.nc.publish(subjects.heartbeat(name), hb.to_bytes())
+    await (await bus.agent(name)).nc.publish(subjects.heartbeat(name), hb.to_bytes())
 
 
 # --- tests -----------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import nats
 import pytest
 from gpufleet_billing.app import build_app as billing_app
 from gpufleet_bus import publish
@@ -30,7 +29,7 @@ from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_scheduler.app import build_app as scheduler_app
 
-from .conftest import broker_for, running, store_for
+from .conftest import AccountClient, as_identity, as_user, broker_for, connect, running, store_for
 from .test_bus import read_stream
 
 MINION = "m1"
@@ -61,16 +60,8 @@ def register(gpus: int = 2) -> NodeRegistered:
     )
 
 
-class Client:
-    def __init__(self, nc: nats.NATS) -> None:
-        self.nc = nc
-
-    async def call(self, subject: str, payload: bytes) -> dict[str, Any]:
-        reply = await self.nc.request(
-            subject, payload, timeout=10, headers={"gpufleet-account": "local"}
-        )
-        data: dict[str, Any] = json.loads(reply.data)
-        return data
+class Client(AccountClient):
+    """A user of account `local`: requests on `<subject>.local`, with its credential."""
 
     async def submit(self, name: str, **kw: Any) -> dict[str, Any]:
         spec = JobSpec.model_validate(
@@ -84,6 +75,8 @@ class Client:
 
 @pytest.fixture
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
+    """The scheduler and billing; yields a user of `local`, the node agent of MINION (its
+    own credential: the events only it may publish) and the server."""
     apps = []
     scheduler = None
     for name, factory in (
@@ -91,32 +84,34 @@ async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix:
         ("billing", billing_app),
     ):
         app, svc = factory(
-            store_for(name, mongo_server.url, db_prefix), broker_for(name, fresh_nats.url)
+            store_for(name, mongo_server.url, db_prefix), broker_for(name, fresh_nats)
         )
         scheduler = scheduler or svc
         apps.append(app)
-    async with running(*apps):
-        nc = await nats.connect(fresh_nats.url)
-        await publish(apps[0].broker, register(), source="test")
-        client = Client(nc)
+    async with running(*apps), as_identity(fresh_nats, "node", MINION) as node:
+        async with as_identity(fresh_nats, "service", "provisioner") as provisioner:
+            await publish(provisioner, register(), source="test")
+        client = Client(
+            await connect(fresh_nats, fresh_nats.creds("user", account="local")), "local"
+        )
 
         async def node_known() -> bool:
             return await scheduler.db.nodes.find_one({"minion_id": MINION}) is not None
 
         await wait_for_async(node_known, timeout=10)
-        yield client, apps[0].broker, fresh_nats.url
-        await nc.close()
+        yield client, node, fresh_nats
+        await client.nc.close()
 
 
-async def start_commands(url: str) -> list[StartWorker]:
-    msgs = await read_stream(url, StartWorker.SUBJECT.format(minion_id=MINION))
+async def start_commands(server: NatsServer) -> list[StartWorker]:
+    msgs = await read_stream(server, StartWorker.SUBJECT.format(minion_id=MINION))
     return [StartWorker.from_bytes(m.data) for m in msgs]
 
 
 async def test_jobs_fill_the_gpus_queue_with_a_reason_and_start_when_one_frees(
     system: Any,
 ) -> None:
-    client, broker, url = system
+    client, node, server = system
     a = await client.submit("a")
     b = await client.submit("b")
 
@@ -129,7 +124,7 @@ async def test_jobs_fill_the_gpus_queue_with_a_reason_and_start_when_one_frees(
     assert c["state"] == "queued"
     assert c["queue_reason"] == "1 node: busy (0 of 2 GPUs free, needs 1)"
 
-    starts = await start_commands(url)
+    starts = await start_commands(server)
     assert sorted(s.gpu_indices[0] for s in starts) == [0, 1]  # no GPU given twice
     first = next(s for s in starts if s.job_id == a["id"])
 
@@ -153,7 +148,7 @@ async def test_jobs_fill_the_gpus_queue_with_a_reason_and_start_when_one_frees(
     )
     # Out of order and duplicated, as at-least-once delivery may hand them over.
     for evt in (finished, started, finished, started):
-        await publish(broker, evt, source="test")
+        await publish(node, evt, source="test")
 
     async def c_started() -> bool:
         return (await client.job(c["id"]))["state"] == "starting"
@@ -180,7 +175,7 @@ async def test_jobs_fill_the_gpus_queue_with_a_reason_and_start_when_one_frees(
 
 
 async def test_cancel_stops_running_workers_and_waiting_ones(system: Any) -> None:
-    client, broker, url = system
+    client, node, server = system
     a = await client.submit("a", gpu_count=2)
     b = await client.submit("b", gpu_count=2)
     assert b["state"] == "queued"
@@ -188,11 +183,11 @@ async def test_cancel_stops_running_workers_and_waiting_ones(system: Any) -> Non
     assert stopped_b["state"] == "stopped"  # it never held GPUs
 
     await client.call(CancelJob.SUBJECT, CancelJob(job_id=a["id"]).to_bytes())
-    stops = await read_stream(url, StopWorker.SUBJECT.format(minion_id=MINION))
+    stops = await read_stream(server, StopWorker.SUBJECT.format(minion_id=MINION))
     assert [StopWorker.from_bytes(m.data).job_id for m in stops] == [a["id"]]
-    start = (await start_commands(url))[0]
+    start = (await start_commands(server))[0]
     await publish(
-        broker,
+        node,
         WorkerFinished(
             job_id=a["id"],
             worker=0,
@@ -212,15 +207,10 @@ async def test_cancel_stops_running_workers_and_waiting_ones(system: Any) -> Non
 
 
 async def test_other_accounts_jobs_are_not_found(system: Any) -> None:
-    client, _, _ = system
+    client, _, server = system
     a = await client.submit("mine")
-    reply = await client.nc.request(
-        GetJob.SUBJECT,
-        GetJob(job_id=a["id"]).to_bytes(),
-        timeout=5,
-        headers={"gpufleet-account": "someone-else"},
-    )
-    body = json.loads(reply.data)
+    async with as_user(server, "someone-else") as other:
+        body = await other.call(GetJob.SUBJECT, GetJob(job_id=a["id"]).to_bytes())
     assert body["ok"] is False and body["error"]["code"] == "not_found"
 
 

@@ -25,7 +25,7 @@ async def test_commit_writes_state_and_outbox_then_relay_publishes_once(
     db_prefix: str,
 ) -> None:
     store = store_for("svc", mongo_server.url, db_prefix)
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     async with running(ServiceRuntime("svc", broker, store, indexes={"things": []}).app):
 
         async def body(tx: Transaction) -> None:
@@ -43,7 +43,7 @@ async def test_commit_writes_state_and_outbox_then_relay_publishes_once(
         await store.db.outbox.update_many({}, {"$set": {"published": False}})
         assert await relay.drain() == 1
     # ...and JetStream keeps one copy, because the outbox id is the message id.
-    msgs = await read_stream(fresh_nats.url, Counted.SUBJECT)
+    msgs = await read_stream(fresh_nats, Counted.SUBJECT)
     assert len(msgs) == 1 and msgs[0].headers["Nats-Msg-Id"] == "counted-1"  # type: ignore[index]
     assert await store.db.things.count_documents({}) == 1
     await store.close()
@@ -74,7 +74,7 @@ async def test_relay_catches_up_after_nats_comes_back(
     db_prefix: str,
 ) -> None:
     store = store_for("svc", mongo_server.url, db_prefix)
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     async with running(ServiceRuntime("svc", broker, store).app):
         fresh_nats.kill()
 
@@ -89,5 +89,5 @@ async def test_relay_catches_up_after_nats_comes_back(
             return await store.db.outbox.count_documents({"published": True}) == 1
 
         await wait_for_async(published, timeout=20)
-    assert len(await read_stream(fresh_nats.url, Counted.SUBJECT)) == 1
+    assert len(await read_stream(fresh_nats, Counted.SUBJECT)) == 1
     await store.close()

@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import nats
 import pytest
 from faststream.nats import NatsBroker
 from gpufleet_bus import OutboxRelay, ensure_streams
@@ -18,7 +17,7 @@ from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_store import Store, Transaction
 from nats.js.api import StreamConfig
 
-from .conftest import broker_for, store_for
+from .conftest import admin_connect, broker_for, store_for
 from .test_bus import read_stream
 
 pytestmark = pytest.mark.integration
@@ -39,7 +38,7 @@ async def store(mongo_server: EmbeddedMongo, db_prefix: str) -> AsyncIterator[St
 @pytest.fixture
 async def broker(fresh_nats: NatsServer) -> AsyncIterator[NatsBroker]:
     """Connected, with no stream declared: each test declares what it needs."""
-    broker = broker_for("svc", fresh_nats.url)
+    broker = broker_for("svc", fresh_nats)
     await broker.connect()
     yield broker
     await broker.stop()
@@ -60,8 +59,8 @@ async def write(store: Store, ids: list[str], payload: bytes = b"{}") -> None:
     await store.transaction(body)
 
 
-async def stream_ids(nats_url: str) -> list[str]:
-    return [(m.headers or {})["Nats-Msg-Id"] for m in await read_stream(nats_url, SUBJECT)]
+async def stream_ids(server: NatsServer) -> list[str]:
+    return [(m.headers or {})["Nats-Msg-Id"] for m in await read_stream(server, SUBJECT)]
 
 
 async def test_transactions_of_none_one_and_many_messages_go_out_in_order(
@@ -86,9 +85,9 @@ async def test_transactions_of_none_one_and_many_messages_go_out_in_order(
     assert await relay.drain() == 4_507
     assert await store.db.outbox.count_documents({}) == 0  # keep=0: deleted once acked
     expected = one + many + [i for ids in small for i in ids]
-    assert await stream_ids(fresh_nats.url) == expected
+    assert await stream_ids(fresh_nats) == expected
 
-    (first, *_) = await read_stream(fresh_nats.url, SUBJECT)
+    (first, *_) = await read_stream(fresh_nats, SUBJECT)
     assert first.headers is not None
     assert {k: v for k, v in first.headers.items() if k != "ce-time"} == {
         "ce-specversion": "1.0",
@@ -119,7 +118,7 @@ async def test_a_restarted_relay_sends_again_and_jetstream_keeps_one_copy(
     # ...and JetStream drops the copies by their Nats-Msg-Id.
     js = (await broker.connect()).jetstream()
     assert (await js.stream_info(subjects.STREAM_EVENTS)).state.messages == len(ids)
-    assert await stream_ids(fresh_nats.url) == ids
+    assert await stream_ids(fresh_nats) == ids
 
 
 async def test_a_refused_document_stays_unpublished_and_goes_out_once_it_can(
@@ -150,7 +149,7 @@ async def test_a_refused_document_stays_unpublished_and_goes_out_once_it_can(
     await declare_streams(broker)  # the usual configuration: no size limit
     assert await relay.drain() == 1
     assert await store.db.outbox.count_documents({}) == 0
-    assert await stream_ids(fresh_nats.url) == ["a1", "a2", "a3", "big"]
+    assert await stream_ids(fresh_nats) == ["a1", "a2", "a3", "big"]
 
 
 async def test_missing_acks_time_out_and_the_document_is_sent_again(
@@ -161,7 +160,7 @@ async def test_missing_acks_time_out_and_the_document_is_sent_again(
 ) -> None:
     monkeypatch.setattr(outbox_module, "ACK_TIMEOUT_S", 0.3)
     # Someone listens on the subject but no stream holds it: no ack and no "no responders".
-    nc = await nats.connect(fresh_nats.url)
+    nc = await admin_connect(fresh_nats)
     await nc.subscribe(SUBJECT)
     await nc.flush()
     relay = OutboxRelay(store, broker, SOURCE)
@@ -173,7 +172,7 @@ async def test_missing_acks_time_out_and_the_document_is_sent_again(
     await declare_streams(broker)
     assert await relay.drain() == 2
     assert await store.db.outbox.count_documents({"published": True}) == 1
-    assert await stream_ids(fresh_nats.url) == ["t1", "t2"]
+    assert await stream_ids(fresh_nats) == ["t1", "t2"]
     await nc.close()
 
 
@@ -182,7 +181,7 @@ async def test_a_subject_no_stream_holds_is_published_without_waiting_for_an_ack
 ) -> None:
     await declare_streams(broker)
     subject = subjects.heartbeat("n1")  # core NATS
-    nc = await nats.connect(fresh_nats.url)
+    nc = await admin_connect(fresh_nats)
     sub = await nc.subscribe(subject)
     await nc.flush()
 
@@ -195,15 +194,15 @@ async def test_a_subject_no_stream_holds_is_published_without_waiting_for_an_ack
     got = await sub.next_msg(timeout=5)
     assert got.data == b"beat" and got.headers is not None
     assert got.headers["Nats-Msg-Id"] == "hb-1" and "Nats-Expected-Stream" not in got.headers
-    assert await stream_ids(fresh_nats.url) == ["tick-1"]
+    assert await stream_ids(fresh_nats) == ["tick-1"]
     assert await store.db.outbox.count_documents({}) == 0
     await nc.close()
 
 
-async def wait_for_stream(nats_url: str, n: int, limit_s: float = 10.0) -> list[str]:
+async def wait_for_stream(server: NatsServer, n: int, limit_s: float = 10.0) -> list[str]:
     deadline = asyncio.get_running_loop().time() + limit_s
     while True:
-        ids = await stream_ids(nats_url)
+        ids = await stream_ids(server)
         if len(ids) >= n or asyncio.get_running_loop().time() > deadline:
             return ids
         await asyncio.sleep(0.05)
@@ -220,7 +219,7 @@ async def test_committed_documents_go_out_from_memory_without_reading_the_outbox
         for ids in batches:
             await write(store, ids)
         expected = [i for ids in batches for i in ids]
-        assert await wait_for_stream(fresh_nats.url, len(expected)) == expected
+        assert await wait_for_stream(fresh_nats, len(expected)) == expected
         assert relay.store_reads == 1  # once at start; the rest came from memory
         assert await store.db.outbox.count_documents({}) == 0
     finally:
@@ -242,7 +241,7 @@ async def test_what_another_process_left_in_the_outbox_goes_out_at_the_next_poll
         await write(store, ["mine-1"])
         await write(other, ["theirs-1"])  # no relay of this process is told about it
         await write(store, ["mine-2"])
-        ids = await wait_for_stream(fresh_nats.url, 3)
+        ids = await wait_for_stream(fresh_nats, 3)
         assert sorted(ids) == ["mine-1", "mine-2", "theirs-1"]
         assert ids.index("mine-1") < ids.index("mine-2")
     finally:
@@ -263,7 +262,7 @@ async def test_after_a_failed_round_memory_is_dropped_and_the_store_keeps_the_or
     reads = relay.store_reads
     assert await relay._drain(read_store=False) == 3  # from the store, oldest first
     assert relay.store_reads == reads + 1
-    assert await stream_ids(fresh_nats.url) == ["a1", "a2", "b1"]
+    assert await stream_ids(fresh_nats) == ["a1", "a2", "b1"]
     assert await store.db.outbox.count_documents({}) == 0
     assert await relay._drain(read_store=False) == 0
 
@@ -283,4 +282,4 @@ async def test_memory_holds_a_bounded_backlog_and_the_store_the_rest(
     reads = relay.store_reads
     assert await relay._drain(read_store=False) == 5
     assert relay.store_reads == reads + 1
-    assert await stream_ids(fresh_nats.url) == [f"t{t}" for t in range(5)]
+    assert await stream_ids(fresh_nats) == [f"t{t}" for t in range(5)]

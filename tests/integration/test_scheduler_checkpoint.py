@@ -6,8 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import nats
-from gpufleet_bus import publish
 from gpufleet_contracts.jobs import WorkerFinished
 from gpufleet_contracts.nodes import NodeState
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
@@ -39,12 +37,11 @@ async def test_checkpoint_plus_later_changes_equals_a_full_load(
     store = store_for("scheduler", mongo_server.url, db_prefix)
     app, sched = build_app(
         store,
-        broker_for("scheduler", fresh_nats.url),
+        broker_for("scheduler", fresh_nats),
         settings=SchedulerSettings(starve_after_s=3600),
     )
     async with running(app):
-        nc = await nats.connect(fresh_nats.url)
-        s = Sys(nc, app.broker, fresh_nats.url, sched)
+        s = Sys(fresh_nats, sched)
         await s.node(registered("a", gpus=1))
         await s.node(registered("b", gpus=2, shares=2))
         await known(s, "a", "b")
@@ -55,8 +52,7 @@ async def test_checkpoint_plus_later_changes_equals_a_full_load(
         assert at_checkpoint > 0
         # After the checkpoint: a finished worker, a new job, a node to maintenance.
         start = (await s.starts("a"))[0]
-        await publish(
-            app.broker,
+        await s.worker(
             WorkerFinished(
                 job_id=start.job_id,
                 worker=0,
@@ -65,8 +61,7 @@ async def test_checkpoint_plus_later_changes_equals_a_full_load(
                 state="finished",
                 exit_code=0,
                 ended_at=datetime.now(UTC),
-            ),
-            source="test",
+            )
         )
         await s.until(start.job_id, "finished")
         late = await s.submit("late")
@@ -76,7 +71,7 @@ async def test_checkpoint_plus_later_changes_equals_a_full_load(
             return bool(sched.fleet.base["n-b"].state == "maintenance")
 
         await wait_for_async(maintenance, timeout=10)
-        await nc.close()
+        await s.close()
         live = picture(sched)
         # Leave as a crash would: no checkpoint at stop.
         sched.loaded = False

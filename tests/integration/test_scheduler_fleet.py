@@ -4,12 +4,10 @@ GPUs, price changes, pending demand, restart, and two instances at once (fencing
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-import nats
 import pytest
 from gpufleet_bus import publish
 from gpufleet_contracts.jobs import (
@@ -27,7 +25,15 @@ from gpufleet_scheduler.app import build_app
 from gpufleet_scheduler.leadership import Deposed, Lease
 from gpufleet_scheduler.service import Scheduler, SchedulerSettings
 
-from .conftest import broker_for, running, store_for
+from .conftest import (
+    AccountClient,
+    JsPublisher,
+    as_identity,
+    broker_for,
+    connect,
+    running,
+    store_for,
+)
 from .test_bus import read_stream
 
 
@@ -70,15 +76,26 @@ def state_changed(minion: str, state: NodeState) -> NodeStateChanged:
 
 
 class Sys:
-    def __init__(self, nc: nats.NATS, broker: Any, url: str, sched: Scheduler) -> None:
-        self.nc, self.broker, self.url, self.sched = nc, broker, url, sched
+    """The test's side of a running scheduler, each part with its own credential: users of
+    accounts (requests on their account's subjects), the provisioner (node events), the
+    node agents (their workers' events) and an operator (reading the streams)."""
+
+    def __init__(self, server: NatsServer, sched: Scheduler) -> None:
+        self.server, self.sched = server, sched
+        self.users: dict[str, AccountClient] = {}
+        self.provisioner: JsPublisher | None = None
+
+    async def close(self) -> None:
+        for user in self.users.values():
+            await user.nc.close()
+        if self.provisioner is not None:
+            await self.provisioner.nc.close()
 
     async def call(self, subject: str, payload: bytes, account: str = "local") -> dict[str, Any]:
-        reply = await self.nc.request(
-            subject, payload, timeout=10, headers={"gpufleet-account": account}
-        )
-        data: dict[str, Any] = json.loads(reply.data)
-        return data
+        if account not in self.users:
+            creds = self.server.creds("user", "dev", account=account)
+            self.users[account] = AccountClient(await connect(self.server, creds), account)
+        return await self.users[account].call(subject, payload)
 
     async def submit(self, name: str, account: str = "local", **kw: Any) -> dict[str, Any]:
         spec = JobSpec.model_validate(
@@ -90,7 +107,15 @@ class Sys:
         return await self.call(GetJob.SUBJECT, GetJob(job_id=job_id).to_bytes(), account)
 
     async def node(self, evt: NodeRegistered | NodeStateChanged) -> None:
-        await publish(self.broker, evt, source="test")
+        if self.provisioner is None:
+            creds = self.server.creds("service", "provisioner")
+            self.provisioner = JsPublisher(await connect(self.server, creds))
+        await publish(self.provisioner, evt, source="test")
+
+    async def worker(self, evt: WorkerFinished) -> None:
+        """A worker's event, from its node agent."""
+        async with as_identity(self.server, "node", evt.minion_id) as agent:
+            await publish(agent, evt, source="test")
 
     async def until(self, job_id: str, state: str, account: str = "local") -> dict[str, Any]:
         async def reached() -> bool:
@@ -100,7 +125,7 @@ class Sys:
         return await self.job(job_id, account)
 
     async def starts(self, minion: str) -> list[StartWorker]:
-        msgs = await read_stream(self.url, StartWorker.SUBJECT.format(minion_id=minion))
+        msgs = await read_stream(self.server, StartWorker.SUBJECT.format(minion_id=minion))
         return [StartWorker.from_bytes(m.data) for m in msgs]
 
 
@@ -108,13 +133,13 @@ class Sys:
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
     app, sched = build_app(
         store_for("scheduler", mongo_server.url, db_prefix),
-        broker_for("scheduler", fresh_nats.url),
+        broker_for("scheduler", fresh_nats),
         settings=SchedulerSettings(starve_after_s=3600),
     )
     async with running(app):
-        nc = await nats.connect(fresh_nats.url)
-        yield Sys(nc, app.broker, fresh_nats.url, sched)
-        await nc.close()
+        s = Sys(fresh_nats, sched)
+        yield s
+        await s.close()
         async with sched.lock:
             assert_unplaced_current(sched)
 
@@ -164,10 +189,11 @@ async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) ->
     assert "notebooks are not restarted" in nb["notes"][0]["note"]
     stops = [
         StopWorker.from_bytes(m.data)
-        for m in await read_stream(s.url, "gpufleet.v1.cmd.node.a.stop_worker")
+        for m in await read_stream(s.server, "gpufleet.v1.cmd.node.a.stop_worker")
     ]
     assert {x.job_id for x in stops} == {train["id"], note["id"]}
-    finished = await read_stream(s.url, WorkerFinished.SUBJECT)
+    # the lost node's workers, declared failed by the scheduler on that node's subject
+    finished = await read_stream(s.server, WorkerFinished.SUBJECT.format(minion_id="a"))
     closed = [WorkerFinished.from_bytes(m.data) for m in finished]
     assert {(f.job_id, f.reason) for f in closed} >= {(train["id"], "node a lost")}
     claims = await s.sched.db.claims.find({}).to_list(None)
@@ -261,7 +287,7 @@ async def test_unplaceable_work_is_published_as_pending_demand(system: Sys) -> N
     assert job["queue_reason"] == "no nodes registered"
 
     async def published() -> bool:
-        msgs = await read_stream(s.url, PendingDemandChanged.SUBJECT)
+        msgs = await read_stream(s.server, PendingDemandChanged.SUBJECT)
         return any(
             d.job_id == job["id"] and d.burst_allowed
             for m in msgs
@@ -277,29 +303,26 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
     def make() -> Any:
         return build_app(
             store_for("scheduler", mongo_server.url, db_prefix),
-            broker_for("scheduler", fresh_nats.url),
+            broker_for("scheduler", fresh_nats),
             lease=None,
         )
 
     app, sched = make()
     async with running(app):
-        nc = await nats.connect(fresh_nats.url)
-        s = Sys(nc, app.broker, fresh_nats.url, sched)
+        s = Sys(fresh_nats, sched)
         await s.node(registered("a", gpus=1))
         await known(s, "a")
         first = await s.submit("first")
         second = await s.submit("second")
         assert second["state"] == "queued"
-        await nc.close()
+        await s.close()
     app2, sched2 = make()
     async with running(app2):
-        nc = await nats.connect(fresh_nats.url)
-        s = Sys(nc, app2.broker, fresh_nats.url, sched2)
+        s = Sys(fresh_nats, sched2)
         assert sched2.loaded and len(sched2.jobs) == 2
         start = (await s.starts("a"))[0]
         assert start.job_id == first["id"]
-        await publish(
-            app2.broker,
+        await s.worker(
             WorkerFinished(
                 job_id=first["id"],
                 worker=0,
@@ -308,11 +331,10 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
                 state="finished",
                 exit_code=0,
                 ended_at=datetime.now(UTC),
-            ),
-            source="test",
+            )
         )
         await s.until(second["id"], "starting")
-        await nc.close()
+        await s.close()
 
 
 async def test_two_schedulers_never_give_one_gpu_twice(
@@ -325,14 +347,13 @@ async def test_two_schedulers_never_give_one_gpu_twice(
         monkeypatch.setenv("GPUFLEET_SCHEDULER_INSTANCE", name)  # two hosts, two names
         return build_app(
             store_for("scheduler", mongo_server.url, db_prefix),
-            broker_for("scheduler", fresh_nats.url),
+            broker_for("scheduler", fresh_nats),
             lease=None,
         )
 
     apps = [make(f"scheduler-{i}") for i in range(2)]
     async with running(*(a for a, _ in apps)):
-        nc = await nats.connect(fresh_nats.url)
-        s = Sys(nc, apps[0][0].broker, fresh_nats.url, apps[0][1])
+        s = Sys(fresh_nats, apps[0][1])
         for m in ("a", "b"):
             await s.node(registered(m, gpus=2))
         await known(s, "a", "b")
@@ -350,7 +371,7 @@ async def test_two_schedulers_never_give_one_gpu_twice(
         assert len(leaders) == 1
         states = [(await s.job(j["id"]))["state"] for j in jobs]
         assert states.count("starting") == 4 and states.count("queued") == 4
-        await nc.close()
+        await s.close()
 
 
 async def test_a_deposed_leader_cannot_place(mongo_server: EmbeddedMongo, db_prefix: str) -> None:

@@ -56,8 +56,10 @@ def replying(monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any]) -> list[s
     asked: list[str] = []
 
     def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
-        asked.append(subject)
-        return json.dumps(replies[subject]).encode()
+        base, account = subject.rsplit(".", 1)  # requests go to the acting account's subject
+        assert account == "acme", subject
+        asked.append(base)
+        return json.dumps(replies[base]).encode()
 
     monkeypatch.setattr(client, "send", send)
     return asked
@@ -183,7 +185,8 @@ def test_no_responder_message(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 1
     message = json.loads(result.stdout)["error"]["message"]
     assert message == (
-        f"no service answered on {LIST_NODES} (is `just up` running? GPUFLEET_NATS_URL=nats://h:1)"
+        f"no service answered on {LIST_NODES}.acme "
+        "(is `just up` running? GPUFLEET_NATS_URL=nats://h:1)"
     )
 
 
@@ -248,9 +251,9 @@ def test_dlq_list(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_line_printer_tags_whole_lines() -> None:
     written: list[str] = []
     printer = logs.LinePrinter(prefix=True, write=written.append)
-    printer(StreamRecord(subjects.log("j", 0), b"a\nb", 1))
-    printer(StreamRecord(subjects.log("j", 1), "é\n".encode()[:1], 2))  # split UTF-8
-    printer(StreamRecord(subjects.log("j", 0), b"c\n", 3))
-    printer(StreamRecord(subjects.log("j", 1), "é\n".encode()[1:], 4))
+    printer(StreamRecord(subjects.log("m1", "j", 0), b"a\nb", 1))
+    printer(StreamRecord(subjects.log("m1", "j", 1), "é\n".encode()[:1], 2))  # split UTF-8
+    printer(StreamRecord(subjects.log("m1", "j", 0), b"c\n", 3))
+    printer(StreamRecord(subjects.log("m1", "j", 1), "é\n".encode()[1:], 4))
     printer.close()
     assert "".join(written) == "[w0] a\n[w0] bc\n[w1] é\n"

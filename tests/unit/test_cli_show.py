@@ -64,6 +64,8 @@ class Bus:
         self.calls: list[tuple[str, dict[str, Any], dict[str, str]]] = []
 
     def send(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+        subject, account = subject.rsplit(".", 1)  # the acting account's subject
+        assert account == "acme"
         self.calls.append((subject, json.loads(payload), headers))
         if subject not in self.replies:
             raise client.CliError(f"no service answered on {subject}")
@@ -75,12 +77,11 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> list[StreamRecord]:
     records: list[StreamRecord] = []
     seen: list[str] = []
 
-    def read_stream(stream: str, subject: str, *, last: int | None = None) -> list[StreamRecord]:
-        assert stream == subjects.STREAM_LOGS
-        seen.append(subject)
+    def read_logs(job_id: str) -> list[StreamRecord]:
+        seen.append(job_id)
         return records
 
-    monkeypatch.setattr(client, "read_stream", read_stream)
+    monkeypatch.setattr(client, "read_logs", read_logs)
     return records
 
 
@@ -95,8 +96,8 @@ def test_show_json_merges_job_cost_and_log_tail(
 ) -> None:
     logs.extend(
         [
-            StreamRecord(subjects.log("j1", 0), b"epoch 1\n", 1),
-            StreamRecord(subjects.log("j1", 0), b"epoch 2\n", 2),
+            StreamRecord(subjects.log("m1", "j1", 0), b"epoch 1\n", 1),
+            StreamRecord(subjects.log("m1", "j1", 0), b"epoch 2\n", 2),
         ]
     )
     bus = use(monkeypatch, {GetJob.SUBJECT: job(), BILLING_JOB_COST: COST})
@@ -111,7 +112,7 @@ def test_show_json_merges_job_cost_and_log_tail(
         (GetJob.SUBJECT, {"job_id": "j1"}),
         (BILLING_JOB_COST, {"job_id": "j1"}),
     ]
-    assert all(h["gpufleet-account"] == "acme" for _, _, h in bus.calls)
+    assert all("gpufleet-account" not in h for _, _, h in bus.calls)
 
 
 def test_show_without_billing_has_null_cost_and_worker_tails(
@@ -165,9 +166,9 @@ def test_a_wildcard_is_not_a_job_id(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_logs_grouped_per_worker(monkeypatch: pytest.MonkeyPatch, logs: list[StreamRecord]) -> None:
     logs.extend(
         [
-            StreamRecord(subjects.log("j1", 1), b"b1\n", 1),
-            StreamRecord(subjects.log("j1", 0), b"a1\na", 2),
-            StreamRecord(subjects.log("j1", 0), b"2\n", 3),
+            StreamRecord(subjects.log("m1", "j1", 1), b"b1\n", 1),
+            StreamRecord(subjects.log("m1", "j1", 0), b"a1\na", 2),
+            StreamRecord(subjects.log("m1", "j1", 0), b"2\n", 3),
         ]
     )
     use(monkeypatch, {GetJob.SUBJECT: job(workers=2)})
@@ -182,20 +183,17 @@ def test_logs_follow_prints_until_terminal(monkeypatch: pytest.MonkeyPatch) -> N
     use(monkeypatch, {GetJob.SUBJECT: job("running", workers=2)})
     seen: dict[str, Any] = {}
 
-    def follow_stream(
-        stream: str, subject: str, on_msg: Any, poll: tuple[str, bytes, str], done: Any
-    ) -> None:
-        seen.update(stream=stream, subject=subject, poll=poll)
+    def follow_logs(job_id: str, on_msg: Any, poll: tuple[str, bytes, str], done: Any) -> None:
+        seen.update(job_id=job_id, poll=poll)
         assert not done({"state": "running"}) and done({"state": "finished"})
-        on_msg(StreamRecord(subjects.log("j1", 1), b"one\ntw", 1))
-        on_msg(StreamRecord(subjects.log("j1", 1), b"o\n", 2))
+        on_msg(StreamRecord(subjects.log("m1", "j1", 1), b"one\ntw", 1))
+        on_msg(StreamRecord(subjects.log("m1", "j1", 1), b"o\n", 2))
 
-    monkeypatch.setattr(client, "follow_stream", follow_stream)
+    monkeypatch.setattr(client, "follow_logs", follow_logs)
     result = runner.invoke(app, ["job", "logs", "j1", "--follow"])
     assert result.exit_code == 0, result.output
     assert result.stdout == "[w1] one\n[w1] two\n"
-    assert seen["stream"] == subjects.STREAM_LOGS
-    assert seen["subject"] == "gpufleet.v1.log.j1.>"
+    assert seen["job_id"] == "j1"
     assert seen["poll"] == (GetJob.SUBJECT, GetJob(job_id="j1").to_bytes(), GetJob.TYPE)
 
 

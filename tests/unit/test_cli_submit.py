@@ -109,7 +109,8 @@ def test_flags_build_the_submit_payload_and_headers(sent: list[dict[str, Any]]) 
     assert result.stdout == "j1\n"
     assert "waiting for GPUs: none free" in result.stderr
     (call,) = sent
-    assert call["subject"] == SubmitJob.SUBJECT
+    # the acting account is the subject's last token, never a header (R-TEN-2)
+    assert call["subject"] == f"{SubmitJob.SUBJECT}.acme"
     spec = call["payload"]["spec"]
     assert spec["command"] == ["python", "train.py", "--epochs", "3"]
     assert spec["gpu_types"] == ["RTX 3090", "T4"]
@@ -117,7 +118,7 @@ def test_flags_build_the_submit_payload_and_headers(sent: list[dict[str, Any]]) 
     assert (spec["gpu_count"], spec["workers"]) == (2, 3)
     assert spec["env"] == {"A": "1", "B": "x=y"}
     headers = call["headers"]
-    assert headers["gpufleet-account"] == "acme"
+    assert "gpufleet-account" not in headers
     assert headers["ce-type"] == SubmitJob.TYPE
     assert headers["ce-source"] == "gpufleet/cli"
     assert headers["ce-subject"] == SubmitJob.SUBJECT
@@ -153,8 +154,8 @@ def test_yaml_file_with_flag_override(tmp_path: Path, sent: list[dict[str, Any]]
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"id": "j1", "state": "queued", "queue_reason": "none free"}
     (call,) = sent
-    assert call["subject"] == SubmitJob.SUBJECT
-    assert call["headers"]["gpufleet-account"] == "acme"
+    assert call["subject"] == f"{SubmitJob.SUBJECT}.acme"
+    assert "gpufleet-account" not in call["headers"]
     spec = call["payload"]["spec"]
     assert spec["name"] == "override"
     assert spec["gpu_count"] == 4

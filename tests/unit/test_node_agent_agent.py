@@ -60,7 +60,7 @@ async def test_heartbeat_and_health(tmp_path: Path) -> None:
     health = await a.health()
     assert health["status"] == "ok" and health["minion_id"] == "box-1"
     assert health["simulated"] is True and health["gpus"] == 2
-    assert health_subject("box-1") == "gpufleet.v1.rpc.node.box-1.health"
+    assert health_subject("box-1") == "gpufleet.v1.node.box-1.health"
 
 
 async def test_without_a_driver_the_node_registers_with_no_gpus(

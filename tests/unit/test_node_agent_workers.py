@@ -56,7 +56,7 @@ class FakeBroker:
         return [cls.from_bytes(m) for s, m, h in self.sent if h["ce-type"] == cls.TYPE]
 
     def log_bytes(self, job_id: str, worker: int) -> bytes:
-        return b"".join(m for s, m, _ in self.sent if s == f"gpufleet.v1.log.{job_id}.{worker}")
+        return b"".join(m for s, m, _ in self.sent if s == f"gpufleet.v1.log.m1.{job_id}.{worker}")
 
 
 def cmd(placement: str = "pl-1", command: list[str] | None = None, **kw: Any) -> StartWorker:

@@ -18,7 +18,8 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
 def subject_for(job_id: str) -> str:
-    """Subject filter of every worker's log of a job; refuses ids that are not one token."""
+    """Subject filter of every worker's log of a job, on whichever node ran it; refuses ids
+    that are not one token."""
     if not _TOKEN.fullmatch(job_id):
         raise CliError(f"{job_id!r} is not a job id", "invalid")
     return f"{subjects.LOGS}.*.{job_id}.*"

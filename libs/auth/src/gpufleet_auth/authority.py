@@ -55,6 +55,9 @@ SYSTEM_LIMITS: dict[str, Any] = {
     for k, v in ACCOUNT_LIMITS.items()
     if k not in {"mem_storage", "disk_storage", "streams", "consumer"}
 }
+# The longest protocol line the server accepts: a CONNECT carries the user JWT, and the
+# scheduler's (its permissions) is about 4.6 KB, over nats-server's default of 4 KiB.
+MAX_CONTROL_LINE = 32768
 # Every user JWT: the account's limits apply, none of its own.
 USER_LIMITS: dict[str, Any] = {"subs": -1, "data": -1, "payload": -1}
 
@@ -269,6 +272,8 @@ class Authority:
 
         The `full` resolver keeps the newest account JWT it was given in `resolver_dir`
         (a pushed revocation survives a restart); the preload seeds it on first start.
+        A client sends its user JWT in its CONNECT line, and a service's JWT (its permission
+        list) is longer than nats-server's default 4 KiB control line: MAX_CONTROL_LINE.
         """
         operator_file = self.directory / "operator.jwt"
         operator_file.write_text(self.operator_jwt() + "\n")
@@ -278,6 +283,7 @@ class Authority:
             "max_control_line: 32768\n"
             f'operator: "{operator_file}"\n'
             f"system_account: {self.system_account}\n"
+            f"max_control_line: {MAX_CONTROL_LINE}\n"
             "resolver: {\n"
             "  type: full\n"
             f'  dir: "{resolver_dir}"\n'
