@@ -5,6 +5,7 @@ outbox to be read back."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -226,3 +227,23 @@ async def test_regional_resources_need_the_project_owners_team_plan(sched: Sched
     with pytest.raises(Refused) as exc:
         await sched.submit(notebook("bob-team", gpu_types=["A100 80GB"]), "bob")
     assert refusal(exc) == ("invalid", [("spec.region", "R-RES-1")])
+
+
+async def test_submissions_to_a_new_project_arriving_together_create_it_once(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    create = sched.projects._create_once
+
+    async def counted(pid: str, owner: str, name: str) -> None:
+        calls.append(pid)
+        await create(pid, owner, name)
+
+    monkeypatch.setattr(sched.projects, "_create_once", counted)
+    jobs = await asyncio.gather(
+        *(sched.submit(spec(f"j{i}", project="new"), "bob") for i in range(20))
+    )
+    assert {j["project"] for j in jobs} == {"new"}
+    assert calls == ["bob/new"]
+    await sched.submit(spec("later", project="new"), "bob")
+    assert calls == ["bob/new"]  # known from then on

@@ -13,6 +13,7 @@ Writes are transactions (`Store.transaction`): one at a time per process, which 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gpufleet_contracts import FieldError
@@ -54,6 +55,7 @@ class Projects:
         self.store = store
         self.db = store.db
         self._known: set[str] = set()  # project ids that exist (never deleted)
+        self._ensuring: dict[str, asyncio.Future[None]] = {}
 
     # --- plans -----------------------------------------------------------------------
 
@@ -99,11 +101,18 @@ class Projects:
         return owner, parsed.name
 
     async def ensure(self, owner: str, name: str) -> None:
-        """The owner's project exists (created on first use, without members)."""
+        """The owner's project exists (created on first use, without members). Submissions
+        of a new project that arrive together share one write (a benchmark's first 4,096)."""
         pid = project_id(owner, name)
         if pid in self._known:
             return
+        task = self._ensuring.get(pid)
+        if task is None:
+            task = self._ensuring[pid] = asyncio.ensure_future(self._create_once(pid, owner, name))
+            task.add_done_callback(lambda _: self._ensuring.pop(pid, None))
+        await asyncio.shield(task)
 
+    async def _create_once(self, pid: str, owner: str, name: str) -> None:
         async def body(tx: Transaction) -> None:
             await self.db.projects.update_one(
                 {"_id": pid},
