@@ -106,7 +106,12 @@ def submit(
         typer.Option("--type", metavar="TYPE", help="training|notebook|inference|endpoint."),
     ] = None,
     project: Annotated[
-        str | None, typer.Option("--project", metavar="NAME", help="Project.")
+        str | None,
+        typer.Option(
+            "--project",
+            metavar="NAME",
+            help="A project of yours, or OWNER/NAME of a project you are a member of.",
+        ),
     ] = None,
     env: Annotated[
         list[str] | None,

@@ -38,6 +38,7 @@ from .jobspec import (
     bad,
     dir_name,
 )
+from .projects import PROJECT_REF_VALID, ProjectRefStr
 
 
 class JobType(StrEnum):
@@ -118,7 +119,10 @@ class JobSpec(BaseModel):
         json_schema_extra=rule("R-JOB-2", **{"x-valid": "1-128 letters, digits, space, _ . -"}),
     )
     type: JobType = Field(default=JobType.training, json_schema_extra=rule("R-JOB-1"))
-    project: Name = Field(default="default", min_length=1, max_length=64)
+    project: ProjectRefStr = Field(
+        default="default",
+        json_schema_extra=rule("R-TEN-1", **{"x-valid": PROJECT_REF_VALID}),
+    )
     gpu_types: Annotated[list[str], Cap(limits.GPU_TYPES, "gpu_types", "GPU types")] = Field(
         min_length=1, json_schema_extra=rule("R-JOB-2")
     )

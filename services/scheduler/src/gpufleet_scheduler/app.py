@@ -17,6 +17,7 @@ from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage
 from gpufleet_bus import ServiceRuntime, account_of, account_subject, publish
 from gpufleet_contracts import error, subjects
+from gpufleet_contracts.identity import AccountChanged
 from gpufleet_contracts.jobs import (
     CancelJob,
     EnqueueJob,
@@ -35,11 +36,18 @@ from gpufleet_contracts.jobs import (
     WorkerStarted,
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
+from gpufleet_contracts.projects import (
+    AddProjectMember,
+    CreateProject,
+    ListProjects,
+    RemoveProjectMember,
+)
 from gpufleet_store import Store, utcnow
 
+from .errors import NotFound, Refused
 from .leadership import Lease
 from .logs import read_logs
-from .service import INDEXES, NotFound, Refused, Scheduler, SchedulerSettings
+from .service import INDEXES, Scheduler, SchedulerSettings
 
 SERVICE = "scheduler"
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -159,11 +167,37 @@ def build_app(
     async def list_jobs(body: ListJobs, msg: NatsMessage) -> dict[str, Any]:
         return {"jobs": await sched.list(account_of(msg), body.limit)}
 
-    @rt.on_request("cancel_job")
+    @rt.on_request("cancel_job", description="Cancel a job (its project's owner or its creator).")
     async def cancel_job(body: CancelJob, msg: NatsMessage) -> dict[str, Any]:
         return await guarded(lambda: sched.cancel(body.job_id, account_of(msg)))
 
+    # --- projects (R-TEN-1) ---
+    @rt.on_request("create_project", description=CreateProject.__doc__)
+    async def create_project(body: CreateProject, msg: NatsMessage) -> dict[str, Any]:
+        return await guarded(lambda: sched.projects.create(account_of(msg), body.name))
+
+    @rt.on_request("add_project_member", description=AddProjectMember.__doc__)
+    async def add_project_member(body: AddProjectMember, msg: NatsMessage) -> dict[str, Any]:
+        return await guarded(
+            lambda: sched.projects.add_member(account_of(msg), body.project, body.account)
+        )
+
+    @rt.on_request("remove_project_member", description=RemoveProjectMember.__doc__)
+    async def remove_project_member(body: RemoveProjectMember, msg: NatsMessage) -> dict[str, Any]:
+        return await guarded(
+            lambda: sched.projects.remove_member(account_of(msg), body.project, body.account)
+        )
+
+    @rt.on_request("list_projects", description=ListProjects.__doc__)
+    async def list_projects(body: ListProjects, msg: NatsMessage) -> dict[str, Any]:
+        return {"projects": await sched.projects.list(account_of(msg), body.limit)}
+
     # --- events (JetStream, durable) ---
+    @rt.on_event(AccountChanged, "account-changed")
+    async def on_account_changed(body: AccountChanged) -> None:
+        """The provisioner owns accounts; the scheduler keeps their plans (R-TEN-3)."""
+        await sched.projects.account_changed(body)
+
     @rt.on_event(NodeRegistered, "node-registered")
     async def on_node_registered(body: NodeRegistered) -> None:
         await sched.node_changed(body)

@@ -21,16 +21,27 @@ log = logging.getLogger("gpufleet.scheduler")
 Doc = dict[str, Any]
 
 
-def new_job(job_id: str, spec: JobSpec, account: str, now: datetime, request_id: str | None) -> Doc:
-    """A submitted job's document: queued, every worker waiting."""
+def new_job(
+    job_id: str,
+    spec: JobSpec,
+    account: str,
+    now: datetime,
+    request_id: str | None,
+    *,
+    owner: str | None = None,
+    project: str | None = None,
+) -> Doc:
+    """A submitted job's document: queued, every worker waiting. `account` created it;
+    `owner` owns its project (`project`, its name there), the account itself by default."""
+    project = project or spec.project
     return {
         "_id": job_id,
         "name": spec.name,
-        "project": spec.project,
-        "owner": account,  # a project is owned by the account that uses it (R-TEN-1)
-        "creator": account,
+        "project": project,
+        "owner": owner or account,  # the project's owner: who pays (R-TEN-1, R-BILL-1)
+        "creator": account,  # != owner: a federated job (R-BILL-2)
         "spec": stored_spec(spec),
-        "req": request_of(spec),
+        "req": {**request_of(spec), "project": project},
         "state": JobState.queued.value,
         "history": [{"state": JobState.queued.value, "at": now, "reason": None}],
         "notes": [],

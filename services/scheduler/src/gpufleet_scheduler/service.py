@@ -55,7 +55,9 @@ from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel, ReplaceOne, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
-from . import checkpoint, jobdoc, placing
+from . import checkpoint, jobdoc, placing, projects, tenancy
+from .errors import NotFound as NotFound  # re-exported: callers import them from here
+from .errors import Refused
 from .fleet import Fleet, node_doc, node_view
 from .heap import Heap, collector_paused
 from .leadership import Deposed, Lease
@@ -69,6 +71,7 @@ INDEXES = {
     "jobs": [
         IndexModel([("state", ASCENDING), ("queued_at", ASCENDING)]),
         IndexModel([("owner", ASCENDING), ("queued_at", ASCENDING)]),
+        IndexModel([("creator", ASCENDING), ("queued_at", ASCENDING)]),  # federated jobs
         IndexModel([("rev", ASCENDING)]),  # what changed after a checkpoint
     ],
     "nodes": [
@@ -79,6 +82,7 @@ INDEXES = {
         IndexModel([("placement_id", ASCENDING)]),
         IndexModel([("node_id", ASCENDING)]),
     ],
+    **projects.INDEXES,
 }
 
 OPEN_STATES = [JobState.queued.value, JobState.starting.value, JobState.running.value]
@@ -97,18 +101,6 @@ class SchedulerSettings:
     explain_budget: int = 32  # request shapes explained per pass (queue.py)
     resync_s: float = 30.0  # the leader reads what changed this often (bounds staleness)
     checkpoint_s: float = 60.0  # the leader writes its memory this often (checkpoint.py)
-
-
-class NotFound(Exception):
-    pass
-
-
-class Refused(Exception):
-    """A request that is valid in form but refused by a rule that needs the fleet."""
-
-    def __init__(self, reply: ErrorReply) -> None:
-        super().__init__(reply.error.message)
-        self.reply = reply
 
 
 class StaleJob(Exception):
@@ -167,6 +159,7 @@ class Scheduler:
         self._passes = 0
         self._explain_more = False  # shapes wait for a first explanation: pass again soon
         self.heap = Heap()  # freezes long-lived memory after loads and passes (heap.py)
+        self.projects = projects.Projects(store)  # projects and plans (R-TEN-1, R-TEN-3)
 
     # --- leadership and memory ---------------------------------------------------------
 
@@ -373,8 +366,10 @@ class Scheduler:
     async def submit(
         self, spec: JobSpec, account: str, wait: bool = True, request_id: str | None = None
     ) -> Doc:
-        """Queue a job. With `request_id` (EnqueueJob) the id is derived from it, and a job
-        already queued for the same account and request is returned instead of a new one.
+        """Queue a job for `account` (its creator) in the project its spec names (R-TEN-1):
+        owned by that project's owner. With `request_id` (EnqueueJob) the id is derived from
+        it, and a job already queued for the same account and request is returned instead of
+        a new one.
 
         The job joins the next placement pass, which stores it in the same transaction as
         its placement (or its reason to wait): one write per job (see `_pass`). An instance
@@ -389,9 +384,13 @@ class Scheduler:
             existing = await self.db.jobs.find_one({"_id": job_id})
             if existing is not None:
                 return jobdoc.view(existing)
+        owner, project = await self.projects.resolve(spec.project, account)
+        await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
         await self._check_region(spec)
+        if owner == account:  # created on first use; another's exists (resolve found it)
+            await self.projects.ensure(owner, project)
         now = self.clock()
-        doc = jobdoc.new_job(job_id, spec, account, now, request_id)
+        doc = jobdoc.new_job(job_id, spec, account, now, request_id, owner=owner, project=project)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[job_id] = fut
         self._submits.append(Submission(doc, spec, fut))
@@ -1016,13 +1015,17 @@ class Scheduler:
         return await self._job(job_id, account)
 
     async def list(self, account: str, limit: int = 100) -> list[Doc]:
-        jobs = await self.db.jobs.find({"owner": account}).sort("queued_at", -1).to_list(limit)
+        """The jobs `account` owns (its projects') or created (in others'), newest first."""
+        query = tenancy.visible_to(account)
+        jobs = await self.db.jobs.find(query).sort("queued_at", -1).to_list(limit)
         return [jobdoc.view(j) for j in jobs]
 
     # --- helpers --------------------------------------------------------------------
 
     async def _job(self, job_id: str, account: str) -> Doc:
-        job = await self.db.jobs.find_one({"_id": job_id, "owner": account})
+        """The job if `account` owns or created it (tenancy.py): the jobs it may read,
+        cancel and read the logs of."""
+        job = await self.db.jobs.find_one({"_id": job_id, **tenancy.visible_to(account)})
         if job is None:  # another account's job answers "not found" too (R-TEN-2)
             raise NotFound(f"job {job_id} not found")
         return job
