@@ -22,6 +22,7 @@ from gpufleet_contracts.jobs import Demand, PendingDemandChanged
 from gpufleet_contracts.nodes import GpuInfo, NodeHeartbeat, RegisterNode
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_gcp_emulator.testing import EmulatorProcess, service_account_key
+from gpufleet_node_agent.enrol import enrol
 from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.gcp import GcpEndpoints
 from gpufleet_provisioner.settings import ProvisionerSettings
@@ -77,14 +78,31 @@ class Cloud:
             self.publishers[f"{kind}:{name}"] = JsPublisher(await connect(self.server, creds))
         return self.publishers[f"{kind}:{name}"]
 
-    async def agent(self, minion_id: str) -> JsPublisher:
-        return await self.publisher("node", minion_id)
+    async def agent(self, minion_id: str, region: str = "us-central1") -> JsPublisher:
+        """The instance's agent, enrolled as a booted instance would be: with a join token
+        for it (the provisioner puts one in the instance's metadata; the test asks for its
+        own as an operator)."""
+        key = f"node:{minion_id}"
+        if key not in self.publishers:
+            nc = await admin_connect(self.server)
+            reply = await nc.request(
+                subjects.admin("provisioner", "issue_join_token"),
+                json.dumps(
+                    {"account": self.account, "minion_id": minion_id, "region": region}
+                ).encode(),
+                timeout=10,
+            )
+            await nc.close()
+            path = self.server.authority.directory / "test-nodes" / f"{minion_id}.creds"
+            await enrol([self.server.url], json.loads(reply.data)["token"], minion_id, path)
+            self.publishers[key] = JsPublisher(await connect(self.server, path))
+        return self.publishers[key]
 
     async def send(self, msg: Message) -> None:
         """As its publisher would: a registration from the node's agent, pending demand
         from the scheduler."""
         if isinstance(msg, RegisterNode):
-            sender = await self.agent(msg.minion_id)
+            sender = await self.agent(msg.minion_id, msg.region)
         else:
             sender = await self.publisher("service", "scheduler")
         await publish(sender, msg, source="test")
@@ -105,6 +123,7 @@ async def provisioner(
     idle_s: float = 1.0,
 ) -> AsyncIterator[Cloud]:
     settings = ProvisionerSettings(
+        auth_dir=nats_server.authority.directory,
         secret_key=Fernet.generate_key().decode(),
         provisioner_tick_s=0.2,
         node_lost_min_s=2.0,

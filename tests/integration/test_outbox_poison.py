@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 MAX_PAYLOAD = 4096  # bytes of headers and body together, as the server counts them
 SUBJECT = subjects.event("test", "tick")
 TYPE = "gpufleet.test.tick.v1"
-DLQ = subjects.dead_letter("svc")
+DLQ = subjects.dead_letter("svc", "*")
 SECRET = b"AWS_SECRET_ACCESS_KEY=hunter2"
 
 
@@ -33,9 +33,7 @@ SECRET = b"AWS_SECRET_ACCESS_KEY=hunter2"
 def small_nats(tmp_path: Path) -> Iterator[NatsServer]:
     """A nats-server of this test's own whose max_payload is 4 KiB (nats-server 2.9 has no
     command-line flag for it: a config file sets it)."""
-    conf = tmp_path / "nats.conf"
-    conf.write_text(f"max_payload: {MAX_PAYLOAD}\n")
-    server = NatsServer(tmp_path / "store", extra_args=["-c", str(conf)])
+    server = NatsServer(tmp_path / "store", config=f"max_payload: {MAX_PAYLOAD}\n")
     server.start()
     try:
         yield server
@@ -53,7 +51,7 @@ async def store(mongo_server: EmbeddedMongo, db_prefix: str) -> AsyncIterator[St
 
 @pytest.fixture
 async def broker(small_nats: NatsServer) -> AsyncIterator[NatsBroker]:
-    broker = broker_for("svc", small_nats.url)
+    broker = broker_for("svc", small_nats)
     await broker.connect()
     yield broker
     await broker.stop()
@@ -69,12 +67,12 @@ async def write(store: Store, *messages: tuple[str, bytes] | tuple[str, bytes, s
     await store.transaction(body)
 
 
-async def published(url: str) -> list[str]:
-    return [(m.headers or {})["Nats-Msg-Id"] for m in await read_stream(url, SUBJECT)]
+async def published(server: NatsServer) -> list[str]:
+    return [(m.headers or {})["Nats-Msg-Id"] for m in await read_stream(server, SUBJECT)]
 
 
-async def dead_letters(url: str) -> list[dict[str, object]]:
-    return [json.loads(m.data) for m in await read_stream(url, DLQ)]
+async def dead_letters(server: NatsServer) -> list[dict[str, object]]:
+    return [json.loads(m.data) for m in await read_stream(server, DLQ)]
 
 
 async def test_an_unpublishable_message_is_dead_lettered_and_the_later_ones_go_out(
@@ -93,10 +91,10 @@ async def test_an_unpublishable_message_is_dead_lettered_and_the_later_ones_go_o
     relay = OutboxRelay(store, broker, "gpufleet/svc", keep=timedelta(0))
     assert await relay.drain() == 4
     assert relay.dead_lettered == 3
-    assert await published(small_nats.url) == ["a1", "a2", "b1", "c1"]
+    assert await published(small_nats) == ["a1", "a2", "b1", "c1"]
     assert await store.db.outbox.count_documents({}) == 0  # every document is done
 
-    records = await dead_letters(small_nats.url)
+    records = await dead_letters(small_nats)
     assert [r["errors"][0]["id"] for r in records] == ["big", "edge", "bad-subject"]  # type: ignore[index]
     first = records[0]
     assert first["service"] == "svc" and first["subject"] == SUBJECT
@@ -106,7 +104,7 @@ async def test_an_unpublishable_message_is_dead_lettered_and_the_later_ones_go_o
     assert detail["max_payload"] == MAX_PAYLOAD and "MaxPayloadError" in detail["error"]
     assert first["headers"]["ce-id"] == "big"  # type: ignore[index]
     assert records[2]["errors"][0]["error"].startswith("BadSubjectError")  # type: ignore[index]
-    for m in await read_stream(small_nats.url, DLQ):
+    for m in await read_stream(small_nats, DLQ):
         assert SECRET not in m.data and b"xxxx" not in m.data  # never the body
 
 
@@ -121,8 +119,8 @@ async def test_after_a_crash_the_message_is_dead_lettered_again_and_kept_once(
     await store.db.outbox.update_many({}, {"$set": {"published": False}})
     relay = OutboxRelay(store, broker, "gpufleet/svc")
     assert await relay.drain() == 1 and relay.dead_lettered == 1
-    assert await published(small_nats.url) == ["a1"]
-    assert [r["errors"][0]["id"] for r in await dead_letters(small_nats.url)] == ["big"]  # type: ignore[index]
+    assert await published(small_nats) == ["a1"]
+    assert [r["errors"][0]["id"] for r in await dead_letters(small_nats)] == ["big"]  # type: ignore[index]
 
 
 async def test_without_a_stream_for_the_dead_letter_the_document_waits(
@@ -139,6 +137,6 @@ async def test_without_a_stream_for_the_dead_letter_the_document_waits(
 
     await ensure_streams((await broker.connect()).jetstream())
     assert await relay.drain() == 2 and relay.dead_lettered == 1
-    assert await published(small_nats.url) == ["a1", "a2"]
-    assert len(await dead_letters(small_nats.url)) == 1
+    assert await published(small_nats) == ["a1", "a2"]
+    assert len(await dead_letters(small_nats)) == 1
     assert await store.db.outbox.count_documents({}) == 0
