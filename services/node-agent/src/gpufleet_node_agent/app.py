@@ -8,8 +8,7 @@ from typing import Any
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
-from faststream.nats import NatsBroker
-from faststream.nats.message import NatsMessage
+from faststream.nats import NatsBroker, NatsMessage
 from gpufleet_bus import BusSettings, ServiceRuntime, UnknownMessageType
 from gpufleet_bus.streams import node_consumer, node_consumer_config
 from gpufleet_contracts import subjects
