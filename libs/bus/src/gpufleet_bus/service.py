@@ -33,7 +33,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .accounts import NoAccountError, account_of, account_subject
-from .deadletter import dead_letter_middleware
+from .deadletter import dead_letter_middleware, envelope_decoder
 from .fastpath import FastRequests, Handler
 from .outbox import OutboxRelay
 from .streams import ensure_streams, stream_for
@@ -74,7 +74,11 @@ def connect_options(creds: Path | str | None, ca: Path | str | None = None) -> d
     return options
 
 
-def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker:
+def make_broker(
+    service: str, settings: BusSettings | None = None, *, dead_letters_as: str | None = None
+) -> NatsBroker:
+    """The broker of `service`; its dead letters go to `gpufleet.v1.dlq.<dead_letters_as or
+    service>.<account>` (a node agent: `node-<minion_id>`, the only one it may publish)."""
     settings = settings or BusSettings()
     tracer_provider, meter_provider = configure(service)
     return NatsBroker(
@@ -86,7 +90,7 @@ def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker
         log_level=logging.DEBUG,
         middlewares=[
             NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider),
-            dead_letter_middleware(service),
+            dead_letter_middleware(dead_letters_as or service),
         ],
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
@@ -172,8 +176,14 @@ class ServiceRuntime:
         subject: str | None = None,
         max_workers: int = 1,
         consumer: ConsumerConfig | None = None,
+        types: Sequence[type[Message]] = (),
     ) -> Callable[[F], F]:
         """A durable JetStream pull consumer for `message`, acked by the dead-letter policy.
+
+        Its messages must carry the CloudEvents headers of a command or event, and a
+        `ce-type` that is `message`'s TYPE (or that of one of `types`, when the subject
+        carries several): any other is dead-lettered before the handler runs
+        (deadletter.envelope_decoder).
 
         FastStream handles the messages of one pull batch concurrently, so the batch is one
         message: each consumer sees its subject in stream order, one at a time. `consumer`
@@ -207,6 +217,7 @@ class ServiceRuntime:
                 max_workers=max_workers,
                 title=f"{self.service}:{durable}",
                 description=message.__doc__,
+                decoder=envelope_decoder([m.TYPE for m in (types or (message,))]),
             )
         )
 

@@ -55,11 +55,13 @@ def build_app(
 
     # One consumer for the node's commands, in order; the provisioner created it at
     # enrolment and this node may only read it (gpufleet_bus.streams.node_consumer_config).
+    # A command of another type, or without its CloudEvents headers, is dead-lettered.
     @rt.on_event(
         StartWorker,
         node_consumer(mid),
         subject=f"{subjects.COMMANDS}.node.{mid}.*",
         consumer=node_consumer_config(mid),
+        types=(StartWorker, StopWorker),
     )
     async def on_command(body: dict[str, Any], msg: NatsMessage) -> None:
         cmd = decode_command(str((msg.headers or {}).get("ce-type", "")), msg.body)
