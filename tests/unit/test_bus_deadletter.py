@@ -18,7 +18,9 @@ from gpufleet_bus.deadletter import (
     not_json,
 )
 from gpufleet_contracts import Envelope
+from gpufleet_contracts.deadletters import ListDeadLetters
 from gpufleet_contracts.jobs import EnqueueJob, StartWorker, StopWorker
+from pydantic import ValidationError
 
 TYPES = [StartWorker.TYPE, StopWorker.TYPE]
 
@@ -131,3 +133,11 @@ def test_not_json_is_worded_as_pydantic_words_it() -> None:
             (error,) = not_json(exc)
         assert error.field == "(message)" and error.rule == "schema:json_invalid"
         assert error.message.startswith("Invalid JSON: ")
+
+
+def test_list_dead_letters_limit() -> None:
+    assert ListDeadLetters().limit == 50
+    assert ListDeadLetters.from_bytes(b'{"limit": 1000}').limit == 1000
+    for bad in (0, 1001):
+        with pytest.raises(ValidationError):
+            ListDeadLetters(limit=bad)

@@ -7,6 +7,9 @@ declares, in one readable block, which subject goes to which handler:
     rt.on_event(WorkerFinished, "on-worker-finished")(handler)
     rt.on_request("balance")(handler)
     app = rt.app
+
+Every runtime with infrastructure also answers `health` and `dead_letters` (an account's
+own dead letters) and the operators' `dead_letters` (everyone's): gpufleet_contracts.deadletters.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from typing import Any, TypeVar
 
 from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from gpufleet_auth import Creds
 from gpufleet_contracts import Message, subjects
+from gpufleet_contracts.deadletters import VERB as DEAD_LETTERS
+from gpufleet_contracts.deadletters import ListDeadLetters
 from gpufleet_contracts.health import Health
 from gpufleet_store import IndexSpec, Store
 from gpufleet_telemetry import configure
@@ -34,6 +39,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .accounts import NoAccountError, account_of, account_subject
 from .deadletter import dead_letter_middleware, envelope_decoder
+from .dlq import read_dead_letters
 from .fastpath import FastRequests, Handler
 from .outbox import OutboxRelay
 from .streams import ensure_streams, stream_for
@@ -141,6 +147,12 @@ class ServiceRuntime:
         self.app.on_shutdown(self._stopping)
         if infrastructure:
             self.on_request("health")(self._health)
+            self.on_request(
+                DEAD_LETTERS, description="The acting account's dead letters, newest first."
+            )(self._dead_letters)
+            self.on_admin(DEAD_LETTERS, description="Every account's dead letters, newest first.")(
+                self._all_dead_letters
+            )
 
     async def _prepare(self) -> None:
         # The broker's own connection (connect() is idempotent; start() reuses it).
@@ -165,6 +177,20 @@ class ServiceRuntime:
         return Health(
             service=self.service, status="ok", version=VERSION, collections=collections
         ).model_dump()
+
+    async def _dead_letters(self, body: ListDeadLetters, msg: NatsMessage) -> dict[str, Any]:
+        """Only the acting account's: the subject it asked on names it (account_of)."""
+        return await self._read_dead_letters(
+            subjects.dead_letter(self.service, account_of(msg)), body.limit
+        )
+
+    async def _all_dead_letters(self, body: ListDeadLetters) -> dict[str, Any]:
+        return await self._read_dead_letters(subjects.dead_letter(self.service, "*"), body.limit)
+
+    async def _read_dead_letters(self, subject: str, limit: int) -> dict[str, Any]:
+        nc = await self.broker.connect()
+        records = await read_dead_letters(nc.jetstream(), subject, limit)
+        return {"service": self.service, "dead_letters": records}
 
     # --- wiring ---------------------------------------------------------------------
 
