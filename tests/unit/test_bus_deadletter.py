@@ -141,3 +141,33 @@ def test_list_dead_letters_limit() -> None:
     for bad in (0, 1001):
         with pytest.raises(ValidationError):
             ListDeadLetters(limit=bad)
+
+
+def test_each_identity_may_do_what_its_dead_letter_path_does() -> None:
+    """The permission table allows the dead-letter path and its reading, nothing more."""
+    from gpufleet_auth import permissions
+    from gpufleet_bus import account_subject
+    from gpufleet_contracts import subjects
+    from gpufleet_node_agent.app import dead_letter_service
+
+    node = permissions.for_node("m1", "_INBOX.N")
+    assert node.may_publish(subjects.dead_letter(dead_letter_service("m1")))
+    assert not node.may_publish(subjects.dead_letter("node-agent"))
+    assert not node.may_publish(subjects.dead_letter(dead_letter_service("m2")))
+    dlq = subjects.STREAM_DLQ
+    for name in permissions.SERVICES:
+        grant = permissions.for_service(name, "_INBOX.S")
+        assert grant.may_publish(subjects.dead_letter(name, "acme"))
+        assert grant.may_subscribe(account_subject(name, "dead_letters"))
+        assert grant.may_subscribe(subjects.admin(name, "dead_letters"))
+        for api in (
+            f"CONSUMER.CREATE.{dlq}",
+            f"CONSUMER.DELETE.{dlq}.c",
+            f"CONSUMER.MSG.NEXT.{dlq}.c",
+        ):
+            assert grant.may_publish(f"$JS.API.{api}"), (name, api)
+    user = permissions.for_user("acme", "_INBOX.U")
+    assert user.may_publish(subjects.as_account(subjects.rpc("billing", "dead_letters"), "acme"))
+    assert not user.may_publish(subjects.as_account(subjects.rpc("billing", "dead_letters"), "b"))
+    assert not user.may_publish(subjects.admin("billing", "dead_letters"))
+    assert not user.may_publish(f"$JS.API.CONSUMER.CREATE.{dlq}")

@@ -22,6 +22,13 @@ from .settings import AgentSettings
 SERVICE = "node-agent"
 
 
+def dead_letter_service(minion_id: str) -> str:
+    """The service token of this node's dead letters, `gpufleet.v1.dlq.node-<minion_id>.*`:
+    the only dead-letter subjects its credential may publish (gpufleet_auth.permissions).
+    Give it to make_broker (`dead_letters_as`)."""
+    return f"node-{minion_id}"
+
+
 def health_subject(minion_id: str) -> str:
     """`gpufleet.v1.node.<minion_id>.health`: one agent's own health."""
     return subjects.node(minion_id, "health")
