@@ -8,6 +8,7 @@ import typer
 from gpufleet_contracts import subjects
 from gpufleet_contracts.deadletters import VERB as DEAD_LETTERS
 from gpufleet_contracts.deadletters import ListDeadLetters
+from rich.markup import escape
 
 from . import client, render, views
 from . import settings as settings_mod
@@ -46,11 +47,20 @@ def health(as_json: JsonFlag = False) -> None:
         raise typer.Exit(1)
 
 
-def dead_letters_subject(service: str, account: str | None) -> str:
-    """An account's own dead letters at `service`, or (None) every account's: operators."""
-    if account is None:
-        return subjects.admin(service, DEAD_LETTERS)
+def dead_letters_subject(service: str, account: str) -> str:
+    """The acting account's own dead letters at `service`."""
     return subjects.as_account(subjects.rpc(service, DEAD_LETTERS), account)
+
+
+def acting_account() -> str:
+    """The account the CLI acts for (the settings' `acting_account()` where they have one:
+    the credential's own account)."""
+    cfg = settings_mod.load()
+    acting = getattr(cfg, "acting_account", None)
+    account = acting() if callable(acting) else cfg.account
+    if not account:
+        raise CliError("no acting account: set GPUFLEET_ACCOUNT", "unauthenticated")
+    return str(account)
 
 
 def merge_dead_letters(replies: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
@@ -74,11 +84,15 @@ def dlq_list(
 ) -> None:
     """The messages the services refused for your account, newest first; exit 1 if a
     service did not answer (what the others kept is still shown)."""
-    account = None if all_accounts else settings_mod.load().account
     payload = ListDeadLetters(limit=limit).to_bytes()
     with render.reported(as_json):
+        if all_accounts:  # the operators' verb: every account's
+            asked = [subjects.admin(svc, DEAD_LETTERS) for svc in SERVICES]
+        else:
+            account = acting_account()
+            asked = [dead_letters_subject(svc, account) for svc in SERVICES]
         results = client.request_many(
-            [(dead_letters_subject(svc, account), payload) for svc in SERVICES],
+            [(subject, payload) for subject in asked],
             timeout=DEAD_LETTERS_TIMEOUT_S,
             ce_type=ListDeadLetters.TYPE,
         )
@@ -93,6 +107,6 @@ def dlq_list(
     else:
         views.dlq_table(letters)
     for svc, exc in failed:
-        render.err().print(f"[yellow]warning[/]: {svc}: {exc.message}", markup=True)
+        render.err().print(f"[yellow]warning[/]: {svc}: {escape(exc.message)}")
     if failed:
         raise typer.Exit(1)
