@@ -226,26 +226,80 @@ def test_health_marks_down_and_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "device-fleet" in table.stdout and "down" in table.stdout
 
 
-def test_dlq_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    record = {
-        "service": "billing",
-        "subject": "gpufleet.v1.evt.worker.placed",
+def _letter(service: str, seq: int, account: str | None = "acme") -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "service": service,
+        "subject": f"gpufleet.v1.rpc.{service}.x.acme",
+        "account": account,
         "reason": "invalid",
         "errors": [{"field": "rate", "message": "bad"}],
         "headers": {},
-        "payload": "{}",
+        "payload": {},
         "at": "2025-01-01T10:00:00+00:00",
     }
 
-    def read_stream(stream: str, subject: str, *, last: int | None = None) -> list[StreamRecord]:
-        assert (stream, subject, last) == (subjects.STREAM_DLQ, "gpufleet.v1.dlq.>", 10)
-        return [StreamRecord("gpufleet.v1.dlq.billing", json.dumps(record).encode(), 7)]
 
-    monkeypatch.setattr(client, "read_stream", read_stream)
-    result = runner.invoke(app, ["dlq", "list", "--limit", "10", "--json"])
-    assert json.loads(result.stdout) == {"dead_letters": [{"seq": 7, **record}]}
+SERVICES = ("scheduler", "provisioner", "billing", "device-fleet", "datastore")
+
+
+def test_dlq_list_asks_every_service_for_the_account_and_merges_newest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[Any] = []
+
+    def request_many(
+        calls: list[tuple[str, bytes]], timeout: float, *, ce_type: str | None = None
+    ) -> list[Any]:
+        sent.append((calls, ce_type))
+        by_service = {
+            "billing": [_letter("billing", 9), _letter("billing", 3)],
+            "scheduler": [_letter("scheduler", 7)],
+        }
+        return [{"service": svc, "dead_letters": by_service.get(svc, [])} for svc in SERVICES]
+
+    monkeypatch.setattr(client, "request_many", request_many)
+    result = runner.invoke(app, ["dlq", "list", "--limit", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "dead_letters": [_letter("billing", 9), _letter("scheduler", 7)]
+    }
+    calls, ce_type = sent[0]
+    assert [s for s, _ in calls] == [f"gpufleet.v1.rpc.{svc}.dead_letters.acme" for svc in SERVICES]
+    assert all(json.loads(p) == {"limit": 2} for _, p in calls)
+    assert ce_type == "gpufleet.dead_letters.list.v1"
     table = runner.invoke(app, ["dlq", "list", "--limit", "10"])
     assert "rate: bad" in table.stdout
+
+    runner.invoke(app, ["dlq", "list", "--all-accounts", "--json"])
+    assert [s for s, _ in sent[-1][0]] == [
+        f"gpufleet.v1.adm.{svc}.dead_letters" for svc in SERVICES
+    ]
+
+
+def test_dlq_list_shows_what_it_got_and_exits_1_when_a_service_is_silent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def request_many(
+        calls: list[tuple[str, bytes]], timeout: float, *, ce_type: str | None = None
+    ) -> list[Any]:
+        return [
+            CliError("no answer") if svc == "billing" else {"dead_letters": []}
+            for svc in SERVICES[:-1]
+        ] + [{"dead_letters": [_letter("datastore", 4)]}]
+
+    monkeypatch.setattr(client, "request_many", request_many)
+    result = runner.invoke(app, ["dlq", "list", "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {"dead_letters": [_letter("datastore", 4)]}
+    assert "billing: no answer" in result.stderr
+
+    monkeypatch.setattr(
+        client, "request_many", lambda calls, timeout, ce_type=None: [CliError("no")] * 5
+    )
+    silent = runner.invoke(app, ["dlq", "list", "--json"])
+    assert silent.exit_code == 1
+    assert json.loads(silent.stdout)["ok"] is False
 
 
 def test_line_printer_tags_whole_lines() -> None:

@@ -394,13 +394,13 @@ def request(
 
 
 def request_many(
-    calls: Sequence[tuple[str, bytes]], timeout: float
+    calls: Sequence[tuple[str, bytes]], timeout: float, *, ce_type: str | None = None
 ) -> list[dict[str, Any] | CliError]:
     """Several requests at once on one connection; each result is a reply or its error."""
 
     async def one(s: Session, subject: str, payload: bytes) -> dict[str, Any] | CliError:
         try:
-            return await s.request(subject, payload, timeout_s=timeout)
+            return await s.request(subject, payload, ce_type=ce_type, timeout_s=timeout)
         except CliError as exc:
             return exc
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
 from gpufleet_contracts import subjects
+from gpufleet_contracts.deadletters import VERB as DEAD_LETTERS
+from gpufleet_contracts.deadletters import ListDeadLetters
+from rich.markup import escape
 
 from . import client, render, views
-from .client import CliError, StreamRecord
+from . import settings as settings_mod
+from .client import CliError
 
 SERVICES = ("scheduler", "provisioner", "billing", "device-fleet", "datastore")
 HEALTH = {svc: subjects.rpc(svc, "health") for svc in SERVICES}
 HEALTH_TIMEOUT_S = 2.0
+DEAD_LETTERS_TIMEOUT_S = 10.0
 
 dlq_app = typer.Typer(help="Dead letters: messages a service refused.", no_args_is_help=True)
 
@@ -43,33 +47,66 @@ def health(as_json: JsonFlag = False) -> None:
         raise typer.Exit(1)
 
 
-def _dead_letter(record: StreamRecord) -> dict[str, Any]:
-    try:
-        body = json.loads(record.data)
-    except ValueError:
-        body = {"payload": record.data.decode("utf-8", "replace")}
-    if not isinstance(body, dict):
-        body = {"payload": body}
-    return {"seq": record.seq, **body}
+def dead_letters_subject(service: str, account: str) -> str:
+    """The acting account's own dead letters at `service`."""
+    return subjects.as_account(subjects.rpc(service, DEAD_LETTERS), account)
+
+
+def acting_account() -> str:
+    """The account the CLI acts for (the settings' `acting_account()` where they have one:
+    the credential's own account)."""
+    cfg = settings_mod.load()
+    acting = getattr(cfg, "acting_account", None)
+    account = acting() if callable(acting) else cfg.account
+    if not account:
+        raise CliError("no acting account: set GPUFLEET_ACCOUNT", "unauthenticated")
+    return str(account)
+
+
+def merge_dead_letters(replies: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The services' records, newest first (one stream: its sequence orders them all)."""
+    records = [r for reply in replies for r in reply.get("dead_letters") or []]
+    records = [r for r in records if isinstance(r, dict)]
+    records.sort(key=lambda r: int(r.get("seq") or 0), reverse=True)
+    return records[:limit]
 
 
 @dlq_app.command("list")
 def dlq_list(
     limit: Annotated[
-        int, typer.Option("--limit", metavar="N", min=1, max=10000, help="The last N dead letters.")
+        int, typer.Option("--limit", metavar="N", min=1, max=1000, help="The last N dead letters.")
     ] = 50,
+    all_accounts: Annotated[
+        bool,
+        typer.Option("--all-accounts", help="Every account's dead letters (operators only)."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """The dead letters kept for inspection (stream GPUFLEET_DLQ), oldest first."""
+    """The messages the services refused for your account, newest first; exit 1 if a
+    service did not answer (what the others kept is still shown)."""
+    payload = ListDeadLetters(limit=limit).to_bytes()
     with render.reported(as_json):
-        try:
-            records = client.read_stream(subjects.STREAM_DLQ, f"{subjects.DLQ}.>", last=limit)
-        except CliError as exc:
-            if exc.code != "not_found":
-                raise
-            records = []
-    letters = [_dead_letter(r) for r in records][-limit:]
+        if all_accounts:  # the operators' verb: every account's
+            asked = [subjects.admin(svc, DEAD_LETTERS) for svc in SERVICES]
+        else:
+            account = acting_account()
+            asked = [dead_letters_subject(svc, account) for svc in SERVICES]
+        results = client.request_many(
+            [(subject, payload) for subject in asked],
+            timeout=DEAD_LETTERS_TIMEOUT_S,
+            ce_type=ListDeadLetters.TYPE,
+        )
+        failed = [
+            (svc, r) for svc, r in zip(SERVICES, results, strict=True) if isinstance(r, CliError)
+        ]
+        if len(failed) == len(SERVICES):
+            raise failed[0][1]
+    letters = merge_dead_letters([r for r in results if not isinstance(r, CliError)], limit)
     if as_json:
         render.emit_json({"dead_letters": letters})
     else:
         views.dlq_table(letters)
+    for svc, exc in failed:
+        render.err().print(f"[yellow]warning[/]: {svc}: {escape(exc.message)}")
+    if failed:
+        raise typer.Exit(1)

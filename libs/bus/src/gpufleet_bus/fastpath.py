@@ -7,8 +7,11 @@ with the same pydantic decoding (benchmarks/scheduler/README.md). At 1,000 submi
 second that is most of a core, so `SubmitJob` is served here instead:
 
 - the body is decoded with the same contract model, so validation is the same;
-- an invalid body gets the same structured `ErrorReply` as every other request, and the
-  original bytes go to the dead-letter stream, as the dead-letter middleware does;
+- a body that is not JSON, not a JSON object, or does not validate gets the same
+  structured `invalid` ErrorReply as every other request (pydantic's `json_invalid` and
+  `model_type` errors, in the shape of deadletter.not_json's), and the same redacted
+  record goes to the acting account's dead-letter subject, as the dead-letter middleware
+  does;
 - any other exception is logged and answered `internal`;
 - up to `concurrency` requests of a subject run at once (nats-py calls a subscription's callback one
   message at a time, so each request gets its own task).
@@ -32,7 +35,7 @@ from gpufleet_contracts import ErrorBody, ErrorReply, Message, field_errors, sub
 from pydantic import ValidationError
 
 from .accounts import NoAccountError, account_of
-from .deadletter import dead_letter_bytes
+from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
 
 log = logging.getLogger("gpufleet.bus")
 
@@ -121,7 +124,7 @@ class FastRequests:
                 extra={"subject": msg.subject, "errors": [e.model_dump() for e in errors]},
             )
             reply = ErrorReply(
-                error=ErrorBody(code="invalid", message="the request is not valid", fields=errors)
+                error=ErrorBody(code="invalid", message=INVALID_MESSAGE, fields=errors)
             ).model_dump(mode="json")
             await self._dead_letter(msg, [e.model_dump() for e in errors])
         except Exception as exc:
@@ -142,7 +145,10 @@ class FastRequests:
         try:
             js = (await self.broker.connect()).jetstream()
             await js.publish(
-                subjects.dead_letter(self.service), record, stream=subjects.STREAM_DLQ, timeout=5.0
+                dead_letter_subject(self.service, msg.subject),
+                record,
+                stream=subjects.STREAM_DLQ,
+                timeout=5.0,
             )
         except Exception:
             log.exception("could not dead-letter an invalid request on %s", msg.subject)

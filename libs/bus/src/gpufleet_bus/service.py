@@ -7,6 +7,9 @@ declares, in one readable block, which subject goes to which handler:
     rt.on_event(WorkerFinished, "on-worker-finished")(handler)
     rt.on_request("balance")(handler)
     app = rt.app
+
+Every runtime with infrastructure also answers `health` and `dead_letters` (an account's
+own dead letters) and the operators' `dead_letters` (everyone's): gpufleet_contracts.deadletters.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from typing import Any, TypeVar
 
 from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsCredentials, NatsSecurity
 from gpufleet_auth.creds import connect_options
 from gpufleet_contracts import Message, subjects
+from gpufleet_contracts.deadletters import VERB as DEAD_LETTERS
+from gpufleet_contracts.deadletters import ListDeadLetters
 from gpufleet_contracts.health import Health
 from gpufleet_store import IndexSpec, Store
 from gpufleet_telemetry import configure
@@ -34,7 +39,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .accounts import NoAccountError, account_of, account_subject
-from .deadletter import dead_letter_middleware
+from .deadletter import dead_letter_middleware, envelope_decoder
+from .dlq import read_dead_letters
 from .fastpath import FastRequests, Handler
 from .outbox import OutboxRelay
 from .streams import ensure_streams, stream_for
@@ -71,7 +77,11 @@ def inbox_of(broker: NatsBroker) -> str:
     return _INBOXES.get(broker, "_INBOX")
 
 
-def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker:
+def make_broker(
+    service: str, settings: BusSettings | None = None, *, dead_letters_as: str | None = None
+) -> NatsBroker:
+    """The broker of `service`; its dead letters go to `gpufleet.v1.dlq.<dead_letters_as or
+    service>.<account>` (a node agent: `node-<minion_id>`, the only one it may publish)."""
     settings = settings or BusSettings()
     tracer_provider, meter_provider = configure(service)
     options = settings.connect_options()
@@ -91,7 +101,7 @@ def make_broker(service: str, settings: BusSettings | None = None) -> NatsBroker
         log_level=logging.DEBUG,
         middlewares=[
             NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider),
-            dead_letter_middleware(service),
+            dead_letter_middleware(dead_letters_as or service),
         ],
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
@@ -145,6 +155,12 @@ class ServiceRuntime:
         self.app.on_shutdown(self._stopping)
         if infrastructure:
             self.on_request("health")(self._health)
+            self.on_request(
+                DEAD_LETTERS, description="The acting account's dead letters, newest first."
+            )(self._dead_letters)
+            self.on_admin(DEAD_LETTERS, description="Every account's dead letters, newest first.")(
+                self._all_dead_letters
+            )
 
     async def _prepare(self) -> None:
         # The broker's own connection (connect() is idempotent; start() reuses it).
@@ -170,6 +186,20 @@ class ServiceRuntime:
             service=self.service, status="ok", version=VERSION, collections=collections
         ).model_dump()
 
+    async def _dead_letters(self, body: ListDeadLetters, msg: NatsMessage) -> dict[str, Any]:
+        """Only the acting account's: the subject it asked on names it (account_of)."""
+        return await self._read_dead_letters(
+            subjects.dead_letter(self.service, account_of(msg)), body.limit
+        )
+
+    async def _all_dead_letters(self, body: ListDeadLetters) -> dict[str, Any]:
+        return await self._read_dead_letters(subjects.dead_letter(self.service, "*"), body.limit)
+
+    async def _read_dead_letters(self, subject: str, limit: int) -> dict[str, Any]:
+        nc = await self.broker.connect()
+        records = await read_dead_letters(nc.jetstream(), subject, limit)
+        return {"service": self.service, "dead_letters": records}
+
     # --- wiring ---------------------------------------------------------------------
 
     def on_event(
@@ -180,8 +210,14 @@ class ServiceRuntime:
         subject: str | None = None,
         max_workers: int = 1,
         consumer: ConsumerConfig | None = None,
+        types: Sequence[type[Message]] = (),
     ) -> Callable[[F], F]:
         """A durable JetStream pull consumer for `message`, acked by the dead-letter policy.
+
+        Its messages must carry the CloudEvents headers of a command or event, and a
+        `ce-type` that is `message`'s TYPE (or that of one of `types`, when the subject
+        carries several): any other is dead-lettered before the handler runs
+        (deadletter.envelope_decoder).
 
         FastStream handles the messages of one pull batch concurrently, so the batch is one
         message: each consumer sees its subject in stream order, one at a time. `consumer`
@@ -218,6 +254,7 @@ class ServiceRuntime:
                 inbox_prefix=self.inbox_prefix,
                 title=f"{self.service}:{durable}",
                 description=message.__doc__,
+                decoder=envelope_decoder([m.TYPE for m in (types or (message,))]),
             )
         )
 

@@ -498,7 +498,9 @@ class EnqueueJob(Command):
     field errors (stream GPUFLEET_DLQ). The job id is derived from the account and
     `request_id`, so a redelivered or re-sent command never queues a second job.
     The acting account is the subject's `<account>` token, which only that account's
-    credentials may publish (gpufleet_auth.permissions).
+    credentials may publish (gpufleet_auth.permissions). Like every command, it must carry
+    the CloudEvents headers `ce-specversion` (1.0), `ce-id`, `ce-source` and `ce-type`
+    (this TYPE): one without them, or of another type, is dead-lettered, never run.
     """
 
     TYPE = "gpufleet.job.enqueue.v1"

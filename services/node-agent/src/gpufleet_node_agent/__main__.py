@@ -4,7 +4,7 @@ import sys
 
 from gpufleet_bus import BusSettings, make_broker
 
-from .app import SERVICE, build_app
+from .app import SERVICE, build_app, dead_letter_service
 from .enrol import EnrolmentError, enrol
 from .settings import AgentSettings
 
@@ -30,7 +30,8 @@ async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
 async def run() -> None:
     settings = AgentSettings()
     bus = await credential(settings, BusSettings())
-    app, _ = build_app(settings, make_broker(SERVICE, bus), bus=bus)
+    broker = make_broker(SERVICE, bus, dead_letters_as=dead_letter_service(settings.minion_id))
+    app, _ = build_app(settings, broker, bus=bus)
     await app.run()
 
 

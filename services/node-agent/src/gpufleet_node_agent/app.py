@@ -22,6 +22,13 @@ from .settings import AgentSettings
 SERVICE = "node-agent"
 
 
+def dead_letter_service(minion_id: str) -> str:
+    """The service token of this node's dead letters, `gpufleet.v1.dlq.node-<minion_id>.*`:
+    the only dead-letter subjects its credential may publish (gpufleet_auth.permissions).
+    Give it to make_broker (`dead_letters_as`)."""
+    return f"node-{minion_id}"
+
+
 def health_subject(minion_id: str) -> str:
     """`gpufleet.v1.node.<minion_id>.health`: one agent's own health."""
     return subjects.node(minion_id, "health")
@@ -55,11 +62,13 @@ def build_app(
 
     # One consumer for the node's commands, in order; the provisioner created it at
     # enrolment and this node may only read it (gpufleet_bus.streams.node_consumer_config).
+    # A command of another type, or without its CloudEvents headers, is dead-lettered.
     @rt.on_event(
         StartWorker,
         node_consumer(mid),
         subject=f"{subjects.COMMANDS}.node.{mid}.*",
         consumer=node_consumer_config(mid),
+        types=(StartWorker, StopWorker),
     )
     async def on_command(body: dict[str, Any], msg: NatsMessage) -> None:
         cmd = decode_command(str((msg.headers or {}).get("ce-type", "")), msg.body)
