@@ -125,6 +125,12 @@ def parse_reply(subject: str, data: bytes) -> dict[str, Any]:
     return reply
 
 
+def _forbidden(subject: str) -> CliError:
+    return CliError(
+        f"this identity may not publish to {subject} (the NATS server refused it)", "forbidden"
+    )
+
+
 def _no_answer(subject: str) -> CliError:
     url = settings_mod.load().url
     return CliError(
@@ -135,20 +141,52 @@ def _no_answer(subject: str) -> CliError:
 # --- the async session --------------------------------------------------------------
 
 
+class Refusals:
+    """The server's permission violations on a connection (its -ERR, delivered to the
+    error callback): a request the server refused fails at once, saying so."""
+
+    def __init__(self) -> None:
+        self.subjects: list[str] = []
+        self.changed = asyncio.Event()
+
+    async def on_error(self, exc: Exception) -> None:
+        text = str(exc)
+        if "permissions violation" in text.lower():
+            self.subjects.append(text.rsplit(" ", 1)[-1].strip("'\""))
+            self.changed.set()
+
+    def refused(self, subject: str) -> bool:
+        return subject in self.subjects
+
+
 class Session:
     """One NATS connection, used by exactly one `asyncio.run`."""
 
-    def __init__(self, nc: Client, timeout_s: float) -> None:
+    def __init__(self, nc: Client, timeout_s: float, refusals: Refusals | None = None) -> None:
         self.nc = nc
         self.timeout_s = timeout_s
+        self.refusals = refusals or Refusals()
 
     async def send(
         self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float
     ) -> bytes:
-        """Raw request/reply."""
+        """Raw request/reply; a subject this identity may not publish to fails at once."""
+        request = asyncio.ensure_future(
+            self.nc.request(subject, payload, timeout=timeout_s, headers=headers)
+        )
         try:
-            msg = await self.nc.request(subject, payload, timeout=timeout_s, headers=headers)
+            while not request.done():
+                self.refusals.changed.clear()
+                refused = asyncio.ensure_future(self.refusals.changed.wait())
+                await asyncio.wait({request, refused}, return_when=asyncio.FIRST_COMPLETED)
+                refused.cancel()
+                if self.refusals.refused(subject):
+                    request.cancel()
+                    raise _forbidden(subject)
+            msg = request.result()
         except (nats.errors.NoRespondersError, TimeoutError) as exc:
+            if self.refusals.refused(subject):
+                raise _forbidden(subject) from exc
             raise _no_answer(subject) from exc
         data: bytes = msg.data
         return data
@@ -321,7 +359,7 @@ async def _noop_cb(*_: Any) -> None:
     """nats-py logs every connection error by default; the CLI reports them itself."""
 
 
-async def _connect(servers: list[str]) -> Client:
+async def _connect(servers: list[str], refusals: Refusals | None = None) -> Client:
     cfg = settings_mod.load()
     try:
         nc: Client = await asyncio.wait_for(
@@ -333,7 +371,7 @@ async def _connect(servers: list[str]) -> Client:
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0.1,
                 connect_timeout=CONNECT_TIMEOUT_S,
-                error_cb=_noop_cb,
+                error_cb=refusals.on_error if refusals is not None else _noop_cb,
             ),
             timeout=CONNECT_TIMEOUT_S * 2 * max(len(servers), 1),
         )
@@ -361,9 +399,10 @@ def run(fn: Callable[[Session], Awaitable[T]]) -> T:
     cfg = settings_mod.load()
 
     async def main() -> T:
-        nc = await _connect(cfg.servers)
+        refusals = Refusals()
+        nc = await _connect(cfg.servers, refusals)
         try:
-            return await fn(Session(nc, cfg.request_timeout_s))
+            return await fn(Session(nc, cfg.request_timeout_s, refusals))
         except nats.errors.ConnectionClosedError as exc:
             raise CliError(f"the connection to NATS at {cfg.url} was lost") from exc
         except nats.errors.Error as exc:  # anything else the bus refused (JetStream API, ...)

@@ -46,6 +46,7 @@ Doc = dict[str, Any]
 
 INDEXES = {
     "accounts": [IndexModel([("plan", ASCENDING)])],
+    "users": [IndexModel([("account", ASCENDING)])],
     "join_tokens": [IndexModel([("minion_id", ASCENDING)])],
     "enrolments": [IndexModel([("account", ASCENDING)])],
     "revocations": [IndexModel([("at", ASCENDING)])],
@@ -130,7 +131,13 @@ class Identity:
         return Plan(doc["plan"]) if doc else Plan.free
 
     async def list_accounts(self) -> list[Doc]:
-        return [account_view(d) async for d in self.db.accounts.find().sort("_id", ASCENDING)]
+        users: dict[str, list[str]] = {}
+        async for u in self.db.users.find():
+            users.setdefault(str(u["account"]), []).append(str(u["user"]))
+        return [
+            account_view(d, sorted(users.get(d["_id"], [])))
+            async for d in self.db.accounts.find().sort("_id", ASCENDING)
+        ]
 
     async def add_user(self, account: str, user: str) -> Doc:
         """A user's credential, returned once (only its public key is kept)."""
@@ -138,9 +145,16 @@ class Identity:
         if await self.account(account) is None:
             raise Refused("not_found", f"no account {account!r}")
         creds = issuer.user(account, user)
-        await self.db.accounts.update_one(
-            {"_id": account},
-            {"$push": {"users": {"name": user, "public_key": creds.public_key}}},
+        # One document per user (not an array in the account: nx-27017 stores a document
+        # pushed into an array as a string, docs/nx-27017-gaps.md). Adding a user again
+        # issues a new credential; the old one keeps working until revoked.
+        await self.db.users.update_one(
+            {"_id": f"{account}/{user}"},
+            {
+                "$set": {"account": account, "user": user, "public_key": creds.public_key},
+                "$setOnInsert": {"created_at_ms": now_ms(self.clock())},
+            },
+            upsert=True,
         )
         return {"account": account, "user": user, "creds": creds.text()}
 
@@ -268,12 +282,8 @@ class Identity:
         )
 
 
-def account_view(doc: Doc) -> Doc:
-    return {
-        "account": doc["_id"],
-        "plan": doc["plan"],
-        "users": [u["name"] for u in doc.get("users", [])],
-    }
+def account_view(doc: Doc, users: list[str] | None = None) -> Doc:
+    return {"account": doc["_id"], "plan": doc["plan"], "users": users or []}
 
 
 def load_issuer(directory: Path | None) -> Issuer | None:
