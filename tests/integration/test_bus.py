@@ -8,7 +8,7 @@ import json
 import nats
 from faststream.nats import NatsMessage
 from gpufleet_bus import ServiceRuntime, publish
-from gpufleet_contracts import Event, subjects
+from gpufleet_contracts import Envelope, Event, subjects
 from gpufleet_devstack import NatsServer, wait_for_async
 from nats.js.api import DeliverPolicy
 
@@ -51,8 +51,13 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
     async with running(rt.app):
         nc = await admin_connect(fresh_nats)
         js = nc.jetstream()
-        await js.publish(Pinged.SUBJECT, b'{"n": "not a number"}')
-        await js.publish(Pinged.SUBJECT, b"\xff\xfe not json")
+
+        def envelope() -> dict[str, str]:  # a new ce-id (= Nats-Msg-Id) each time
+            return Envelope(type=Pinged.TYPE, source="test", subject=Pinged.SUBJECT).headers()
+
+        await js.publish(Pinged.SUBJECT, b'{"n": "not a number"}', headers=envelope())
+        await js.publish(Pinged.SUBJECT, b"\xff\xfe not json", headers=envelope())
+        await js.publish(Pinged.SUBJECT, Pinged(n=8).to_bytes())  # no CloudEvents headers
         await publish(broker, Pinged(n=7), source="test")
         await wait_for_async(lambda: seen == [7], timeout=10)
         info = await js.consumer_info(subjects.STREAM_EVENTS, "svc-pinged")
@@ -60,10 +65,11 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
     assert info.num_ack_pending == 0 and info.num_pending == 0  # termed, not redelivered
     dead = await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     records = [json.loads(m.data) for m in dead]
-    assert [r["reason"] for r in records] == ["invalid", "invalid"]
+    assert [r["reason"] for r in records] == ["invalid", "invalid", "invalid"]
     assert records[0]["errors"][0]["field"] == "n"
-    assert records[0]["payload"] == '{"n": "not a number"}'
-    assert records[1]["payload_encoding"] == "base64"  # kept byte for byte
+    assert records[0]["payload"] == {"n": "not a number"}
+    assert records[1]["payload_encoding"] == "opaque"  # not JSON: size and hash only
+    assert records[2]["errors"][0]["field"].startswith("ce-")  # an event without its envelope
 
 
 async def test_a_failing_handler_is_retried_until_it_succeeds(fresh_nats: NatsServer) -> None:

@@ -65,8 +65,9 @@ async def test_fast_request_validates_like_every_other_request(fresh_nats: NatsS
         json.loads(m.data) for m in await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     ]
     assert [d["reason"] for d in dead] == ["invalid", "invalid"]
-    assert json.loads(dead[0]["payload"]) == bad  # kept byte for byte
-    assert dead[1]["payload_encoding"] == "base64"
+    assert dead[0]["payload"] == bad  # kept as JSON (redacted of secrets)
+    assert dead[0]["account"] == "acme"
+    assert dead[1]["payload_encoding"] == "opaque"  # not JSON: its size and hash only
 
 
 async def test_fast_request_failure_answers_internal_and_requests_run_concurrently(
