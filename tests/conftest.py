@@ -18,7 +18,12 @@ import pytest
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 
 TESTS_DIR = Path(__file__).parent
-FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e", "security": "security"}
+FOLDER_MARKERS = {
+    "unit": "unit",
+    "integration": "integration",
+    "e2e": "e2e",
+    "security": "security",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
