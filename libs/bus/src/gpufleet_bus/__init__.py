@@ -2,7 +2,7 @@
 
 from gpufleet_auth.creds import connect_options
 
-from .accounts import NoAccountError, account_of, account_subject
+from .accounts import NoAccountError, account_of, account_subject, node_of, on_its_own_subject
 from .deadletter import MAX_DELIVER, UnknownMessageType, dead_letter_middleware
 from .outbox import OutboxRelay
 from .publish import emit, publish, publish_raw
@@ -30,6 +30,8 @@ __all__ = [
     "ensure_streams",
     "env_flag",
     "make_broker",
+    "node_of",
+    "on_its_own_subject",
     "publish",
     "publish_raw",
     "stream_for",

@@ -1,11 +1,15 @@
-"""The acting account of a request (R-TEN-2), read from the subject the server let through."""
+"""Who is speaking, read from the subject the server let through: the acting account of a
+request (R-TEN-2), the node a worker fact came from."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from gpufleet_contracts import subjects
 from gpufleet_contracts.subjects import ACCOUNT_RE
+
+log = logging.getLogger("gpufleet.bus")
 
 
 class NoAccountError(ValueError):
@@ -27,3 +31,22 @@ def account_of(msg: Any) -> str:
     if account is None or not ACCOUNT_RE.fullmatch(account):
         raise NoAccountError(f"{subject!r} names no account")
     return account
+
+
+def node_of(msg: Any) -> str | None:
+    """The node a worker fact came from: the last token of the subject it arrived on
+    (`gpufleet.v1.evt.worker.finished.<minion_id>`), which only that node's credential (or
+    a service) may publish. `msg` is a FastStream message or a subject."""
+    subject = msg if isinstance(msg, str) else getattr(msg.raw_message, "subject", "")
+    return subjects.token_at(str(subject), -1)
+
+
+def on_its_own_subject(msg: Any, minion_id: str) -> bool:
+    """Whether a fact naming node `minion_id` in its body arrived on that node's subject.
+    The body is the sender's word: a node may publish its own subject only, so a body naming
+    another node (to pass a check against the placement's node) is refused here."""
+    sender = node_of(msg)
+    if sender == minion_id:
+        return True
+    log.warning("a fact naming node %s arrived on the subject of %s: ignored", minion_id, sender)
+    return False

@@ -9,7 +9,7 @@ from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of
+from gpufleet_bus import ServiceRuntime, account_of, on_its_own_subject
 from gpufleet_contracts.billing import (
     DeviceFeeCharged,
     EarningCredited,
@@ -68,13 +68,17 @@ def build_app(
     async def on_worker_placed(body: WorkerPlaced) -> None:
         await billing.worker_placed(body)
 
+    # A worker fact counts only on the subject of the node its body names (the only one
+    # that node may publish); billing then checks that node is the placement's.
     @rt.on_event(WorkerStarted, "worker-started")
-    async def on_worker_started(body: WorkerStarted) -> None:
-        await billing.worker_started(body)
+    async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
+        if on_its_own_subject(msg, body.minion_id):
+            await billing.worker_started(body)
 
     @rt.on_event(WorkerFinished, "worker-finished")
-    async def on_worker_finished(body: WorkerFinished) -> None:
-        await billing.worker_finished(body)
+    async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
+        if on_its_own_subject(msg, body.minion_id):
+            await billing.worker_finished(body)
 
     @rt.on_event(DeviceAdded, "device-added")
     async def on_device_added(body: DeviceAdded) -> None:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, account_subject, publish
+from gpufleet_bus import ServiceRuntime, account_of, account_subject, on_its_own_subject, publish
 from gpufleet_contracts import error, subjects
 from gpufleet_contracts.identity import AccountChanged
 from gpufleet_contracts.jobs import (
@@ -222,13 +222,17 @@ def build_app(
             )
             return
 
+    # A worker fact counts only on the subject of the node its body names (the only one
+    # that node may publish); the scheduler then checks that node is the placement's.
     @rt.on_event(WorkerStarted, "worker-started")
-    async def on_worker_started(body: WorkerStarted) -> None:
-        await sched.worker_started(body)
+    async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
+        if on_its_own_subject(msg, body.minion_id):
+            await sched.worker_started(body)
 
     @rt.on_event(WorkerFinished, "worker-finished")
-    async def on_worker_finished(body: WorkerFinished) -> None:
-        await sched.worker_finished(body)
+    async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
+        if on_its_own_subject(msg, body.minion_id):
+            await sched.worker_finished(body)
 
     @broker.subscriber(SYNC_SUBJECT, title="scheduler:sync")
     async def on_sync(body: dict[str, Any]) -> None:
