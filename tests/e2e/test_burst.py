@@ -28,7 +28,7 @@ def bridged_events(system: GcpSystem) -> list[tuple[dict[str, str], dict[str, An
     import asyncio
 
     async def read() -> list[tuple[dict[str, str], dict[str, Any]]]:
-        nc = await nats.connect(system.nats.url)
+        nc = await nats.connect(system.nats.url, **system.nats.admin())  # an operator reads
         try:
             js = nc.jetstream()
             sub = await js.subscribe("gpufleet.v1.evt.node.cloud_instance", ordered_consumer=True)

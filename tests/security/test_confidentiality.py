@@ -8,6 +8,7 @@ through requests answered for its account; a node only to requests addressed to 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -126,19 +127,32 @@ async def test_dead_letters_of_one_account_are_not_shown_to_another(
     await victim.assert_untouched()
 
 
-@pytest.mark.skipif(
-    not any(
-        "dead_letters" in p.read_text()
-        for p in Path(__file__).parents[2].glob("libs/bus/src/gpufleet_bus/*.py")
-    ),
-    reason="no per-account `dead_letters` request on this base (gpufleet_bus); `dlq list` "
-    "reads the DLQ stream, which a user may not: write this test when it lands",
-)
 async def test_dead_letters_request_answers_only_the_acting_accounts(
     system: System, victim: Victim, eve: Path
-) -> None:  # pragma: no cover - skipped until the request exists
-    """A user's `dead_letters` request lists its own account's dead letters only."""
-    raise NotImplementedError
+) -> None:
+    """A refused request of the victim is in the victim's `dead_letters` (redacted), not in
+    the attacker's; asking on the victim's subject is refused by the server."""
+    marker = f"victim-refused-{uuid.uuid4().hex[:8]}"
+    token = "ghp_" + "x" * 36
+    verb = subjects.rpc("scheduler", "submit_job")
+    bad = {"spec": {"name": marker, "env": {"GITHUB_TOKEN": token}, "gpu_count": "many"}}
+    async with Client(system.nats.url, victim.creds, name="victim") as me:
+        refused = await me.request(subjects.as_account(verb, VICTIM_ACCOUNT), bad)
+        assert refused["error"]["code"] == "invalid"
+        dead_letters = subjects.rpc("scheduler", "dead_letters")
+
+        async def kept() -> bool:
+            mine = await me.request(subjects.as_account(dead_letters, VICTIM_ACCOUNT), {})
+            return marker in json.dumps(mine)
+
+        await wait_for_async(kept, timeout=20, interval=0.3)
+        mine = await me.request(subjects.as_account(dead_letters, VICTIM_ACCOUNT), {})
+    assert token not in json.dumps(mine)  # the env value is redacted even for its owner
+    async with Client(system.nats.url, eve) as attacker:
+        theirs = await attacker.request(attacker_subject("scheduler", "dead_letters"), {})
+        assert marker not in json.dumps(theirs)
+        await attacker.request_refused(subjects.as_account(dead_letters, VICTIM_ACCOUNT), {})
+    await victim.assert_untouched()
 
 
 @pytest.mark.parametrize("who", ["user", "node"])
