@@ -31,6 +31,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from .conftest import JsPublisher
+
 PY = sys.executable
 
 
@@ -58,25 +60,6 @@ async def running_agent(
         yield agent
     finally:
         await app.stop()
-
-
-class JsPublisher:
-    """nats-py's JetStream as gpufleet_bus.publish's Publisher (the scheduler's side)."""
-
-    def __init__(self, js: JetStreamContext) -> None:
-        self.js = js
-
-    async def publish(
-        self,
-        message: bytes,
-        subject: str,
-        headers: dict[str, str] | None = None,
-        stream: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the broker's signature
-    ) -> object:
-        return await self.js.publish(
-            subject, message, timeout=timeout or 5.0, stream=stream, headers=headers
-        )
 
 
 @asynccontextmanager
@@ -167,7 +150,7 @@ async def test_registers_heartbeats_and_runs_a_worker_once(
             assert json.loads(reply.data)["minion_id"] == minion
 
             # a worker runs, reports its start and end, ships its log
-            sched = JsPublisher(js)
+            sched = JsPublisher(nc)
             await publish(sched, cmd, source="gpufleet/scheduler")
             done = await wait_finished(js, placement)
             assert (done.state, done.exit_code, done.minion_id) == (WorkerState.finished, 0, minion)
@@ -216,7 +199,7 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
     async with client(nats_server) as nc:
         js = nc.jetstream()
         async with running_agent(nats_server, state, minion) as first:
-            await publish(JsPublisher(js), cmd, source="gpufleet/scheduler")
+            await publish(JsPublisher(nc), cmd, source="gpufleet/scheduler")
 
             async def running() -> bool:
                 return len(await events_of(js, WorkerStarted, placement)) == 1

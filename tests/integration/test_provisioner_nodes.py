@@ -28,8 +28,7 @@ from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.settings import ProvisionerSettings
 from nats.aio.client import Client
 
-from .conftest import running, store_for
-from .test_node_agent import JsPublisher
+from .conftest import JsPublisher, running, store_for
 
 
 def good_hw(**kw: Any) -> HardwareInventory:
@@ -116,7 +115,7 @@ class Bus:
     async def send(self, msg: Any) -> None:
         """A node's message, sent by that node (enrolled in the message's region)."""
         nc = await self.node(msg.minion_id, getattr(msg, "region", "lab"))
-        await publish(JsPublisher(nc.jetstream()), msg, source="test")
+        await publish(JsPublisher(nc), msg, source="test")
 
     async def close(self) -> None:
         for nc in (*self.nodes.values(), self.user, self.nc):
