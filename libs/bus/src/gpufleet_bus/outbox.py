@@ -51,6 +51,12 @@ its subject, type, id, size and why, but not its body, which may hold secrets (a
 environment); its document is then done once the record is acknowledged, like any other
 message, and the messages behind it go out. Everything else (no responders, a missing or an
 error ack, a lost connection, a stream that refuses the message for now) is retried as before.
+
+A message that carries a secret (the scheduler's StartWorker with a job's environment) is
+stored sealed with the service's key (`Transaction.emit(sealed=True)`, gpufleet_store.secrets)
+and opened here, just before it is published: the outbox never holds it in clear. A sealed
+message the store's key cannot open stops the relay (logged, retried), like a lost server:
+it is a configuration error (GPUFLEET_SECRET_KEY changed), not a message to drop.
 """
 
 from __future__ import annotations
@@ -233,7 +239,7 @@ class OutboxRelay:
             for doc in docs:
                 flight = _Doc(doc["_id"], 0)
                 flights.append(flight)
-                for msg_id, subject, type_, payload in outbox_messages(doc):
+                for msg_id, subject, type_, payload in outbox_messages(doc, self.store.box):
                     env = Envelope(type=type_, source=self.source, subject=subject, id=msg_id)
                     headers = env.headers()
                     flight.count += 1
