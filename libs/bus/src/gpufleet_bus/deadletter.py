@@ -9,6 +9,10 @@ run with `AckPolicy.MANUAL` and this middleware decides:
   (redelivery cannot fix it); a request gets an `ErrorReply` naming each field and rule
 - any other exception            -> nak with a growing delay, so a transient fault retries;
   after MAX_DELIVER attempts the message is dead-lettered as poison and termed.
+
+A dead-letter record keeps what arrived, less its secrets: a JSON body's `env` values and
+secret fields (gpufleet_contracts.secrets) are replaced by "<secret>"; a body that is not
+JSON is kept byte for byte (nothing in it is known to be a secret).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from faststream import BaseMiddleware, StreamMessage
 from gpufleet_contracts import ErrorBody, ErrorReply, field_errors, subjects
+from gpufleet_contracts.secrets import redact_json
 from pydantic import ValidationError
 
 log = logging.getLogger("gpufleet.bus")
@@ -67,7 +72,9 @@ def dead_letter_bytes(
     reason: str,
     errors: list[dict[str, Any]],
 ) -> bytes:
-    """The DLQ record: what arrived (bytes, CloudEvents headers), why it was refused."""
+    """The DLQ record: what arrived (bytes, CloudEvents headers; secrets left out), why it
+    was refused."""
+    raw = redact_json(raw)
     try:
         payload: Any = raw.decode()
         encoding = "utf-8"
