@@ -396,11 +396,16 @@ class OutboxRelay:
             self._task = asyncio.create_task(self._run(), name=f"outbox-{self.source}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            # Python 3.11's asyncio.wait_for loses a cancellation that comes as the event it
+            # waits for is set (fixed in 3.12): the relay then ran on and stop() waited for
+            # ever (a service stopped just after a commit). Cancel until it has ended.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
         if self._sub is not None and self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
