@@ -25,8 +25,8 @@ import pytest
 from cryptography.fernet import Fernet
 from gpufleet_bus import BusSettings, ensure_streams, make_broker, publish
 from gpufleet_bus.streams import ensure_node_consumer
-from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import GetJob, ListJobs, StartWorker, SubmitJob
+from gpufleet_contracts import Envelope, subjects
+from gpufleet_contracts.jobs import EnqueueJob, GetJob, ListJobs, StartWorker, SubmitJob
 from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState
 from gpufleet_contracts.secrets import REDACTED
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
@@ -217,6 +217,18 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
         assert done["workers"][0]["log_tail"] == "token ok\n"
         assert done["spec"]["env"] == {"TOKEN": REDACTED, "MODE": REDACTED}  # names kept
         await user.call(ListJobs.SUBJECT, ListJobs().to_bytes())
+        # refused bodies: a request's error reply and the dead letters name fields, not values
+        bad = {"spec": {"name": "bad", "gpu_types": ["RTX 3090"], "gpu_count": "x"}}
+        bad["spec"]["env"] = {"TOKEN": VALUE}
+        refused = await user.call(SubmitJob.SUBJECT, json.dumps(bad).encode())
+        assert refused["error"]["code"] == "invalid"
+        enqueue = EnqueueJob.subject_for(ACCOUNT)
+        await user_nc.jetstream().publish(
+            enqueue,
+            json.dumps({"request_id": "r1", **bad}).encode(),
+            headers=Envelope(type=EnqueueJob.TYPE, source="test", subject=enqueue).headers(),
+        )
+        await wait_for_async(lambda: _dead_letters(op, 2), timeout=10, message="two dead letters")
 
         # replies: submit_job, get_job, list_jobs
         assert user.replies and all(VALUE.encode() not in r for r in user.replies)
@@ -225,12 +237,15 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
         queued = [b for s, b in events if s == subjects.event("job", "queued")]
         assert len(queued) == 1 and b'"TOKEN":"<secret>"' in queued[0].replace(b" ", b"")
         assert all(VALUE.encode() not in b for _, b in events)
+        dead = await op.stream_bytes(subjects.STREAM_DLQ)
+        assert len(dead) == 2 and all(b"<secret>" in b and b"TOKEN" in b for _, b in dead)
         for stream in (subjects.STREAM_DLQ, subjects.STREAM_LOGS):
             assert all(VALUE.encode() not in b for _, b in await op.stream_bytes(stream))
-        # commands: the value travels in the node's StartWorker alone
+        # commands: the value travels in the node's StartWorker alone (besides the sender's
+        # own EnqueueJob above: what another system sends is its input, as it sent it)
         commands = await op.stream_bytes(subjects.STREAM_COMMANDS)
-        carrying = [s for s, b in commands if VALUE.encode() in b]
-        assert carrying == [StartWorker.SUBJECT.format(minion_id=minion)]
+        carrying = sorted(s for s, b in commands if VALUE.encode() in b)
+        assert carrying == sorted([enqueue, StartWorker.SUBJECT.format(minion_id=minion)])
         # the scheduler's database (jobs, outbox, checkpoints): sealed only
         stored = await db_bytes(store)
         assert b"TOKEN" in stored and VALUE.encode() not in stored
@@ -242,6 +257,10 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
     assert VALUE not in caplog.text
     # nor the database's files on disk (the outbox row of StartWorker was sealed too)
     assert _files_holding(mongo_server.data_dir, VALUE.encode()) == []
+
+
+async def _dead_letters(op: Operator, n: int) -> bool:
+    return len(await op.stream_bytes(subjects.STREAM_DLQ)) >= n
 
 
 async def _node_known(store: Store, minion: str) -> bool:
