@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from cryptography.fernet import Fernet
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import JobSpec, SubmitJob, WorkerPlaced
 from gpufleet_devstack import EmbeddedMongo, NatsServer
@@ -155,6 +156,9 @@ def job_doc(spec: JobSpec, owner: str, at: datetime) -> dict[str, Any]:
     return jobdoc.new_job("j" + uuid.uuid4().hex[:12], spec, owner, at, None)
 
 
+SECRET_KEY = Fernet.generate_key().decode()  # the scheduler's GPUFLEET_SECRET_KEY
+
+
 def start_scheduler(ns: NatsServer, mongo_url: str, log: Path) -> subprocess.Popen[bytes]:
     # As in the image (deploy/Dockerfile compiles bytecode): the first start writes the
     # bytecode cache, so restarts do not time compiling every module again.
@@ -167,6 +171,7 @@ def start_scheduler(ns: NatsServer, mongo_url: str, log: Path) -> subprocess.Pop
         "GPUFLEET_DB_PREFIX": PREFIX,
         "GPUFLEET_LOG_LEVEL": "INFO",
         "GPUFLEET_SCHEDULER_RESYNC_S": "3600",
+        "GPUFLEET_SECRET_KEY": SECRET_KEY,  # one for the run: restarts read what was sealed
     }
     return subprocess.Popen(
         [sys.executable, "-m", "gpufleet_scheduler"],

@@ -182,7 +182,7 @@ async def test_refused_requests_are_kept_redacted_and_read_back_per_account(
     for secret in (key["private_key_id"], body[:40], body[-40:], "PRIVATE KEY"):
         assert secret not in text and secret.replace("\n", "\\n") not in text
     array_record = next(r for r in mine if r["payload_encoding"] == "json")
-    assert array_record["payload"] == [{"provider": "gcp", "key_json": "[redacted]"}]
+    assert array_record["payload"] == [{"provider": "gcp", "key_json": "<secret>"}]
     assert array_record["headers"]["ce-type"] == "gpufleet.provisioner.enable_provider.v1"
 
 

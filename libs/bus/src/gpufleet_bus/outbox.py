@@ -51,6 +51,12 @@ its subject, type, id, size and why, but not its body, which may hold secrets (a
 environment); its document is then done once the record is acknowledged, like any other
 message, and the messages behind it go out. Everything else (no responders, a missing or an
 error ack, a lost connection, a stream that refuses the message for now) is retried as before.
+
+A message that carries a secret (the scheduler's StartWorker with a job's environment) is
+stored sealed with the service's key (`Transaction.emit(sealed=True)`, gpufleet_store.secrets)
+and opened here, just before it is published: the outbox never holds it in clear. A sealed
+message the store's key cannot open stops the relay (logged, retried), like a lost server:
+it is a configuration error (GPUFLEET_SECRET_KEY changed), not a message to drop.
 """
 
 from __future__ import annotations
@@ -233,7 +239,7 @@ class OutboxRelay:
             for doc in docs:
                 flight = _Doc(doc["_id"], 0)
                 flights.append(flight)
-                for msg_id, subject, type_, payload in outbox_messages(doc):
+                for msg_id, subject, type_, payload in outbox_messages(doc, self.store.box):
                     env = Envelope(type=type_, source=self.source, subject=subject, id=msg_id)
                     headers = env.headers()
                     flight.count += 1
@@ -390,11 +396,16 @@ class OutboxRelay:
             self._task = asyncio.create_task(self._run(), name=f"outbox-{self.source}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            # Python 3.11's asyncio.wait_for loses a cancellation that comes as the event it
+            # waits for is set (fixed in 3.12): the relay then ran on and stop() waited for
+            # ever (a service stopped just after a commit). Cancel until it has ended.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
         if self._sub is not None and self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

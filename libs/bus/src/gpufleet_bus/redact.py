@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-REDACTED = "[redacted]"
+from gpufleet_contracts.secrets import REDACTED  # one marker everywhere: "<secret>"
 
 # Keys whose value is a secret, spelled as `_normalize` spells them (lower snake case).
 SECRET_KEYS = frozenset(

@@ -39,6 +39,7 @@ from .jobspec import (
     dir_name,
 )
 from .projects import PROJECT_REF_VALID, ProjectRefStr
+from .secrets import REDACTED, redact_env
 
 
 class JobType(StrEnum):
@@ -183,8 +184,10 @@ class JobSpec(BaseModel):
     reservation: Reservation | None = Field(default=None, json_schema_extra=rule("R-RES-3"))
     # --- environment (R-JOB-7) ---
     environment: Environment = Field(default_factory=Environment, json_schema_extra=rule("R-JOB-7"))
+    # Secret values (R-JOB-7: env is where users put tokens): stored encrypted by the
+    # scheduler and, in every event or reply but the worker's own StartWorker, REDACTED.
     env: Annotated[dict[str, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
-        default_factory=dict, json_schema_extra=rule("R-JOB-7")
+        default_factory=dict, json_schema_extra=rule("R-JOB-7"), repr=False
     )
     allow_burst: bool = Field(default=False, json_schema_extra=rule("R-SCHED-3"))
     # --- what runs (R-JOB-5): one command for all workers, or one per worker ---
@@ -436,8 +439,10 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _size(self) -> JobSpec:
         """The whole spec, as sent (gpufleet_contracts.limits): its events must fit NATS."""
-        # model_dump_json's bytes, without decoding them (~3 us for a typical spec)
+        # model_dump_json's bytes, without decoding them (~3 us for a typical spec); an env
+        # value counts as at least REDACTED's length, so the redacted spec fits too.
         size = len(self.__pydantic_serializer__.to_json(self, by_alias=True))
+        size += sum(max(0, len(REDACTED) - len(v)) for v in self.env.values())
         if size > limits.SPEC_BYTES:
             raise PydanticCustomError(
                 "too_big",
@@ -452,6 +457,13 @@ class JobSpec(BaseModel):
         return self
 
     # --- derived ---
+
+    def redacted(self) -> JobSpec:
+        """This spec with every env value replaced by REDACTED (the names kept): what events
+        and replies carry (gpufleet_contracts.secrets)."""
+        if not self.env:
+            return self
+        return self.model_copy(update={"env": redact_env(self.env)})
 
     def regions(self) -> set[str]:
         """Regions this job is pinned to by its regional resources (R-RES-1)."""
@@ -542,8 +554,10 @@ class StartWorker(Command):
     job_name: Name
     worker: Int
     command: Argv
+    # The job's env values, in clear: the one message that carries them, on the node's own
+    # command consumer (only that node may read it). Stored sealed in the scheduler's outbox.
     env: Annotated[dict[Name, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
-        default_factory=dict
+        default_factory=dict, repr=False
     )
     gpu_indices: list[Int]
     gpu_uuids: list[str] = Field(default_factory=list)
@@ -573,7 +587,10 @@ class StopWorker(Command):
 
 
 class JobQueued(Event):
-    """A job was accepted: its first state, `queued` (no JobStateChanged is sent for it)."""
+    """A job was accepted: its first state, `queued` (no JobStateChanged is sent for it).
+
+    `spec.env` keeps the names only: every value is "<secret>" (gpufleet_contracts.secrets).
+    """
 
     TYPE = "gpufleet.job.queued.v1"
     SUBJECT = subjects.event("job", "queued")

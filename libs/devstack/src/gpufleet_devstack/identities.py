@@ -4,6 +4,10 @@ Each service gets its own credential (`GPUFLEET_NATS_CREDS`), the provisioner al
 signing keys (`GPUFLEET_AUTH_DIR`); the local account `local` is created on plan `team`
 with one user, `dev`, whose credential the CLI uses; the node agent enrols with a join
 token, as a real node would.
+
+The provisioner and the scheduler share one Fernet key (`GPUFLEET_SECRET_KEY`) that seals the
+secrets they store (a GCP key, a job's env values): the stack's, `<auth dir>/secret.key`
+(0600, made on first use).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from gpufleet_auth.creds import write_secret
 from gpufleet_contracts import Envelope, subjects
 
 from .nats import NatsServer
@@ -22,6 +27,22 @@ from .processes import DevstackError
 LOCAL_ACCOUNT = "local"
 LOCAL_USER = "dev"
 LOCAL_REGION = "local"
+SECRET_KEY_SERVICES = frozenset({"provisioner", "scheduler"})  # they store secrets
+
+
+def secret_key(server: NatsServer, adopt: Path | None = None) -> str:
+    """The stack's Fernet key, made on first use (or taken from `adopt`, a key file of an
+    earlier layout, so what it sealed stays readable)."""
+    path = server.auth_dir / "secret.key"
+    if not path.exists():
+        from cryptography.fernet import Fernet
+
+        if adopt is not None and adopt.exists():
+            key = adopt.read_text().strip()
+        else:
+            key = Fernet.generate_key().decode()
+        write_secret(path, key + "\n")
+    return path.read_text().strip()
 
 
 def service_env(server: NatsServer, service: str) -> dict[str, str]:
@@ -29,6 +50,8 @@ def service_env(server: NatsServer, service: str) -> dict[str, str]:
     if service == "node-agent":
         return {}
     env = {"GPUFLEET_NATS_CREDS": str(server.creds("service", service))}
+    if service in SECRET_KEY_SERVICES:
+        env["GPUFLEET_SECRET_KEY"] = secret_key(server)
     if service == "provisioner":
         env["GPUFLEET_AUTH_DIR"] = str(server.authority.directory)
     return env

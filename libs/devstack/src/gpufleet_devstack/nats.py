@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import urllib.error
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet_auth import Authority, Creds
+from gpufleet_auth.creds import write_secret
 
 from gpufleet_devstack._server import ServerProcess
 from gpufleet_devstack.processes import DevstackError, free_port, port_in_use
@@ -71,6 +73,12 @@ class NatsServer(ServerProcess):
     a credential of any kind for a test or for `just up`; `client(creds)` gives the keyword
     arguments of `nats.connect` for it. `auth=False` runs an open server (nothing uses it
     but the tests that show an open server is what the auth prevents).
+
+    JetStream encrypts what it stores (`jetstream { cipher: chachapoly, key: ... }`): stream
+    and consumer files on disk hold no message in clear. The key is `<auth_dir>/jetstream.key`
+    (0600, made on first start) and the generated configuration, which holds it, is 0600 too.
+    A store written without encryption is encrypted by the server when it starts with a key.
+    `encrypt=False` stores in clear.
     """
 
     kind = "nats-server"
@@ -88,6 +96,7 @@ class NatsServer(ServerProcess):
         auth: bool = True,
         auth_dir: Path | None = None,
         config: str = "",
+        encrypt: bool = True,
     ) -> None:
         store_dir = Path(store_dir).absolute()
         super().__init__(
@@ -105,6 +114,7 @@ class NatsServer(ServerProcess):
         self.auth = auth
         self.auth_dir = Path(auth_dir) if auth_dir else store_dir.parent / f"{store_dir.name}.auth"
         self.config = config  # more nats-server configuration, appended as is
+        self.encrypt = encrypt
         self._authority: Authority | None = None
 
     # --- identities -------------------------------------------------------------------
@@ -154,6 +164,18 @@ class NatsServer(ServerProcess):
         """`nats.connect` keyword arguments of an operator: tests that poke at streams."""
         return self.client(self.creds("operator"))
 
+    @property
+    def jetstream_key_file(self) -> Path:
+        return self.auth_dir / "jetstream.key"
+
+    def jetstream_key(self) -> str:
+        """The key JetStream encrypts its store with (made on first use, kept 0600)."""
+        path = self.jetstream_key_file
+        if not path.exists():
+            self.auth_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_secret(path, secrets.token_hex(32) + "\n")
+        return path.read_text().strip()
+
     def _monitor_port(self) -> int:
         """A free port other than the client port: two `free_port` calls in a row can get
         the same one (the kernel hands a released port out again), and nats-server, which
@@ -183,7 +205,10 @@ class NatsServer(ServerProcess):
             resolver = self.store_dir.parent / f"{self.store_dir.name}.jwt"
             resolver.mkdir(parents=True, exist_ok=True)
             conf = self.authority.server_config(resolver) + conf
-        self.config_file.write_text(conf)
+        if self.encrypt:
+            # store_dir stays the command line's (-sd); this block adds the encryption.
+            conf += f'jetstream {{\n  cipher: chachapoly\n  key: "{self.jetstream_key()}"\n}}\n'
+        write_secret(self.config_file, conf)  # it may hold the JetStream key: 0600
         if self.monitor_port == self.port or port_in_use(self.monitor_port, self.host):
             self.monitor_port = self._monitor_port()
 

@@ -283,14 +283,22 @@ class Stack:
             **identities.service_env(self.nats, spec.name),
             **self.node_env.get(spec.name, {}),
         }
+        if os.environ.get("GPUFLEET_SECRET_KEY"):  # one of the developer's: theirs wins
+            stack.pop("GPUFLEET_SECRET_KEY", None)
         return child_env(spec, os.environ, stack, self.run_dir)
 
     def start_servers(self) -> None:
         self.out.step(
             f"starting nats-server on {self.nats.url} (data: {_rel(self.nats.store_dir)})"
         )
+        # The stack's secret key (provisioner and scheduler); a GCP key sealed by an earlier
+        # `just up --gcp` with .run/gcp-secret.key stays readable.
+        identities.secret_key(self.nats, adopt=self.run_dir / "gcp-secret.key")
         self.nats.start()
-        self.out.ok(f"nats-server up, JetStream enabled (log: {_rel(self.nats.log_file)})")
+        self.out.ok(
+            "nats-server up, JetStream enabled and encrypted at rest "
+            f"(log: {_rel(self.nats.log_file)})"
+        )
         self.out.step(f"starting embedded MongoDB (nx-27017) on {self.mongo.url}")
         self.mongo.start()
         self.out.ok(
@@ -298,15 +306,11 @@ class Stack:
         )
 
     def start_gcp(self) -> None:
-        """The GCP emulator, its endpoints and a Fernet key (kept in the run dir) for the
-        services; its instances boot simulated node agents on this stack's NATS."""
-        from cryptography.fernet import Fernet
+        """The GCP emulator and its endpoints for the services (the key that seals the GCP
+        service-account key is the stack's, `identities.secret_key`); its instances boot
+        simulated node agents on this stack's NATS."""
         from gpufleet_gcp_emulator.testing import EmulatorProcess
 
-        key_file = self.run_dir / "gcp-secret.key"
-        if not key_file.exists():
-            key_file.write_text(Fernet.generate_key().decode())
-            key_file.chmod(0o600)
         self.out.step("starting the Google Cloud emulator (Compute, Pub/Sub, Logging)")
         self.gcp = EmulatorProcess(
             self.log_dir / "gcp-emulator.log",
@@ -315,8 +319,6 @@ class Stack:
         ).start()
         self.gcp_env = {
             **self.gcp.env(),
-            "GPUFLEET_SECRET_KEY": os.environ.get("GPUFLEET_SECRET_KEY")
-            or key_file.read_text().strip(),
             "GPUFLEET_BURST_IDLE_S": os.environ.get("GPUFLEET_BURST_IDLE_S", "60"),
         }
         self.out.ok(f"GCP emulator up: Compute {self.gcp.compute}, gRPC {self.gcp.grpc}")

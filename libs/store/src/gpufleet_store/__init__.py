@@ -5,13 +5,17 @@ State changes and the events they cause are written in one transaction (`Store.t
 the events into the `outbox` collection; `gpufleet_bus.OutboxRelay` publishes them after the
 commit. A crash between the two loses nothing: the relay publishes what is left on restart,
 and JetStream drops the duplicate: each message keeps its id (`Nats-Msg-Id`) inside its
-outbox document.
+outbox document. Secrets are stored sealed (`SecretBox`, gpufleet_store.secrets), outbox
+messages that carry one too.
 """
 
+from .secrets import SecretBox, SecretError
 from .store import IndexSpec, Store, StoreSettings, Transaction, from_ms, now_ms, utcnow
 
 __all__ = [
     "IndexSpec",
+    "SecretBox",
+    "SecretError",
     "Store",
     "StoreSettings",
     "Transaction",

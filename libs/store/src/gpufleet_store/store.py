@@ -15,6 +15,8 @@ from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 
+from .secrets import SecretBox, SecretError
+
 T = TypeVar("T")
 Doc = dict[str, Any]
 IndexSpec = Mapping[str, Sequence[IndexModel]]
@@ -32,11 +34,21 @@ OUTBOX = "outbox"
 #   frame = >HHHI (byte lengths of id, subject, type, payload) + id + subject + type + payload
 #
 # id, subject and type are UTF-8; the payload is the message body as given to `emit`.
+# A document with a sealed message (one that carries a secret: `emit(..., sealed=True)`) is
+# FORMAT_SEALED (2) instead, whose frames add one flags byte after the lengths:
+#
+#   frame = >HHHIB (lengths as above, flags) + id + subject + type + payload
+#
+# flags bit 0: the payload is sealed (a Fernet token of the body, gpufleet_store.secrets), and
+# only a reader with the service's key gets the body (`outbox_messages(doc, box)`).
 # Documents sort by (created_at, seq): one transaction's chunks share created_at, and seq
 # grows across the process, so transactions within one millisecond (BSON dates' precision)
 # still sort in commit order.
 FORMAT = 1
+FORMAT_SEALED = 2
 _FRAME = struct.Struct(">HHHI")
+_FRAME_SEALED = struct.Struct(">HHHIB")
+SEALED = 1
 CHUNK_MESSAGES = 2_000
 CHUNK_BYTES = 4 * 1024 * 1024
 _SEQ = itertools.count()
@@ -68,23 +80,43 @@ class Transaction:
     """What a transaction body sees: the session for its writes and `emit` for its events.
 
     `outbox` lists what was emitted so far, one dict per message (`_id`, `subject`, `type`,
-    `payload`); at commit they are packed into outbox documents (`outbox_documents`).
+    `payload`, and `sealed` when the payload is); at commit they are packed into outbox
+    documents (`outbox_documents`). `box` seals the messages emitted with `sealed=True`.
     """
 
     session: AsyncClientSession
     outbox: list[Doc] = field(default_factory=list)
+    box: SecretBox | None = None
 
-    def emit(self, subject: str, type_: str, payload: bytes, msg_id: str | None = None) -> str:
-        """Queue a message for the outbox; it is written with the transaction's other writes."""
+    def emit(
+        self,
+        subject: str,
+        type_: str,
+        payload: bytes,
+        msg_id: str | None = None,
+        *,
+        sealed: bool = False,
+    ) -> str:
+        """Queue a message for the outbox; it is written with the transaction's other writes.
+        A `sealed` message (it carries a secret) is stored encrypted with the store's key."""
         msg_id = msg_id or uuid.uuid4().hex
-        self.outbox.append({"_id": msg_id, "subject": subject, "type": type_, "payload": payload})
+        msg: Doc = {"_id": msg_id, "subject": subject, "type": type_, "payload": payload}
+        if sealed:
+            if self.box is None:
+                raise RuntimeError("this store has no secret key: a secret cannot be written")
+            msg.update(payload=self.box.seal(payload), sealed=True)
+        self.outbox.append(msg)
         return msg_id
 
 
-def _frame(msg: Doc) -> bytes:
+def _frame(msg: Doc, with_flags: bool) -> bytes:
     id_, subject, type_ = (str(msg[k]).encode() for k in ("_id", "subject", "type"))
     payload = bytes(msg["payload"])
-    head = _FRAME.pack(len(id_), len(subject), len(type_), len(payload))
+    if with_flags:
+        flags = SEALED if msg.get("sealed") else 0
+        head = _FRAME_SEALED.pack(len(id_), len(subject), len(type_), len(payload), flags)
+    else:
+        head = _FRAME.pack(len(id_), len(subject), len(type_), len(payload))
     return b"".join((head, id_, subject, type_, payload))
 
 
@@ -94,6 +126,10 @@ def outbox_documents(messages: Sequence[Doc]) -> list[Doc]:
     created_at = utcnow()
     frames: list[bytes] = []
     size = 0
+    # Documents of a transaction with a sealed message are all FORMAT_SEALED (rare: the
+    # frames of the others stay as they were).
+    with_flags = any(m.get("sealed") for m in messages)
+    fmt = FORMAT_SEALED if with_flags else FORMAT
 
     def close() -> None:
         docs.append(
@@ -103,12 +139,12 @@ def outbox_documents(messages: Sequence[Doc]) -> list[Doc]:
                 "seq": next(_SEQ),
                 "published": False,
                 "count": len(frames),
-                "messages": bytes([FORMAT]) + b"".join(frames),
+                "messages": bytes([fmt]) + b"".join(frames),
             }
         )
 
     for msg in messages:
-        frame = _frame(msg)
+        frame = _frame(msg, with_flags)
         if frames and (len(frames) >= CHUNK_MESSAGES or size + len(frame) > CHUNK_BYTES):
             close()
             frames, size = [], 0
@@ -119,18 +155,24 @@ def outbox_documents(messages: Sequence[Doc]) -> list[Doc]:
     return docs
 
 
-def outbox_messages(doc: Doc) -> Iterator[tuple[str, str, str, bytes]]:
-    """(id, subject, type, payload) of each message of an outbox document, in order."""
+def outbox_frames(doc: Doc) -> Iterator[tuple[str, str, str, bytes, bool]]:
+    """(id, subject, type, payload, sealed) of each message of an outbox document, in
+    order; a sealed payload as stored (encrypted)."""
     if "messages" not in doc:  # a row of the earlier one-message-per-document outbox
-        yield str(doc["_id"]), doc["subject"], doc["type"], bytes(doc["payload"])
+        yield str(doc["_id"]), doc["subject"], doc["type"], bytes(doc["payload"]), False
         return
     blob = memoryview(doc["messages"])
-    if not blob or blob[0] != FORMAT:
+    if not blob or blob[0] not in (FORMAT, FORMAT_SEALED):
         raise ValueError(f"outbox document {doc['_id']}: unknown format")
+    frame = _FRAME if blob[0] == FORMAT else _FRAME_SEALED
     pos = 1
+    flags = 0
     while pos < len(blob):
-        n_id, n_subject, n_type, n_payload = _FRAME.unpack_from(blob, pos)
-        a = pos + _FRAME.size
+        if frame is _FRAME:
+            n_id, n_subject, n_type, n_payload = _FRAME.unpack_from(blob, pos)
+        else:
+            n_id, n_subject, n_type, n_payload, flags = _FRAME_SEALED.unpack_from(blob, pos)
+        a = pos + frame.size
         b = a + n_id
         c = b + n_subject
         d = c + n_type
@@ -140,7 +182,21 @@ def outbox_messages(doc: Doc) -> Iterator[tuple[str, str, str, bytes]]:
             str(blob[b:c], "utf-8"),
             str(blob[c:d], "utf-8"),
             bytes(blob[d:pos]),
+            bool(flags & SEALED),
         )
+
+
+def outbox_messages(
+    doc: Doc, box: SecretBox | None = None
+) -> Iterator[tuple[str, str, str, bytes]]:
+    """(id, subject, type, payload) of each message of an outbox document, in order; a
+    sealed payload opened with `box` (without one, a sealed message raises SecretError)."""
+    for msg_id, subject, type_, payload, sealed in outbox_frames(doc):
+        if sealed:
+            if box is None:
+                raise SecretError(f"outbox message {msg_id} is sealed and there is no key")
+            payload = box.open(payload)
+        yield msg_id, subject, type_, payload
 
 
 _TX_LOCKS: dict[tuple[int, str], asyncio.Lock] = {}
@@ -164,6 +220,9 @@ class Store:
         # Called after each commit with the outbox documents it wrote (the relay publishes
         # them from memory instead of reading them back; `gpufleet_bus.outbox`).
         self.outbox_written: Callable[[list[Doc]], None] = lambda docs: None
+        # Seals the outbox messages that carry secrets (`Transaction.emit(sealed=True)`) and
+        # opens them for the relay; set by a service that has secrets (the scheduler).
+        self.box: SecretBox | None = None
 
     @classmethod
     def connect(cls, service: str, settings: StoreSettings | None = None) -> Store:
@@ -219,7 +278,7 @@ class Store:
         async with self.client.start_session() as session:
 
             async def run(s: AsyncClientSession) -> T:
-                tx = Transaction(session=s)
+                tx = Transaction(session=s, box=self.box)
                 written.clear()  # with_transaction may run the body again
                 result = await body(tx)
                 if tx.outbox:

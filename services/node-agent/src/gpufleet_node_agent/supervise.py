@@ -4,7 +4,9 @@ The agent starts it detached (its own session, stdio on /dev/null), so the worke
 an agent restart or `kill -9`. Everything it knows and decides is in files of the worker
 directory, which is how a restarted agent picks the worker up again:
 
-    spec.json       (in)  command, env, job fields, GPU indices
+    spec.json       (in)  command, job fields, GPU indices
+    env.json        (in)  the job's env values (0600): read, then deleted before the command
+                          starts, so the values stay only in the command's environment
     supervisor.pid  (out) this process
     log             (out) the command's stdout and stderr, appended
     output/         (out) ML_OUTPUT_PATH, also the command's working directory
@@ -130,6 +132,14 @@ class Supervisor:
             self._armed = False
             raise _Stop
 
+    def _take_env(self) -> dict[str, Any]:
+        """The job's env values (env.json), removed from the disk once read."""
+        path = self.dir / "env.json"
+        values = read_json(path) or {}
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return values
+
     def _finish(self, **fields: Any) -> None:
         write_json_atomic(self.dir / "exit.json", {"ended_at": utcnow().isoformat(), **fields})
 
@@ -137,6 +147,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_term)
         write_text_atomic(self.dir / "supervisor.pid", f"{os.getpid()}\n")
         spec = read_json(self.dir / "spec.json")
+        secrets = self._take_env()
         if spec is None or not spec.get("command"):
             self._finish(exit_code=None, error="spec.json is missing or has no command")
             return
@@ -155,7 +166,11 @@ class Supervisor:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=worker_env(spec, self.dir, os.environ),
+                    env=worker_env(
+                        {**spec, "env": {**(spec.get("env") or {}), **secrets}},
+                        self.dir,
+                        os.environ,
+                    ),
                     cwd=output,
                     start_new_session=True,  # its own process group, signalled as a whole
                 )

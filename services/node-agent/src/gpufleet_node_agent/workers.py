@@ -3,7 +3,10 @@
 One directory per placement, `<state_dir>/workers/<placement_id>/`. Besides the files the
 supervisor writes (see `supervise`), the agent keeps:
 
-    spec.json           the StartWorker command (written before the directory appears)
+    spec.json           the StartWorker command, less its env values (written before the
+                        directory appears)
+    env.json            the job's env values (secrets, R-JOB-7), 0600; the supervisor reads
+                        it and deletes it before the command starts (`supervise`)
     stop_requested      the reason of a StopWorker, when one came
     log.offset          bytes of `log` already published
     log.pending         end of the log chunk being published (re-sent as is after a crash)
@@ -39,7 +42,14 @@ from gpufleet_bus.publish import Publisher, publish, publish_raw
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerStarted, WorkerState
 
-from .files import read_int, read_json, utcnow, write_json_atomic, write_text_atomic
+from .files import (
+    read_int,
+    read_json,
+    utcnow,
+    write_json_atomic,
+    write_secret_json,
+    write_text_atomic,
+)
 
 log = logging.getLogger("gpufleet.node_agent.workers")
 
@@ -50,6 +60,8 @@ CHUNKS_PER_POLL = 64  # per worker, so one chatty worker cannot starve the other
 SUPERVISOR_MODULE = "gpufleet_node_agent.supervise"
 LOST_AT_RESTART = "worker lost: its supervisor was gone when the agent restarted"
 LOST_AT_RUNTIME = "worker lost: its supervisor ended without recording the worker's end"
+ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
+SECRET_FILES = frozenset({ENV_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -206,7 +218,10 @@ class WorkerManager:
         tmp = self.root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         for name, data in files.items():
-            write_json_atomic(tmp / name, data)
+            if name in SECRET_FILES:
+                write_secret_json(tmp / name, data)
+            else:
+                write_json_atomic(tmp / name, data)
         try:
             os.rename(tmp, final)
         except OSError:  # appeared meanwhile
@@ -222,7 +237,8 @@ class WorkerManager:
             "job_name": cmd.job_name,
             "worker": cmd.worker,
             "command": cmd.command,
-            "env": cmd.env,
+            # The values are secrets: in env.json (0600) until the supervisor has read them.
+            "env_names": sorted(cmd.env),
             "gpu_indices": cmd.gpu_indices,
             "gpu_uuids": cmd.gpu_uuids,
             "received_at": self.clock().isoformat(),
@@ -234,6 +250,8 @@ class WorkerManager:
             "gpu_memory_limit_mb": cmd.gpu_memory_limit_mb,
         }
         files: dict[str, dict[str, Any]] = {"spec.json": spec}
+        if cmd.env:
+            files[ENV_FILE] = dict(cmd.env)
         unknown = sorted(set(cmd.gpu_indices) - (self.gpu_indices or set()))
         if self.gpu_indices is not None and unknown:
             files["exit.json"] = {

@@ -64,6 +64,7 @@ def settings_from_env() -> SchedulerSettings:
         starve_after_s=float(os.environ.get("GPUFLEET_STARVE_AFTER_S", "300")),
         resync_s=float(os.environ.get("GPUFLEET_SCHEDULER_RESYNC_S", "30")),
         checkpoint_s=float(os.environ.get("GPUFLEET_SCHEDULER_CHECKPOINT_S", "60")),
+        secret_key=os.environ.get("GPUFLEET_SECRET_KEY") or None,
     )
 
 

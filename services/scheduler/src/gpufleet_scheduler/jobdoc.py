@@ -2,6 +2,11 @@
 
 Pure functions on plain dicts (the documents of the `jobs` collection), no I/O: the service
 (service.py) reads and writes them in its transactions.
+
+Secrets (R-JOB-7: every env value) are never stored in clear: a document's `spec` keeps the
+env names with "<secret>" for each value, and `env_sealed` the values, a Fernet token made
+with the scheduler's key (gpufleet_store.SecretBox). `spec_of` puts them back for the one
+message that carries them, the worker's StartWorker; `view` (every reply) shows the names.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from typing import Any, cast
 
 from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.jobs import JobSpec, JobState, WorkerState
-from gpufleet_store import now_ms
+from gpufleet_contracts.secrets import redact_env
+from gpufleet_store import SecretBox, now_ms
 
 from .jobstate import job_state
 
@@ -30,11 +36,13 @@ def new_job(
     *,
     owner: str | None = None,
     project: str | None = None,
+    box: SecretBox | None = None,
 ) -> Doc:
-    """A submitted job's document: queued, every worker waiting. `account` created it;
-    `owner` owns its project (`project`, its name there), the account itself by default."""
+    """A submitted job's document: queued, every worker waiting, its secrets sealed.
+    `account` created it; `owner` owns its project (`project`, its name there), the account
+    itself by default."""
     project = project or spec.project
-    return {
+    doc: Doc = {
         "_id": job_id,
         "name": spec.name,
         "project": project,
@@ -58,22 +66,41 @@ def new_job(
             for i in range(spec.workers)
         ],
     }
+    if spec.env:
+        if box is None:
+            raise ValueError("a job with env values needs the scheduler's key to store them")
+        doc["env_sealed"] = box.seal_json(spec.env)
+    return doc
 
 
 def stored_spec(spec: JobSpec) -> Doc:
-    """The spec as a job document keeps it: what differs from the contract's defaults.
+    """The spec as a job document keeps it: what differs from the contract's defaults, with
+    every env value replaced by "<secret>" (the values are in `env_sealed`).
 
-    Read back with `JobSpec.model_validate`, it is the same spec (tests/unit/test_jobspec.py).
+    Read back with `spec_of`, it is the same spec (tests/unit/test_jobspec.py).
     Defaults are most of a spec (a typical one is 544 BSON bytes, 99 without them), and
     nx-27017's cost per stored job grows with its fields (benchmarks/scheduler). A contract
     default therefore never changes meaning within a version (`gpufleet_contracts.base`).
     """
-    return spec.model_dump(mode="json", exclude_defaults=True)
+    return spec.redacted().model_dump(mode="json", exclude_defaults=True)
+
+
+def spec_of(job: Doc, box: SecretBox) -> JobSpec:
+    """A stored job's spec with its secrets opened (SecretError: this key cannot open them).
+    A job stored before secrets were sealed has its env in `spec` itself."""
+    stored = job["spec"]
+    sealed = job.get("env_sealed")
+    if sealed:
+        stored = {**stored, "env": box.open_json(sealed)}
+    return JobSpec.model_validate(stored)
 
 
 def full_spec(stored: Doc) -> Doc:
-    """A stored spec with its defaults, as `gpufleet job show` prints it."""
-    return JobSpec.model_validate(stored).model_dump(mode="json")
+    """A stored spec with its defaults, as `gpufleet job show` prints it: env values
+    "<secret>" (also those of a job stored before secrets were sealed)."""
+    spec = JobSpec.model_validate(stored).model_dump(mode="json")
+    spec["env"] = redact_env(spec.get("env") or {})
+    return spec
 
 
 def request_of(spec: JobSpec) -> Doc:

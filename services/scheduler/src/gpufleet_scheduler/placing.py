@@ -31,8 +31,9 @@ def place_worker(
     epoch: int,
 ) -> list[Doc]:
     """Place worker `w` of `job` as `d` decided: its fields, its WorkerPlaced (the rate is
-    locked here, R-SCHED-2) and its StartWorker with the mount plan (R-JOB-3/4) in `tx`; returns
-    the claim documents of the GPU slots it takes."""
+    locked here, R-SCHED-2) and its StartWorker with the mount plan (R-JOB-3/4) and the job's
+    env values (the one message that carries them, to that node alone) in `tx`; returns the
+    claim documents of the GPU slots it takes."""
     node = d.node
     placement_id = uuid.uuid4().hex
     fraction = d.fraction
@@ -97,6 +98,7 @@ def place_worker(
             gpu_memory_limit_mb=memory,
             disk_size_gb=spec.disk_size_gb,
         ),
+        sealed=bool(spec.env),  # the env values: stored encrypted until the relay sends it
     )
     return [
         {

@@ -20,6 +20,12 @@ interleave two transactions at all ("no such savepoint", and the failed one may 
 half-applied), even from one client. Two scheduler *processes* against nx-27017 can still
 collide; run one scheduler process with nx-27017 (as `just up` does). MongoDB has no such
 limit, and there the lease's fencing is what keeps a second instance harmless.
+
+Secrets (a job's env values, R-JOB-7) are sealed with the scheduler's key (settings
+`secret_key`, GPUFLEET_SECRET_KEY) wherever they are stored: the job document (jobdoc.py) and
+the outbox row of the worker's StartWorker (`emit(sealed=True)`). JobQueued and every reply
+carry the env names with "<secret>" values. A job whose secrets this key cannot open (the key
+changed) fails when it is about to be placed, instead of stopping the queue.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
@@ -50,7 +56,7 @@ from gpufleet_contracts.jobs import (
     WorkerState,
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
-from gpufleet_store import Store, Transaction, from_ms, now_ms
+from gpufleet_store import SecretBox, SecretError, Store, Transaction, from_ms, now_ms
 from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel, ReplaceOne, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
@@ -92,6 +98,7 @@ SUBMIT_BATCH = 500  # jobs per transaction when an instance that does not lead s
 ADMIT_MAX = 4096  # submissions taken into one placement pass
 COMMIT_CHUNK = 500  # jobs per placement transaction
 CHECKPOINT_AFTER = 10_000  # documents changed at once that call for a checkpoint now
+UNREADABLE = "its secrets (env values) do not decrypt with the scheduler's GPUFLEET_SECRET_KEY"
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,19 @@ class SchedulerSettings:
     explain_budget: int = 32  # request shapes explained per pass (queue.py)
     resync_s: float = 30.0  # the leader reads what changed this often (bounds staleness)
     checkpoint_s: float = 60.0  # the leader writes its memory this often (checkpoint.py)
+    # Fernet key sealing job secrets at rest (GPUFLEET_SECRET_KEY). None: a key made for
+    # this process (in-process tests; `python -m gpufleet_scheduler` refuses to run without
+    # one unless GPUFLEET_EPHEMERAL_SECRET_KEY=1).
+    secret_key: str | None = field(default=None, repr=False)
+
+    def box(self) -> SecretBox:
+        if self.secret_key:
+            return SecretBox(self.secret_key)
+        log.warning(
+            "no GPUFLEET_SECRET_KEY: job secrets are sealed with a key of this process, "
+            "which another process or a restart cannot open"
+        )
+        return SecretBox.for_process()
 
 
 class StaleJob(Exception):
@@ -132,6 +152,8 @@ class Scheduler:
         self.clock = clock
         self.lease = lease or Lease(store.db)
         self.settings = settings or SchedulerSettings()
+        self.box = self.settings.box()
+        store.box = self.box  # the outbox seals the StartWorker that carries a job's env
         self.notify = notify  # tells the leader what changed (set by the app)
         self.lock = asyncio.Lock()
         self.fleet = Fleet()
@@ -351,7 +373,7 @@ class Scheduler:
     def _spec(self, job: Doc) -> JobSpec:
         spec = self.specs.get(job["_id"])
         if spec is None:
-            spec = self.specs[job["_id"]] = JobSpec.model_validate(job["spec"])
+            spec = self.specs[job["_id"]] = jobdoc.spec_of(job, self.box)
         return spec
 
     def _req(self, job: Doc) -> Doc:
@@ -390,7 +412,9 @@ class Scheduler:
         if owner == account:  # created on first use; another's exists (resolve found it)
             await self.projects.ensure(owner, project)
         now = self.clock()
-        doc = jobdoc.new_job(job_id, spec, account, now, request_id, owner=owner, project=project)
+        doc = jobdoc.new_job(
+            job_id, spec, account, now, request_id, owner=owner, project=project, box=self.box
+        )
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[job_id] = fut
         self._submits.append(Submission(doc, spec, fut))
@@ -866,6 +890,7 @@ class Scheduler:
         if partial:  # known from a checkpoint: the whole document is needed now
             for full in await self.db.jobs.find({"_id": {"$in": partial}}).to_list(None):
                 self.jobs[full["_id"]] = full
+        unreadable = self._unreadable(by_job)
 
         async def body(tx: Transaction) -> int:
             docs.clear()
@@ -880,6 +905,10 @@ class Scheduler:
                 sub = fresh.get(job_id)
                 if sub is not None:
                     _emit_queued(tx, sub)
+                if job_id in unreadable:
+                    job["rev"] = rev
+                    replaces.append(self._fail_unreadable(tx, job, now))
+                    continue
                 if items:
                     spec = self._spec(job)
                     for wt, p, s in items:
@@ -914,6 +943,32 @@ class Scheduler:
         for sub in stored:
             if not sub.fut.done():
                 sub.fut.set_result(True)
+
+    def _unreadable(
+        self, by_job: dict[str, list[tuple[Waiting, Placement, list[tuple[str, int, int]]]]]
+    ) -> set[str]:
+        """The jobs of a pass whose secrets this key cannot open: their placements are given
+        back (they fail instead, `_fail_unreadable`)."""
+        out: set[str] = set()
+        for job_id, items in by_job.items():
+            if not items:
+                continue
+            try:
+                self._spec(self.jobs[job_id])
+            except SecretError:
+                out.add(job_id)
+                for _, p, slots in items:
+                    self.fleet.release(p.node.node_id, [(g, sh) for _, g, sh in slots])
+        return out
+
+    def _fail_unreadable(self, tx: Transaction, job: Doc, now: datetime) -> ReplaceOne[Doc]:
+        log.error("job %s: its secrets do not decrypt with GPUFLEET_SECRET_KEY", job["_id"])
+        for w in job["workers"]:
+            if w["state"] == WorkerState.waiting.value:
+                w.update(state=WorkerState.failed.value, reason=UNREADABLE, ended_at=now)
+        job["queue_reason"] = None
+        job["queue_detail"] = []
+        return self._replace(tx, job, now, UNREADABLE)
 
     def _reasons(self, result: PassResult, now: datetime) -> list[tuple[str, Doc]]:
         """The reasons this pass explained, made current in memory; returns the (job,
@@ -1076,7 +1131,7 @@ def _emit_queued(tx: Transaction, sub: Submission) -> None:
             job_id=d["_id"],
             owner=d["owner"],
             creator=d["creator"],
-            spec=sub.spec,
+            spec=sub.spec.redacted(),  # names only: values never travel in events
             queued_at=d["queued_at"],
             request_id=d.get("request_id"),
         ),
