@@ -254,7 +254,9 @@ def victim(system: System, victim_user: Path) -> Iterator[Victim]:
         assert system.job(job_id)["state"] == "running"
         assert system.json("billing", "balance") == balance
     finally:
+        # Its worker is stopped before the system goes (workers outlive their agent).
         system.cli("job", "cancel", job_id, check=False)
+        system.wait_state(job_id, "stopped", "failed", "finished", timeout=30)
 
 
 def attacker_subject(service: str, verb: str) -> str:
