@@ -7,7 +7,7 @@ import json
 
 import nats
 from faststream.nats import NatsMessage
-from gpufleet_bus import ServiceRuntime, publish
+from gpufleet_bus import ServiceRuntime, account_of, publish
 from gpufleet_contracts import Envelope, Event, subjects
 from gpufleet_devstack import NatsServer, wait_for_async
 from nats.js.api import DeliverPolicy
@@ -131,3 +131,33 @@ async def test_invalid_request_gets_a_structured_error_and_is_kept(
     ]
     dead = await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     assert len(dead) == 1
+
+
+async def test_a_request_acts_for_its_subject_s_account_never_a_header(
+    fresh_nats: NatsServer,
+) -> None:
+    """R-TEN-2 on the FastStream path: the account is the subject's last token (which only
+    that account's users may publish); a client-set header changes nothing; a subject whose
+    account token is not an account is refused as invalid."""
+    broker = broker_for("svc", fresh_nats)
+    rt = ServiceRuntime("svc", broker, None)
+
+    @rt.on_request("whoami")
+    async def whoami(msg: NatsMessage) -> dict[str, str]:
+        return {"account": account_of(msg)}
+
+    async with running(rt.app):
+        subject = subjects.rpc("svc", "whoami")
+        async with as_user(fresh_nats, "acme") as user:
+            reply = await user.nc.request(
+                subjects.as_account(subject, "acme"),
+                b"{}",
+                timeout=5,
+                headers={"gpufleet-account": "other"},
+            )
+        nc = await admin_connect(fresh_nats)
+        refused = await nc.request(subjects.as_account(subject, "@nobody"), b"{}", timeout=5)
+        await nc.close()
+    assert json.loads(reply.data) == {"account": "acme"}
+    error = json.loads(refused.data)["error"]
+    assert error["code"] == "invalid" and error["fields"][0]["rule"] == "R-TEN-2"

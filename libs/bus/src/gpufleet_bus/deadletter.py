@@ -49,6 +49,7 @@ from gpufleet_contracts.base import SPEC_VERSION
 from gpufleet_contracts.subjects import ACCOUNT_RE
 from pydantic import ValidationError
 
+from .accounts import NoAccountError
 from .redact import body_fields, redact
 
 log = logging.getLogger("gpufleet.bus")
@@ -284,6 +285,9 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
                 return await self._refuse(msg, jetstream, INVALID_MESSAGE, field_errors(exc))
             except EnvelopeError as exc:  # the envelope check, or a handler's own dispatch
                 return await self._refuse(msg, jetstream, str(exc), _fields(exc))
+            except NoAccountError as exc:  # a request on no account's subject (R-TEN-2)
+                field = FieldError(field="subject", rule="R-TEN-2", message=str(exc))
+                return await self._refuse(msg, jetstream, str(exc), [field])
             except Exception as exc:
                 attempt = _attempt(msg)
                 if not jetstream:
