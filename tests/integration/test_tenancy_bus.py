@@ -6,6 +6,7 @@ submit federated jobs, and a free account is refused regional resources."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -146,12 +147,14 @@ async def test_projects_federated_jobs_and_plans_over_the_bus(
     assert refused["error"]["code"] == "not_found"
 
     # R-TEN-3: bob's own project on plan free has no regional resources; acme's has
-    notebook = job("nb", type="notebook", reservation={"region": "lab", "name": "web"})
+    # A region no node of the shared test server is in (other tests register nodes there).
+    region = f"lab-{uuid.uuid4().hex[:8]}"
+    notebook = job("nb", type="notebook", reservation={"region": region, "name": "web"})
     refused = await bob.ask("submit_job", notebook)
     assert fields(refused) == [("spec.reservation", "R-TEN-3")]
     federated = {"spec": {**notebook["spec"], "project": ref}}
     pinned = await bob.ask("submit_job", federated)
-    assert fields(pinned) == [("spec.region", "R-RES-1")]  # plan passes; no node in lab
+    assert fields(pinned) == [("spec.region", "R-RES-1")]  # plan passes; no node there
 
     # the operator changes bob's plan: the event reaches the scheduler
     reply = await admin_request(nats_server, "set_plan", {"account": bob.account, "plan": "team"})
