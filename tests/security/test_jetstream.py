@@ -7,12 +7,15 @@ another node's commands are refused by the server.
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gpufleet_auth.permissions import node_consumer
-from gpufleet_contracts import subjects
+from gpufleet_contracts import Envelope, subjects
+from gpufleet_contracts.nodes import NodeHeartbeat
 
 from .attack import Client
 from .conftest import (
@@ -21,6 +24,7 @@ from .conftest import (
     System,
     Victim,
     admin_js,
+    attacker_subject,
     consumer_names,
     stream_state,
 )
@@ -48,7 +52,8 @@ def untouched(before: dict[str, Any], after: dict[str, Any]) -> None:
     consumer (ephemeral ones of earlier reads may have gone away meanwhile)."""
     for stream, was in before.items():
         now = after[stream]
-        assert now["first_seq"] == was["first_seq"], stream
+        # (an empty stream's first sequence moves when its first message arrives)
+        assert now["first_seq"] == was["first_seq"] or was["messages"] == 0, stream
         assert now["messages"] >= was["messages"], stream
         assert set(now["consumers"]) <= set(was["consumers"]), stream
 
@@ -193,3 +198,45 @@ async def test_a_node_reads_only_its_own_commands(system: System, evil_node: Pat
         await node.request_refused(
             f"$JS.API.CONSUMER.INFO.{subjects.STREAM_COMMANDS}.{node_consumer('other')}", {}
         )
+
+
+# What a requester may aim a service at by choosing the reply subject of its request.
+AIMED = [
+    *(f"$JS.API.STREAM.PURGE.{s}" for s in ALL_STREAMS),
+    *(f"$JS.API.STREAM.DELETE.{s}" for s in ALL_STREAMS),
+    f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_EVENTS}.billing-worker-finished",
+    f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_COMMANDS}.{node_consumer(VICTIM_NODE)}",
+]
+
+
+async def test_a_reply_subject_cannot_aim_a_service_at_the_jetstream_api(
+    system: System, victim: Victim, eve: Path, evil_node: Path
+) -> None:
+    """A request (and a heartbeat, which is no request) whose reply subject is a JetStream
+    API call: the service must not answer there, or its credential would make the call for
+    the attacker (purge or delete a stream, delete another's consumer). Nothing is lost."""
+    before = await states(system)
+    requests = [
+        ("scheduler", "list_jobs"),
+        ("scheduler", "submit_job"),
+        ("billing", "balance"),
+        ("provisioner", "list_nodes"),
+    ]
+    async with Client(system.nats.url, eve) as attacker:
+        for reply in AIMED:
+            for service, verb in requests:
+                subject = attacker_subject(service, verb)
+                headers = Envelope(type="gpufleet.attack.v1", source="x", subject=subject)
+                await attacker.nc.publish(subject, b"{}", reply=reply, headers=headers.headers())
+        await attacker.nc.flush()
+    beat = NodeHeartbeat(minion_id=EVIL_NODE, at=datetime.now(UTC)).to_bytes()
+    async with Client(system.nats.url, evil_node) as node:
+        for reply in AIMED:
+            await node.nc.publish(subjects.heartbeat(EVIL_NODE), beat, reply=reply)
+        await node.nc.flush()
+    await asyncio.sleep(2)  # any answer would have been made by now
+    after = await states(system)
+    untouched(before, after)
+    assert "billing-worker-finished" in after[subjects.STREAM_EVENTS]["consumers"]
+    assert node_consumer(VICTIM_NODE) in after[subjects.STREAM_COMMANDS]["consumers"]
+    await victim.assert_untouched()

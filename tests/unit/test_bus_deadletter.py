@@ -171,3 +171,34 @@ def test_each_identity_may_do_what_its_dead_letter_path_does() -> None:
     assert not user.may_publish(subjects.as_account(subjects.rpc("billing", "dead_letters"), "b"))
     assert not user.may_publish(subjects.admin("billing", "dead_letters"))
     assert not user.may_publish(f"$JS.API.CONSUMER.CREATE.{dlq}")
+
+
+@pytest.mark.parametrize(
+    ("destination", "sent"),
+    [
+        ("_INBOX.UKEY.abc.1", True),
+        ("$JS.API.STREAM.PURGE.GPUFLEET_EVENTS", False),
+        ("$JS.API.CONSUMER.DELETE.GPUFLEET_EVENTS.billing-worker-finished", False),
+        ("gpufleet.v1.cmd.node.m1.start_worker", False),
+    ],
+)
+def test_a_reply_goes_to_an_inbox_only(destination: str, sent: bool) -> None:
+    """A requester chooses the reply subject: one that is not an inbox would have the
+    service's credential make a call for it (C1 of the review), so it is never answered."""
+    from faststream.response.publish_type import PublishType
+    from gpufleet_bus.deadletter import dead_letter_middleware
+
+    published: list[str] = []
+
+    class Cmd:
+        publish_type = PublishType.REPLY
+
+        def __init__(self, destination: str) -> None:
+            self.destination = destination
+
+    async def call_next(cmd: Any) -> None:
+        published.append(cmd.destination)
+
+    middleware = dead_letter_middleware("svc")(None, context=None)
+    asyncio.run(middleware.publish_scope(call_next, Cmd(destination)))
+    assert published == ([destination] if sent else [])

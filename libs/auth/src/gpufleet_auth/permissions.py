@@ -71,23 +71,21 @@ class Grant:
 
 
 def declare_streams() -> tuple[str, ...]:
-    """Create, update and read the configuration of gpufleet's streams (every service
-    declares them at start-up; declaring is idempotent)."""
+    """Create a missing gpufleet stream and read their configuration (every service
+    declares them at start-up). Never update one: an operator does (`just up`)."""
     out = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
     for stream in STREAMS:
-        out += [f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE", "UPDATE")]
+        out += [f"$JS.API.STREAM.{op}.{stream}" for op in ("INFO", "CREATE")]
     return tuple(out)
 
 
 def consume(stream: str) -> tuple[str, ...]:
     """Durable and ordered consumers on one stream (create, info, next, delete: the action
-    is one or two tokens before the stream), reading its messages by sequence, and acks."""
+    is one or two tokens before the stream) and acks."""
     return (
         f"$JS.API.CONSUMER.*.{stream}",
         f"$JS.API.CONSUMER.*.{stream}.>",
         f"$JS.API.CONSUMER.*.*.{stream}.>",
-        f"$JS.API.STREAM.MSG.GET.{stream}",
-        f"$JS.API.DIRECT.GET.{stream}.>",
         f"$JS.ACK.{stream}.>",
     )
 
@@ -119,7 +117,7 @@ def _service(
     return Grant(
         kind=f"service:{name}",
         summary=summary,
-        pub=(*pub, f"{S}.dlq.{name}.*", *js, *extra),
+        pub=(*pub, f"{S}.dlq.{name}.*", *js, *extra, "_INBOX.>"),
         sub=(
             f"{S}.rpc.{name}.*.*",
             f"{S}.adm.{name}.*",
@@ -128,7 +126,9 @@ def _service(
             INBOX,
         ),
         pub_deny=NEVER,
-        responses=True,
+        # Replies go to inboxes (the `_INBOX.>` allow above). No `resp` permission: the
+        # server would then let a service answer any reply subject a requester chose,
+        # `$JS.API...` included, past the denials (and the bus answers only inboxes).
     )
 
 
@@ -195,7 +195,7 @@ NODE = Grant(
         f"{S}.evt.worker.finished.{{minion_id}}",
         f"{S}.hb.{{minion_id}}",
         f"{S}.log.{{minion_id}}.>",
-        f"{S}.dlq.node-{{minion_id}}.*",
+        f"{S}.dlq.node-{{minion_id}}._",  # a node's dead letters name no account
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
         f"$JS.ACK.{COMMANDS}.node-{{minion_id}}.>",

@@ -50,3 +50,11 @@ def on_its_own_subject(msg: Any, minion_id: str) -> bool:
         return True
     log.warning("a fact naming node %s arrived on the subject of %s: ignored", minion_id, sender)
     return False
+
+
+INBOX_PREFIX = "_INBOX."
+
+
+def is_inbox(subject: str | None) -> bool:
+    """Whether a reply subject is an inbox: the only kind gpufleet answers to."""
+    return bool(subject) and str(subject).startswith(INBOX_PREFIX)

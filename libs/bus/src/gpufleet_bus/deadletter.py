@@ -44,12 +44,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from faststream import BaseMiddleware, StreamMessage
+from faststream.response.publish_type import PublishType
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, field_errors, subjects
 from gpufleet_contracts.base import SPEC_VERSION
 from gpufleet_contracts.subjects import ACCOUNT_RE
 from pydantic import ValidationError
 
-from .accounts import NoAccountError
+from .accounts import NoAccountError, is_inbox
 from .redact import body_fields, redact
 
 log = logging.getLogger("gpufleet.bus")
@@ -269,6 +270,17 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
             return ErrorReply(
                 error=ErrorBody(code="invalid", message=message, fields=errors)
             ).model_dump(mode="json")
+
+        async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
+            """A reply goes to an inbox only: a requester chooses the reply subject, and
+            one such as `$JS.API.STREAM.DELETE.<stream>` would have this service's
+            credential make the request for it."""
+            if getattr(cmd, "publish_type", None) == PublishType.REPLY and not is_inbox(
+                str(getattr(cmd, "destination", ""))
+            ):
+                log.warning("not answering to %r: not an inbox", getattr(cmd, "destination", ""))
+                return None
+            return await call_next(cmd)
 
         async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
             jetstream = _is_jetstream(msg)

@@ -34,7 +34,7 @@ from faststream.nats import NatsBroker
 from gpufleet_contracts import ErrorBody, ErrorReply, Message, field_errors, subjects
 from pydantic import ValidationError
 
-from .accounts import NoAccountError, account_of
+from .accounts import NoAccountError, account_of, is_inbox
 from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
 
 log = logging.getLogger("gpufleet.bus")
@@ -132,7 +132,7 @@ class FastRequests:
             reply = ErrorReply(
                 error=ErrorBody(code="internal", message=type(exc).__name__)
             ).model_dump(mode="json")
-        if msg.reply:
+        if is_inbox(msg.reply):  # never a subject the requester chose to aim us at
             try:
                 await msg.respond(json.dumps(reply, default=str).encode())
             except Exception:

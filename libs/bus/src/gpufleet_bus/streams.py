@@ -8,6 +8,7 @@ first process up creates them and the others find them. Replicas follow the clus
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 from gpufleet_contracts import subjects
@@ -24,6 +25,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 DAY = 24 * 3600
+log = logging.getLogger("gpufleet.bus")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,12 @@ def stream_for(subject: str) -> str | None:
     return None
 
 
-async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
+async def ensure_streams(js: JetStreamContext, replicas: int = 1, *, update: bool = False) -> None:
+    """Create the streams that are missing. An existing stream is updated only with `update`
+    (an operator: `just up`); a service may create a stream but not change one (its
+    credential has no STREAM.UPDATE: a changed configuration could add subjects, shorten
+    retention or seal the stream), so a difference is logged for an operator to apply.
+    Streams refuse purges and message deletes: history is removed by age alone."""
     for spec in STREAMS:
         config = StreamConfig(
             name=spec.name,
@@ -84,12 +91,27 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
             duplicate_window=spec.duplicate_window_s,
             discard=DiscardPolicy.OLD,
             num_replicas=replicas,
+            deny_delete=True,
+            deny_purge=True,
         )
         try:
-            await js.stream_info(spec.name)
-            await js.update_stream(config)
+            info = await js.stream_info(spec.name)
         except NotFoundError:
             await js.add_stream(config)
+            continue
+        if update:
+            await js.update_stream(config)
+        elif _differs(info.config, config):
+            log.warning(
+                "stream %s differs from this release's configuration; an operator applies it "
+                "(`just up` does)",
+                spec.name,
+            )
+
+
+def _differs(have: StreamConfig, want: StreamConfig) -> bool:
+    keys = ("subjects", "max_age", "duplicate_window", "deny_delete", "deny_purge")
+    return any(getattr(have, k) != getattr(want, k) for k in keys)
 
 
 def node_consumer(minion_id: str) -> str:

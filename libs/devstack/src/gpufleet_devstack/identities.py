@@ -113,3 +113,15 @@ async def prepare_node(
     if (state_dir / "node.creds").exists():
         return {}
     return {"GPUFLEET_JOIN_TOKEN": await join_token(server, minion_id, account)}
+
+
+async def apply_streams(server: NatsServer, replicas: int = 1) -> None:
+    """As an operator: create or update gpufleet's streams to this release's configuration
+    (services may create a missing stream, never change one)."""
+    from gpufleet_bus.streams import ensure_streams
+
+    nc = await nats.connect(server.url, connect_timeout=5, **server.admin())
+    try:
+        await ensure_streams(nc.jetstream(), replicas, update=True)
+    finally:
+        await nc.close()

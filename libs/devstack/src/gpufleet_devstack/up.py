@@ -295,6 +295,7 @@ class Stack:
         # `just up --gcp` with .run/gcp-secret.key stays readable.
         identities.secret_key(self.nats, adopt=self.run_dir / "gcp-secret.key")
         self.nats.start()
+        asyncio.run(identities.apply_streams(self.nats))
         self.out.ok(
             "nats-server up, JetStream enabled and encrypted at rest "
             f"(log: {_rel(self.nats.log_file)})"

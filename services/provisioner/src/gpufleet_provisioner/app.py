@@ -178,7 +178,10 @@ def build_app(
         await cloud.on_cloud_event(body, (msg.headers or {}).get("ce-id"))
 
     @broker.subscriber(
-        f"{subjects.HEARTBEATS}.*", queue=f"{SERVICE}-heartbeats", title="provisioner:heartbeat"
+        f"{subjects.HEARTBEATS}.*",
+        queue=f"{SERVICE}-heartbeats",
+        title="provisioner:heartbeat",
+        no_reply=True,  # not a request: never answered, whatever reply subject it carries
     )
     async def on_heartbeat(body: NodeHeartbeat) -> None:
         await prov.heartbeat(body)

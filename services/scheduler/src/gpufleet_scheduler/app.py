@@ -235,7 +235,7 @@ def build_app(
         if on_its_own_subject(msg, body.minion_id):
             await sched.worker_finished(body)
 
-    @broker.subscriber(SYNC_SUBJECT, title="scheduler:sync")
+    @broker.subscriber(SYNC_SUBJECT, title="scheduler:sync", no_reply=True)
     async def on_sync(body: dict[str, Any]) -> None:
         await sched.sync(list(body.get("jobs") or []), list(body.get("nodes") or []))
 
