@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats
+import pytest
 from gpufleet_bus import BusSettings, make_broker, publish
+from gpufleet_bus.streams import node_consumer
 from gpufleet_contracts import subjects
 from gpufleet_contracts.nodes import (
     DriveInfo,
@@ -23,10 +25,11 @@ from gpufleet_contracts.nodes import (
     RegisterNode,
 )
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
-from gpufleet_node_agent.enrol import enrol
+from gpufleet_node_agent.enrol import EnrolmentError, enrol
 from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.settings import ProvisionerSettings
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
 from .conftest import JsPublisher, running, store_for
 
@@ -111,6 +114,14 @@ class Bus:
             await enrol([self.server.url], token, minion, path, attempts=3)
             self.nodes[minion] = await nats.connect(self.server.url, **NatsServer.client(path))
         return self.nodes[minion]
+
+    async def token(self, minion: str, region: str = "lab", account: str | None = None) -> Any:
+        """The admin's answer to a join token for `minion` of `account` (this one's)."""
+        body = {"account": account or self.account, "minion_id": minion, "region": region}
+        reply = await self.nc.request(
+            subjects.admin("provisioner", "issue_join_token"), json.dumps(body).encode(), timeout=10
+        )
+        return json.loads(reply.data)
 
     async def send(self, msg: Any) -> None:
         """A node's message, sent by that node (enrolled in the message's region)."""
@@ -334,3 +345,134 @@ async def test_a_silent_node_is_lost_and_comes_back(
 
         await wait_for_async(back, timeout=10)
         assert (await node(bus, m))["state"] == "active"
+
+
+async def test_a_heartbeat_naming_another_node_refreshes_nothing(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Node `evil` publishes, on its own subject, a heartbeat naming the victim node: the
+    victim stays lost and its last_seen is unchanged (the node is the subject's)."""
+    async with provisioner(nats_server, mongo_server, db_prefix, auto_activate_nodes=True) as bus:
+        m, evil = f"hbv-{uuid.uuid4().hex[:6]}", f"hbe-{uuid.uuid4().hex[:6]}"
+        await bus.send(registration(m, bus.account, "auto"))
+
+        async def lost() -> bool:
+            return "lost" in bus.states(m)
+
+        await wait_for_async(lost, timeout=10)
+        db = store_for("provisioner", mongo_server.url, db_prefix).db
+        before = await db.nodes.find_one({"minion_id": m})
+        assert before is not None
+        spoof = NodeHeartbeat(minion_id=m, at=datetime.now(UTC), running=["w-1"])
+        attacker = await bus.node(evil, "auto")
+        for _ in range(3):
+            await attacker.publish(subjects.heartbeat(evil), spoof.to_bytes())
+        await attacker.flush()
+        await asyncio.sleep(1.0)
+        after = await db.nodes.find_one({"minion_id": m})
+        assert after is not None
+        assert after["last_seen_ms"] == before["last_seen_ms"]
+        assert after.get("busy") == before.get("busy")
+        assert after["state"] == "lost" and bus.states(m)[-1] == "lost"
+
+
+async def test_a_minion_id_of_another_account_gets_no_join_token(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """A minion id another account has a node of, or an unspent token for, is taken."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        other = f"acct-{uuid.uuid4().hex[:6]}"
+        await bus.ask("enable_provider", {"provider": "physical"})
+        await bus.ask("create_region", {"name": "lab"})
+        added, promised = f"ad-{uuid.uuid4().hex[:6]}", f"pr-{uuid.uuid4().hex[:6]}"
+        assert (await bus.ask("add_node", {"region": "lab", "name": "a", "minion_id": added}))[
+            "state"
+        ] == "provisioning"
+        assert "token" in await bus.token(promised)
+        for minion in (added, promised):
+            refused = await bus.token(minion, account=other)
+            assert refused["error"]["code"] == "conflict", refused
+        assert "token" in await bus.token(promised)  # the same account may ask again
+
+
+async def test_an_enrolment_racing_another_accounts_is_refused(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Another account's enrolment written between token and enrolment (a race): the
+    enrolment is refused, no consumer is made and the other account's row is untouched."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        m = f"race-{uuid.uuid4().hex[:6]}"
+        token = (await bus.token(m))["token"]
+        db = store_for("provisioner", mongo_server.url, db_prefix).db
+        row = {
+            "_id": m,
+            "account": "acct-other",
+            "region": "x",
+            "public_key": "UX",
+            "state": "active",
+        }
+        await db.enrolments.insert_one(dict(row))
+        path = nats_server.authority.directory / "test-nodes" / f"{m}.creds"
+        with pytest.raises(EnrolmentError, match="taken"):
+            await enrol([nats_server.url], token, m, path, attempts=1)
+        assert await db.enrolments.find_one({"_id": m}) == row
+        with pytest.raises(NotFoundError):
+            await bus.nc.jetstream().consumer_info(subjects.STREAM_COMMANDS, node_consumer(m))
+
+
+async def test_removing_a_node_revokes_only_the_accounts_own_enrolment(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Account B adds a node with the minion id account A enrolled (before A registered
+    it) and removes it: A's enrolment, consumer and connection stay."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as a:
+        m = f"rv-{uuid.uuid4().hex[:6]}"
+        node_a = await a.node(m, "lab")
+        b_account = f"acct-{uuid.uuid4().hex[:6]}"
+        b = await nats.connect(
+            nats_server.url,
+            **nats_server.client(nats_server.creds("user", "u", account=b_account)),
+        )
+
+        async def ask_b(verb: str, body: dict[str, Any]) -> dict[str, Any]:
+            subject = subjects.as_account(subjects.rpc("provisioner", verb), b_account)
+            reply = await b.request(subject, json.dumps(body).encode(), timeout=10)
+            data: dict[str, Any] = json.loads(reply.data)
+            return data
+
+        try:
+            await ask_b("enable_provider", {"provider": "physical"})
+            await ask_b("create_region", {"name": "lab"})
+            added = await ask_b("add_node", {"region": "lab", "name": "x", "minion_id": m})
+            assert added["state"] == "provisioning", added
+            assert (await ask_b("remove_node", {"node": m}))["state"] == "removed"
+        finally:
+            await b.close()
+        db = store_for("provisioner", mongo_server.url, db_prefix).db
+        enrolment = await db.enrolments.find_one({"_id": m})
+        assert enrolment is not None
+        assert (enrolment["account"], enrolment["state"]) == (a.account, "active")
+        await a.nc.jetstream().consumer_info(subjects.STREAM_COMMANDS, node_consumer(m))
+        await asyncio.sleep(0.5)
+        assert node_a.is_connected
+        await node_a.publish(subjects.heartbeat(m), b"{}")
+        await node_a.flush(timeout=5)
+
+
+async def test_a_re_enrolled_node_gets_only_commands_from_its_enrolment_on(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """A command retained from before a (re-)enrolment is not delivered to the new host;
+    one published right after the enrolment is."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        m = f"re-{uuid.uuid4().hex[:6]}"
+        await bus.node(m, "lab")
+        js = bus.nc.jetstream()
+        subject = f"{subjects.COMMANDS}.node.{m}.start_worker"
+        await js.publish(subject, b"old")
+        path = nats_server.authority.directory / "test-nodes" / f"{m}-again.creds"
+        await enrol([nats_server.url], (await bus.token(m))["token"], m, path, attempts=3)
+        await js.publish(subject, b"new")
+        sub = await js.pull_subscribe_bind(node_consumer(m), subjects.STREAM_COMMANDS)
+        msgs = await sub.fetch(5, timeout=2)
+        assert [msg.data for msg in msgs] == [b"new"]

@@ -311,3 +311,26 @@ def test_line_printer_tags_whole_lines() -> None:
     printer(StreamRecord(subjects.log("m1", "j", 1), "é\n".encode()[1:], 4))
     printer.close()
     assert "".join(written) == "[w0] a\n[w0] bc\n[w1] é\n"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_admin_node_token_with_out_writes_the_token_and_never_prints_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, as_json: bool
+) -> None:
+    secret = "gfjt1.SECRET-TOKEN"
+
+    def request(subject: str, payload: bytes, **kw: Any) -> dict[str, Any]:
+        assert subject == subjects.admin("provisioner", "issue_join_token")
+        return {"minion_id": "m1", "region": "lab", "expires_at": 1, "token": secret}
+
+    monkeypatch.setattr(client, "request", request)
+    out = tmp_path / "m1.token"
+    args = ["admin", "node-token", "m1", "--account", "acme", "--region", "lab", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--json"] if as_json else args)
+    assert result.exit_code == 0, result.output
+    assert out.read_text().strip() == secret
+    assert secret not in result.output
+    if as_json:
+        assert json.loads(result.output) == {"minion_id": "m1", "written_to": str(out)}
+    else:
+        assert str(out) in result.output.replace("\n", "")

@@ -174,13 +174,21 @@ def node_token(
     out: Annotated[Path | None, typer.Option("--out", help="write it to this file (0600)")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """A join token for a node of any account."""
+    """A join token for a node of any account (with --out, written there and not shown)."""
     body = {"account": account, "minion_id": minion_id, "region": region, "ttl_s": ttl}
-    reply = call(subjects.admin("provisioner", "issue_join_token"), body, as_json)
-    if out is not None:
-        write_secret(out, str(reply.get("token")) + "\n")
-    elif not as_json:
-        render.out().print(str(reply.get("token")), soft_wrap=True)
+    subject = subjects.admin("provisioner", "issue_join_token")
+    if out is None:
+        reply = call(subject, body, as_json)
+        if not as_json:
+            render.out().print(str(reply.get("token")), soft_wrap=True)
+        return
+    with render.reported(as_json):  # errors as --json asks; the token itself is not shown
+        reply = client.request(subject, json.dumps(body).encode())
+    write_secret(out, str(reply.get("token")) + "\n")
+    if as_json:
+        render.emit_json({"minion_id": minion_id, "written_to": str(out)})
+    else:
+        render.out().print(f"join token of {escape(minion_id)} written to {out}")
 
 
 __all__ = ["account_app", "admin_app", "context_app", "json", "login", "user_app"]

@@ -124,6 +124,8 @@ def node_consumer_config(minion_id: str) -> ConsumerConfig:
 
     The provisioner creates it when the node enrols; the node's credential may only read
     and ack it (gpufleet_auth.permissions), so a node can never choose its own filter.
+    It delivers only the commands published after it was created: a host enrolled (again)
+    under a minion id is never handed the commands retained from before its enrolment.
     """
     name = node_consumer(minion_id)
     return ConsumerConfig(
@@ -132,7 +134,7 @@ def node_consumer_config(minion_id: str) -> ConsumerConfig:
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=60,
         max_deliver=-1,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.NEW,
     )
 
 

@@ -183,7 +183,17 @@ def build_app(
         title="provisioner:heartbeat",
         no_reply=True,  # not a request: never answered, whatever reply subject it carries
     )
-    async def on_heartbeat(body: NodeHeartbeat) -> None:
+    async def on_heartbeat(body: NodeHeartbeat, msg: NatsMessage) -> None:
+        """The node is the one the subject names (only its credential may publish there):
+        a heartbeat naming another node in its body refreshes nothing."""
+        minion = subjects.token_at(msg.raw_message.subject, 3)
+        if minion != body.minion_id:
+            log.warning(
+                "heartbeat for %s on %s: not the node's own subject; ignored",
+                body.minion_id,
+                msg.raw_message.subject,
+            )
+            return
         await prov.heartbeat(body)
 
     # --- requests (core NATS) ---

@@ -37,6 +37,7 @@ from gpufleet_contracts.identity import AccountChanged, EnrollNode, NodeEnrolled
 from gpufleet_store import Store, Transaction, now_ms
 from nats.aio.client import Client
 from pymongo import ASCENDING, IndexModel
+from pymongo.errors import DuplicateKeyError
 
 from .service import Refused, invalid
 
@@ -162,8 +163,7 @@ class Identity:
 
     async def issue_join_token(self, account: str, minion_id: str, region: str, ttl_s: int) -> Doc:
         issuer = self._issuer()
-        enrolled = await self.db.enrolments.find_one({"_id": minion_id})
-        if enrolled is not None and enrolled["account"] != account:
+        if await self._taken(account, minion_id):
             # Another account's node: the same answer as for any unknown object (R-TEN-2).
             raise Refused("conflict", f"minion id {minion_id!r} is taken")
         secret = secrets.token_urlsafe(32)
@@ -198,30 +198,55 @@ class Identity:
         if spent is None:
             raise Refused("not_found", "no such join token (unknown, spent or expired)")
         account, region = spent["account"], spent["region"]
-        previous = await self.db.enrolments.find_one({"_id": cmd.minion_id})
-        if previous is not None and previous["account"] != account:
-            raise Refused("conflict", f"minion id {cmd.minion_id!r} is taken")
+        previous = await self.db.enrolments.find_one({"_id": cmd.minion_id, "account": account})
+        try:
+            # Conditional on the account: another account's row (even one written a moment
+            # ago by a concurrent enrolment) makes the upsert collide on _id, and nothing
+            # (consumer, credential) is made for it.
+            await self.db.enrolments.update_one(
+                {"_id": cmd.minion_id, "account": account},
+                {
+                    "$set": {
+                        "account": account,
+                        "region": region,
+                        "public_key": cmd.public_key,
+                        "state": "active",
+                        "enrolled_at_ms": now_ms(self.clock()),
+                    }
+                },
+                upsert=True,
+            )
+        except DuplicateKeyError:
+            raise Refused("conflict", f"minion id {cmd.minion_id!r} is taken") from None
         if self.js is not None:
+            # A fresh consumer, delivering only commands published from now on: a new host
+            # is never handed the commands retained for the minion id before it enrolled.
+            await delete_node_consumer(self.js, cmd.minion_id)
             await ensure_node_consumer(self.js, cmd.minion_id)
-        await self.db.enrolments.update_one(
-            {"_id": cmd.minion_id},
-            {
-                "$set": {
-                    "account": account,
-                    "region": region,
-                    "public_key": cmd.public_key,
-                    "state": "active",
-                    "enrolled_at_ms": now_ms(self.clock()),
-                }
-            },
-            upsert=True,
-        )
         if previous is not None and previous.get("public_key") != cmd.public_key:
             # Re-enrolled (a reinstalled host): the old key stops working.
             await self._revoke_key(previous["public_key"], cmd.minion_id)
         jwt = issuer.node(cmd.minion_id, cmd.public_key, account=account, region=region)
         log.info("node %s enrolled for %s in region %s", cmd.minion_id, account, region)
         return NodeEnrolled(jwt=jwt, account=account, region=region, minion_id=cmd.minion_id)
+
+    async def _taken(self, account: str, minion_id: str) -> bool:
+        """Whether `minion_id` is another account's: enrolled, a node of it, or promised
+        to it by a join token still unspent and unexpired."""
+        other = {"$ne": account}
+        if await self.db.enrolments.find_one({"_id": minion_id, "account": other}):
+            return True
+        if await self.db.nodes.find_one({"minion_id": minion_id, "owner": other}):
+            return True
+        pending = await self.db.join_tokens.find_one(
+            {
+                "minion_id": minion_id,
+                "account": other,
+                "used_at_ms": None,
+                "expires_at": {"$gt": int(time.time())},
+            }
+        )
+        return pending is not None
 
     async def enrolment(self, minion_id: str) -> Doc | None:
         """The active enrolment of a node: its account and region (None: not enrolled)."""
@@ -230,12 +255,19 @@ class Identity:
 
     # --- revocation --------------------------------------------------------------------
 
-    async def revoke(self, minion_id: str) -> bool:
-        """Cut a node off: True if it had an active enrolment."""
+    async def revoke(self, minion_id: str, account: str | None = None) -> bool:
+        """Cut a node off: True if it had an active enrolment. With `account` (an
+        account's own request) only that account's enrolment is revoked: another account's
+        node of the same minion id is left alone, consumer included."""
+        query: Doc = {"_id": minion_id, "state": "active"}
+        if account is not None:
+            query["account"] = account
         doc = await self.db.enrolments.find_one_and_update(
-            {"_id": minion_id, "state": "active"},
+            query,
             {"$set": {"state": "revoked", "revoked_at_ms": now_ms(self.clock())}},
         )
+        if account is not None and doc is None:
+            return False
         if self.js is not None:
             await delete_node_consumer(self.js, minion_id)
         if doc is None:

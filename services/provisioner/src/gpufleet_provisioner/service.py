@@ -385,7 +385,7 @@ class Provisioner:
         """Remove a node; its credential is revoked first (the server cuts it off at once)."""
         node = await self._find_node(account, ref)
         if revoke and self.identity is not None:
-            await self.identity.revoke(node["minion_id"])
+            await self.identity.revoke(node["minion_id"], account)
         if node["state"] == NodeState.removed.value:
             return node_view(node)
         if node.get("provider") == "gcp" and node.get("kind") == "compute":
