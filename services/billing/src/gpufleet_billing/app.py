@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import datetime
 from typing import Any
 
 from faststream import FastStream
@@ -52,6 +53,17 @@ class JobCostQuery(BaseModel):
     job_id: str
 
 
+def received_at(msg: NatsMessage, clock: Clock) -> datetime:
+    """When the stream took the message (its JetStream timestamp): the latest a node's claimed
+    times may be, and the same on every redelivery and replay. The clock only for a message
+    that did not come through JetStream."""
+    try:
+        stamp = msg.raw_message.metadata.timestamp
+    except Exception:  # not a JetStream message
+        return clock()
+    return stamp if isinstance(stamp, datetime) else clock()
+
+
 def build_app(
     store: Store,
     broker: NatsBroker,
@@ -73,12 +85,12 @@ def build_app(
     @rt.on_event(WorkerStarted, "worker-started")
     async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_started(body)
+            await billing.worker_started(body, received_at(msg, clock))
 
     @rt.on_event(WorkerFinished, "worker-finished")
     async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_finished(body)
+            await billing.worker_finished(body, received_at(msg, clock))
 
     @rt.on_event(DeviceAdded, "device-added")
     async def on_device_added(body: DeviceAdded) -> None:
