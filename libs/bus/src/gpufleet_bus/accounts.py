@@ -4,6 +4,7 @@ request (R-TEN-2), the node a worker fact came from."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from gpufleet_contracts import subjects
@@ -50,3 +51,14 @@ def on_its_own_subject(msg: Any, minion_id: str) -> bool:
         return True
     log.warning("a fact naming node %s arrived on the subject of %s: ignored", minion_id, sender)
     return False
+
+
+def received_at(msg: Any) -> datetime | None:
+    """When the stream stored a JetStream message (its server timestamp): the latest a
+    sender's claimed times may be, and the same on every redelivery and replay. None for a
+    message that did not come through JetStream."""
+    try:
+        stamp = msg.raw_message.metadata.timestamp
+    except Exception:  # not a JetStream message
+        return None
+    return stamp if isinstance(stamp, datetime) else None

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import datetime
 from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, on_its_own_subject
+from gpufleet_bus import ServiceRuntime, account_of, on_its_own_subject, received_at
 from gpufleet_contracts.billing import (
     DeviceFeeCharged,
     EarningCredited,
@@ -53,17 +52,6 @@ class JobCostQuery(BaseModel):
     job_id: str
 
 
-def received_at(msg: NatsMessage, clock: Clock) -> datetime:
-    """When the stream took the message (its JetStream timestamp): the latest a node's claimed
-    times may be, and the same on every redelivery and replay. The clock only for a message
-    that did not come through JetStream."""
-    try:
-        stamp = msg.raw_message.metadata.timestamp
-    except Exception:  # not a JetStream message
-        return clock()
-    return stamp if isinstance(stamp, datetime) else clock()
-
-
 def build_app(
     store: Store,
     broker: NatsBroker,
@@ -85,12 +73,12 @@ def build_app(
     @rt.on_event(WorkerStarted, "worker-started")
     async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_started(body, received_at(msg, clock))
+            await billing.worker_started(body, received_at(msg) or clock())
 
     @rt.on_event(WorkerFinished, "worker-finished")
     async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_finished(body, received_at(msg, clock))
+            await billing.worker_finished(body, received_at(msg) or clock())
 
     @rt.on_event(DeviceAdded, "device-added")
     async def on_device_added(body: DeviceAdded) -> None:
