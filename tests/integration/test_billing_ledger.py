@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from gpufleet_billing.periods import to_ms
 from gpufleet_billing.queries import Queries
+from gpufleet_billing.service import MAX_HOURS_PER_TICK
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind
 from gpufleet_devstack import EmbeddedMongo
 
@@ -206,4 +208,50 @@ async def test_the_readme_worked_example(mongo_server: EmbeddedMongo, db_prefix:
     assert end["market:p:end:buyer"] == -1_390_000
     assert end["market:p:end:earnings:seller"] == 632_500
     assert end["federated:p:end:guest"] == -1_325_000
+    await store.close()
+
+
+async def test_a_node_cannot_bill_time_before_the_placement_or_after_its_reports(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """H2: the node's claimed times are clamped to [placed_at, received] (start) and
+    [start, received] (end), received being the stream's timestamp of the event."""
+    clock = FakeClock(T0)
+    billing, store = await billing_on(mongo_server.url, db_prefix, clock)
+    ten_years = timedelta(days=3650)
+    await billing.worker_placed(placed("p1"))
+    await billing.worker_started(started("p1", T0 - ten_years), received_at=T0 + HOUR)
+    p = await store.db.placements.find_one({"_id": "p1"})
+    assert p is not None and p["started_ms"] == to_ms(T0)  # not before the placement
+    # The finish claims a far-past start and a far-future end; received 2 h after placement.
+    fin = finished("p1", T0 + ten_years, start=T0 - ten_years)
+    assert await billing.worker_finished(fin, received_at=T0 + 2 * HOUR) == 3
+    assert (await balances(store))["buyer"] == -2 * 2_780_000  # 2 h, not ten years
+
+    # A start claimed after its event was received is brought back to the receipt.
+    await billing.worker_placed(placed("p2"))
+    await billing.worker_started(started("p2", T0 + ten_years), received_at=T0 + HOUR)
+    p = await store.db.placements.find_one({"_id": "p2"})
+    assert p is not None and p["started_ms"] == to_ms(T0 + HOUR)
+    # An end before the start is the start: a zero-length run.
+    await billing.worker_finished(finished("p2", T0, start=None), received_at=T0 + 2 * HOUR)
+    p = await store.db.placements.find_one({"_id": "p2"})
+    assert p is not None and p["ended_ms"] == p["started_ms"]
+    await store.close()
+
+
+async def test_the_clock_bills_a_long_backlog_a_bounded_number_of_hours_per_tick(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    clock = FakeClock(T0)
+    billing, store = await billing_on(mongo_server.url, db_prefix, clock)
+    await billing.worker_placed(placed("p1"))
+    await billing.worker_started(started("p1"))
+    later = T0 + 100 * HOUR
+    assert await billing.tick(later) == 3 * MAX_HOURS_PER_TICK
+    p = await store.db.placements.find_one({"_id": "p1"})
+    assert p is not None and p["hours_billed"] == MAX_HOURS_PER_TICK
+    for _ in range(5):
+        await billing.tick(later)
+    assert (await balances(store))["buyer"] == -100 * 2_780_000  # caught up, no more
     await store.close()

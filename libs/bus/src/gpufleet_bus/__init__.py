@@ -2,7 +2,14 @@
 
 from gpufleet_auth.creds import connect_options
 
-from .accounts import NoAccountError, account_of, account_subject, node_of, on_its_own_subject
+from .accounts import (
+    NoAccountError,
+    account_of,
+    account_subject,
+    node_of,
+    on_its_own_subject,
+    received_at,
+)
 from .deadletter import MAX_DELIVER, UnknownMessageType, dead_letter_middleware
 from .outbox import OutboxRelay
 from .publish import emit, publish, publish_raw
@@ -34,5 +41,6 @@ __all__ = [
     "on_its_own_subject",
     "publish",
     "publish_raw",
+    "received_at",
     "stream_for",
 ]

@@ -4,6 +4,7 @@ request (R-TEN-2), the node a worker fact came from."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from gpufleet_contracts import subjects
@@ -58,3 +59,14 @@ INBOX_PREFIX = "_INBOX."
 def is_inbox(subject: str | None) -> bool:
     """Whether a reply subject is an inbox: the only kind gpufleet answers to."""
     return bool(subject) and str(subject).startswith(INBOX_PREFIX)
+
+
+def received_at(msg: Any) -> datetime | None:
+    """When the stream stored a JetStream message (its server timestamp): the latest a
+    sender's claimed times may be, and the same on every redelivery and replay. None for a
+    message that did not come through JetStream."""
+    try:
+        stamp = msg.raw_message.metadata.timestamp
+    except Exception:  # not a JetStream message
+        return None
+    return stamp if isinstance(stamp, datetime) else None

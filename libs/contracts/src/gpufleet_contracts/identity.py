@@ -10,13 +10,45 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
 
 from . import subjects
 from .base import Command, Event, Message
+from .errors import rule
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # one subject token (subjects.ACCOUNT_RE)
+
+# R-TEN-1: names no tenant account may take, because the platform uses them itself. The
+# platform's revenue ledger account is PLATFORM_ACCOUNT (billing.fees.PLATFORM); billing's
+# sub-accounts ("earnings:<account>") and any "_"-prefixed name cannot be taken either, as NAME
+# allows neither ":" nor a leading "_". Compared case-insensitively.
+PLATFORM_ACCOUNT = "platform"
+RESERVED_ACCOUNTS: frozenset[str] = frozenset({PLATFORM_ACCOUNT})
+ACCOUNT_VALID = (
+    "1-64 letters, digits, _ and -, starting with a letter or digit; "
+    f"not {', '.join(sorted(RESERVED_ACCOUNTS))}"
+)
+
+
+def _not_reserved(name: str) -> str:
+    if name.lower() in RESERVED_ACCOUNTS:
+        raise PydanticCustomError(
+            "reserved_account",
+            "account name {name!r} is reserved for the platform",
+            {"name": name, "rule": "R-TEN-1", "valid": ACCOUNT_VALID},
+        )
+    return name
+
+
+# An account name as a tenant gives it (R-TEN-1): one subject token, not a reserved name.
+AccountName = Annotated[
+    str,
+    Field(pattern=NAME, json_schema_extra=rule("R-TEN-1", **{"x-valid": ACCOUNT_VALID})),
+    AfterValidator(_not_reserved),
+]
 
 
 class Plan(StrEnum):
@@ -37,14 +69,14 @@ class CreateAccount(Command):
 
     TYPE = "gpufleet.account.create.v1"
     SUBJECT = subjects.admin("provisioner", "create_account")
-    account: str = Field(pattern=NAME)
+    account: AccountName
     plan: Plan = Plan.free
 
 
 class SetPlan(Command):
     TYPE = "gpufleet.account.set_plan.v1"
     SUBJECT = subjects.admin("provisioner", "set_plan")
-    account: str = Field(pattern=NAME)
+    account: AccountName
     plan: Plan
 
 
@@ -53,7 +85,7 @@ class AddUser(Command):
 
     TYPE = "gpufleet.account.add_user.v1"
     SUBJECT = subjects.admin("provisioner", "add_user")
-    account: str = Field(pattern=NAME)
+    account: AccountName
     user: str = Field(pattern=NAME)
 
 
@@ -81,7 +113,7 @@ class IssueJoinToken(Command):
 class AdminIssueJoinToken(IssueJoinToken):
     TYPE = "gpufleet.node.admin_issue_join_token.v1"
     SUBJECT = subjects.admin("provisioner", "issue_join_token")
-    account: str = Field(pattern=NAME)
+    account: AccountName
 
 
 class EnrollNode(Command):

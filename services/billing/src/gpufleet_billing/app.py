@@ -9,7 +9,7 @@ from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, on_its_own_subject
+from gpufleet_bus import ServiceRuntime, account_of, on_its_own_subject, received_at
 from gpufleet_contracts.billing import (
     DeviceFeeCharged,
     EarningCredited,
@@ -73,12 +73,12 @@ def build_app(
     @rt.on_event(WorkerStarted, "worker-started")
     async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_started(body)
+            await billing.worker_started(body, received_at(msg) or clock())
 
     @rt.on_event(WorkerFinished, "worker-finished")
     async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_finished(body)
+            await billing.worker_finished(body, received_at(msg) or clock())
 
     @rt.on_event(DeviceAdded, "device-added")
     async def on_device_added(body: DeviceAdded) -> None:

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from gpufleet_contracts.catalog import catalog
+from gpufleet_contracts.identity import PLATFORM_ACCOUNT
 
 MICRO = Decimal(1_000_000)
 MS_PER_HOUR = 3_600_000
-PLATFORM = "platform"  # the platform's own revenue account
+# The platform's own revenue account: a name no tenant account may take (R-TEN-1,
+# gpufleet_contracts.identity.RESERVED_ACCOUNTS).
+PLATFORM = PLATFORM_ACCOUNT
 EARNINGS_PREFIX = "earnings:"
 
 # R-BILL-2: per worker-hour, whatever the GPU type or count. Notebooks are interactive work, not

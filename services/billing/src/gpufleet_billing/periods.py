@@ -26,6 +26,19 @@ def full_hours(started_ms: int, until_ms: int) -> int:
     return max(0, (until_ms - started_ms) // MS_PER_HOUR)
 
 
+def run_start_ms(claimed_ms: int, placed_ms: int | None, received_ms: int | None) -> int:
+    """A node's claimed start, kept within what billing saw: not after the event carrying it
+    was received (the bus's timestamp), not before the worker was placed."""
+    ms = claimed_ms if received_ms is None else min(claimed_ms, received_ms)
+    return ms if placed_ms is None else max(ms, placed_ms)
+
+
+def run_end_ms(claimed_ms: int, started_ms: int | None, received_ms: int | None) -> int:
+    """A node's claimed end: not after its WorkerFinished was received, not before the start."""
+    ms = claimed_ms if received_ms is None else min(claimed_ms, received_ms)
+    return ms if started_ms is None else max(ms, started_ms)
+
+
 def day_of(ms: int) -> date:
     return from_ms(ms).date()
 

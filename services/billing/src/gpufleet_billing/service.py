@@ -34,7 +34,17 @@ from .fees import (
     is_federated,
     usage_postings,
 )
-from .periods import Clock, day_bounds_ms, day_of, days, from_ms, full_hours, to_ms
+from .periods import (
+    Clock,
+    day_bounds_ms,
+    day_of,
+    days,
+    from_ms,
+    full_hours,
+    run_end_ms,
+    run_start_ms,
+    to_ms,
+)
 from .settle import delta, next_revision
 
 log = logging.getLogger("gpufleet.billing")
@@ -48,6 +58,7 @@ INDEXES = {
     "payout_accounts": [],
     "cursors": [],
 }
+MAX_HOURS_PER_TICK = 24  # hours the clock bills for one placement in one tick; later ticks go on
 
 
 class NotYetKnown(Exception):
@@ -103,20 +114,29 @@ class Billing:
             upsert=True,
         )
 
-    async def worker_started(self, evt: WorkerStarted) -> None:
-        """Record the start: from now on the clock bills each full running hour."""
+    async def worker_started(self, evt: WorkerStarted, received_at: datetime | None = None) -> None:
+        """Record the start: from now on the clock bills each full running hour.
+
+        The node's `started_at` is clamped to [placed_at, received_at] (`received_at`: the
+        stream's timestamp of the event, the same on a replay; None only in direct calls)."""
         p = await self.db.placements.find_one({"_id": evt.placement_id})
         if p is None:
             raise NotYetKnown(f"placement {evt.placement_id} not seen yet")
         if not _from_its_node(p, evt.minion_id):
             return
+        started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), _ms(received_at))
         await self.db.placements.update_one(
             {"_id": evt.placement_id, "started_ms": {"$exists": False}},
-            {"$set": {"started_ms": to_ms(evt.started_at)}},
+            {"$set": {"started_ms": started_ms}},
         )
 
-    async def worker_finished(self, evt: WorkerFinished) -> int:
-        """Settle a run to its exact total; returns the entries written (0 on a replay)."""
+    async def worker_finished(
+        self, evt: WorkerFinished, received_at: datetime | None = None
+    ) -> int:
+        """Settle a run to its exact total; returns the entries written (0 on a replay).
+
+        The node's times are clamped: the start to [placed_at, received_at], the end to
+        [start, received_at] (`received_at` as for `worker_started`)."""
         placed = await self.db.placements.find_one({"_id": evt.placement_id})
         if placed is None:
             raise NotYetKnown(f"placement {evt.placement_id} not seen yet")
@@ -127,10 +147,11 @@ class Billing:
             p = await self.db.placements.find_one({"_id": evt.placement_id}, session=tx.session)
             if p is None or "ended_ms" in p:
                 return 0  # already settled: a redelivery or a replay
-            ended_ms = to_ms(evt.ended_at)
+            received_ms = _ms(received_at)
             started_ms = p.get("started_ms")
             if evt.started_at is not None:
-                started_ms = to_ms(evt.started_at)
+                started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), received_ms)
+            ended_ms = run_end_ms(to_ms(evt.ended_at), started_ms, received_ms)
             fields: Doc = {"ended_ms": ended_ms}
             if started_ms is not None:
                 fields["started_ms"] = started_ms
@@ -141,7 +162,7 @@ class Billing:
                 return 0  # never ran: nothing to charge
             duration = max(0, ended_ms - started_ms)
             covered = duration - int(p.get("hours_billed", 0)) * MS_PER_HOUR
-            return await self._settle_worker(tx, p, "end", duration, evt.ended_at, covered)
+            return await self._settle_worker(tx, p, "end", duration, from_ms(ended_ms), covered)
 
         async with self.lock:
             return await self._write(body)
@@ -182,14 +203,17 @@ class Billing:
         return written
 
     async def bill_running_hours(self, now_ms: int) -> int:
-        """At the end of each running hour, bill that hour (R-BILL-4: earnings credited hourly)."""
+        """At the end of each running hour, bill that hour (R-BILL-4: earnings credited hourly).
+        At most MAX_HOURS_PER_TICK hours per placement per tick: a long backlog is caught up
+        over the following ticks instead of stalling this one."""
         written = 0
         running = self.db.placements.find(
             {"started_ms": {"$exists": True}, "ended_ms": {"$exists": False}}
         )
         for p in await running.to_list(None):
-            due = full_hours(int(p["started_ms"]), now_ms)
-            for k in range(int(p.get("hours_billed", 0)) + 1, due + 1):
+            billed = int(p.get("hours_billed", 0))
+            due = min(full_hours(int(p["started_ms"]), now_ms), billed + MAX_HOURS_PER_TICK)
+            for k in range(billed + 1, due + 1):
                 if self.stopping:
                     return written  # the next start catches up from here
                 written += await self._bill_hour(p["_id"], k)
@@ -415,6 +439,15 @@ def _worker_memo(p: Doc, group: str, stage: str, duration_ms: int) -> str:
     return f"{p['gpu_count']} x {p['gpu_model']} at {p['rate']}/GPU-hour, {span}" + (
         f" on {p['node_owner']}'s node" if p["charge"] == "market" else ""
     )
+
+
+def _ms(at: datetime | None) -> int | None:
+    return None if at is None else to_ms(at)
+
+
+def _placed_ms(placement: Doc) -> int | None:
+    placed = placement.get("placed_at")
+    return to_ms(placed) if isinstance(placed, datetime) else None
 
 
 def _from_its_node(placement: Doc, minion_id: str) -> bool:

@@ -15,7 +15,14 @@ from typing import Any, TypeVar
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, account_subject, on_its_own_subject, publish
+from gpufleet_bus import (
+    ServiceRuntime,
+    account_of,
+    account_subject,
+    on_its_own_subject,
+    publish,
+    received_at,
+)
 from gpufleet_contracts import error, subjects
 from gpufleet_contracts.identity import AccountChanged
 from gpufleet_contracts.jobs import (
@@ -228,12 +235,12 @@ def build_app(
     @rt.on_event(WorkerStarted, "worker-started")
     async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await sched.worker_started(body)
+            await sched.worker_started(body, received_at(msg) or clock())
 
     @rt.on_event(WorkerFinished, "worker-finished")
     async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
         if on_its_own_subject(msg, body.minion_id):
-            await sched.worker_finished(body)
+            await sched.worker_finished(body, received_at(msg) or clock())
 
     @broker.subscriber(SYNC_SUBJECT, title="scheduler:sync", no_reply=True)
     async def on_sync(body: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from gpufleet_bus import emit
@@ -656,7 +656,9 @@ class Scheduler:
 
         await self.store.transaction(body)
 
-    async def worker_started(self, evt: WorkerStarted) -> None:
+    async def worker_started(self, evt: WorkerStarted, received_at: datetime | None = None) -> None:
+        """`received_at`: the stream's timestamp of the event; the node's `started_at` is kept
+        within [placed_at, received_at] (a job's shown run time; billing clamps the same)."""
         async with self.lock:
             job = await self.db.jobs.find_one({"_id": evt.job_id})
             w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
@@ -664,17 +666,21 @@ class Scheduler:
                 return  # unknown, superseded or already past this point: nothing to do
             if not jobdoc.reported_by_its_node(w, evt.minion_id):
                 return
+            started = clamp_time(evt.started_at, w.get("placed_at"), received_at)
             w["state"] = WorkerState.running.value
-            w["started_at"] = evt.started_at
+            w["started_at"] = started
 
             async def body(tx: Transaction) -> None:
-                await self._save(tx, job, evt.started_at)
+                await self._save(tx, job, started)
 
             await self.store.transaction(body)
             await self._changed([job])
             self._committed(job["rev"])
 
-    async def worker_finished(self, evt: WorkerFinished) -> None:
+    async def worker_finished(
+        self, evt: WorkerFinished, received_at: datetime | None = None
+    ) -> None:
+        """The node's times are clamped as in `worker_started`; the end to [start, received_at]."""
         async with self.lock:
             job = await self.db.jobs.find_one({"_id": evt.job_id})
             w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
@@ -682,18 +688,23 @@ class Scheduler:
                 return
             if not jobdoc.reported_by_its_node(w, evt.minion_id):
                 return
-            if w["state"] == WorkerState.placed.value and evt.started_at is not None:
+            claimed = evt.started_at
+            started = w.get("started_at") or (
+                clamp_time(claimed, w.get("placed_at"), received_at) if claimed else None
+            )
+            ended = clamp_time(evt.ended_at, started, received_at)
+            if w["state"] == WorkerState.placed.value and started is not None:
                 # The finish overtook the start (separate consumers): record both, in order.
                 w["state"] = WorkerState.running.value
-                w["started_at"] = evt.started_at
-                jobdoc.record_state(job, evt.started_at, None)
+                w["started_at"] = started
+                jobdoc.record_state(job, started, None)
             slots = jobdoc.held_slots(w)
             w.update(
                 state=evt.state.value,
                 exit_code=evt.exit_code,
                 reason=evt.reason,
-                ended_at=evt.ended_at,
-                started_at=w.get("started_at") or evt.started_at,
+                ended_at=ended,
+                started_at=started,
                 log_tail=evt.log_tail[-4000:],
             )
             reason = evt.reason or (
@@ -706,7 +717,7 @@ class Scheduler:
                 await self.db.claims.delete_many(
                     {"placement_id": evt.placement_id}, session=tx.session
                 )
-                await self._save(tx, job, evt.ended_at, reason)
+                await self._save(tx, job, ended, reason)
 
             await self.store.transaction(body)
             METRICS.worker_runs.add(1, {"state": evt.state.value})
@@ -1136,3 +1147,18 @@ def _emit_queued(tx: Transaction, sub: Submission) -> None:
             request_id=d.get("request_id"),
         ),
     )
+
+
+def clamp_time(at: datetime, lo: object, hi: datetime | None) -> datetime:
+    """A node's claimed time kept within [lo, hi]: not after `hi` (when its report was
+    received), not before `lo` (a stored time: the placement, or the start)."""
+    at = _aware(at)
+    if hi is not None:
+        at = min(at, _aware(hi))
+    if isinstance(lo, datetime):
+        at = max(at, _aware(lo))
+    return at
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
