@@ -44,8 +44,10 @@ async def broker(fresh_nats: NatsServer) -> AsyncIterator[NatsBroker]:
     await broker.stop()
 
 
-async def declare_streams(broker: NatsBroker) -> None:
-    await ensure_streams((await broker.connect()).jetstream())
+async def declare_streams(broker: NatsBroker, *, update: bool = False) -> None:
+    """The streams as a service declares them (create if missing), or as an operator
+    applies them (`update`: an existing stream takes this release's configuration)."""
+    await ensure_streams((await broker.connect()).jetstream(), update=update)
 
 
 async def write(store: Store, ids: list[str], payload: bytes = b"{}") -> None:
@@ -146,7 +148,7 @@ async def test_a_refused_document_stays_unpublished_and_goes_out_once_it_can(
     (left,) = await store.db.outbox.find().to_list(None)
     assert left["count"] == 1 and left["published"] is False
 
-    await declare_streams(broker)  # the usual configuration: no size limit
+    await declare_streams(broker, update=True)  # an operator applies the usual configuration
     assert await relay.drain() == 1
     assert await store.db.outbox.count_documents({}) == 0
     assert await stream_ids(fresh_nats) == ["a1", "a2", "a3", "big"]
