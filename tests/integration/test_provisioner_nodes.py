@@ -476,3 +476,40 @@ async def test_a_re_enrolled_node_gets_only_commands_from_its_enrolment_on(
         sub = await js.pull_subscribe_bind(node_consumer(m), subjects.STREAM_COMMANDS)
         msgs = await sub.fetch(5, timeout=2)
         assert [msg.data for msg in msgs] == [b"new"]
+
+
+async def test_a_revoked_or_rotated_user_credential_is_cut_off_at_once(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, tmp_path: Any
+) -> None:
+    """An operator adds a user (its credential comes back once), adds it again (the first
+    credential is revoked: rotation), then revokes it: each time the old connection is
+    closed by the server and cannot come back."""
+    from gpufleet_auth import Creds
+
+    async def admin(verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        subject = subjects.admin("provisioner", verb)
+        reply = await bus.nc.request(subject, json.dumps(body).encode(), timeout=10)
+        data: dict[str, Any] = json.loads(reply.data)
+        return data
+
+    async def connected_as(reply: dict[str, Any], name: str) -> Client:
+        path = Creds.parse(reply["creds"]).write(tmp_path / f"{name}.creds")
+        return await nats.connect(nats_server.url, allow_reconnect=False, **NatsServer.client(path))
+
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        account = f"acct-{uuid.uuid4().hex[:6]}"
+        await admin("create_account", {"account": account, "plan": "free"})
+        first = await connected_as(await admin("add_user", {"account": account, "user": "al"}), "a")
+        second_reply = await admin("add_user", {"account": account, "user": "al"})  # rotate
+        await wait_for_async(lambda: first.is_closed, timeout=5)
+        second = await connected_as(second_reply, "b")
+        revoked = await admin("revoke_user", {"account": account, "user": "al"})
+        assert revoked == {"account": account, "user": "al", "revoked": True}
+        await wait_for_async(lambda: second.is_closed, timeout=5)
+        with pytest.raises(nats.errors.Error):
+            await connected_as(second_reply, "c")
+        listed = await admin("list_accounts", {})
+        mine = next(a for a in listed["accounts"] if a["account"] == account)
+        assert mine["users"] == []
+        unknown = await admin("revoke_user", {"account": account, "user": "nobody"})
+        assert unknown["error"]["code"] == "not_found"

@@ -165,6 +165,18 @@ def user_add(
         render.out().print(f"credential of {escape(user)} ({escape(account)}) written to {out}")
 
 
+@user_app.command("revoke")
+def user_revoke(
+    account: Annotated[str, typer.Argument()],
+    user: Annotated[str, typer.Argument()],
+    as_json: JsonFlag = False,
+) -> None:
+    """Revoke a user's credential at once: its connections are closed, it cannot reconnect."""
+    call(subjects.admin("provisioner", "revoke_user"), {"account": account, "user": user}, as_json)
+    if not as_json:
+        render.out().print(f"user {escape(user)} of {escape(account)} revoked")
+
+
 @admin_app.command("node-token")
 def node_token(
     account: Annotated[str, typer.Option(help="the account that will own the node")],

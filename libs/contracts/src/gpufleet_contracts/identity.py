@@ -89,6 +89,15 @@ class AddUser(Command):
     user: str = Field(pattern=NAME)
 
 
+class RevokeUser(Command):
+    """Operator request: revoke a user's credential at once (its connections are closed)."""
+
+    TYPE = "gpufleet.account.revoke_user.v1"
+    SUBJECT = subjects.admin("provisioner", "revoke_user")
+    account: AccountName
+    user: str = Field(pattern=NAME)
+
+
 class AccountChanged(Event):
     """An account was created or its plan changed (services that gate on plans listen)."""
 

@@ -22,6 +22,7 @@ from gpufleet_contracts.identity import (
     EnrollNode,
     IssueJoinToken,
     RevokeNode,
+    RevokeUser,
     SetPlan,
 )
 from gpufleet_contracts.jobs import PendingDemandChanged
@@ -164,6 +165,10 @@ def build_app(
     @rt.on_admin("add_user", description=AddUser.__doc__)
     async def add_user(body: AddUser) -> Doc:
         return await guarded(lambda: ident.add_user(body.account, body.user))
+
+    @rt.on_admin("revoke_user", description=RevokeUser.__doc__)
+    async def revoke_user(body: RevokeUser) -> Doc:
+        return await guarded(lambda: ident.revoke_user(body.account, body.user))
 
     @rt.on_admin("list_accounts", description="Every account, its plan and its users.")
     async def list_accounts() -> Doc:

@@ -148,7 +148,8 @@ class Identity:
         creds = issuer.user(account, user)
         # One document per user (not an array in the account: nx-27017 stores a document
         # pushed into an array as a string, docs/nx-27017-gaps.md). Adding a user again
-        # issues a new credential; the old one keeps working until revoked.
+        # rotates the credential: the previous key is revoked.
+        previous = await self.db.users.find_one({"_id": f"{account}/{user}"})
         await self.db.users.update_one(
             {"_id": f"{account}/{user}"},
             {
@@ -157,7 +158,20 @@ class Identity:
             },
             upsert=True,
         )
+        if previous is not None and previous.get("public_key") != creds.public_key:
+            await self._revoke_key(str(previous["public_key"]), f"user:{account}/{user}")
         return {"account": account, "user": user, "creds": creds.text()}
+
+    async def revoke_user(self, account: str, user: str) -> Doc:
+        """Cut a user off at once: its key is revoked on the servers (its connections are
+        closed) and it is no longer listed."""
+        self._issuer()
+        doc = await self.db.users.find_one_and_delete({"_id": f"{account}/{user}"})
+        if doc is None:
+            raise Refused("not_found", f"no user {user!r} in account {account!r}")
+        await self._revoke_key(str(doc["public_key"]), f"user:{account}/{user}")
+        log.warning("user %s of %s revoked", user, account)
+        return {"account": account, "user": user, "revoked": True}
 
     # --- join tokens and enrolment ---------------------------------------------------
 
@@ -276,10 +290,11 @@ class Identity:
         log.warning("node %s revoked", minion_id)
         return True
 
-    async def _revoke_key(self, public_key: str, minion_id: str) -> None:
+    async def _revoke_key(self, public_key: str, whose: str) -> None:
+        """Revoke every JWT of `public_key` (a node's minion id, or `user:<account>/<user>`)."""
         await self.db.revocations.update_one(
             {"_id": public_key},
-            {"$set": {"at": int(time.time()) + 1, "minion_id": minion_id}},
+            {"$set": {"at": int(time.time()) + 1, "minion_id": whose}},
             upsert=True,
         )
         await self.push_revocations()
