@@ -1,4 +1,5 @@
-"""The CLI's only door to the bus: NATS request/reply and JetStream reads.
+"""The CLI's only door to the bus: NATS request/reply (a user has no JetStream rights: logs and
+dead letters are read through the services' requests).
 
 All asyncio lives here: every public function runs one `asyncio.run` with one connection.
 Replies are JSON objects; `{"ok": false, ...}` becomes a `ServiceError`, a missing service or
@@ -22,8 +23,6 @@ import nats.js.errors
 from gpufleet_auth import connect_options
 from gpufleet_contracts import Envelope, subjects
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from . import settings as settings_mod
 
@@ -31,7 +30,6 @@ T = TypeVar("T")
 
 SOURCE = "gpufleet/cli"
 CONNECT_TIMEOUT_S = 3.0
-FETCH_BATCH = 256
 
 
 class CliError(Exception):
@@ -203,84 +201,6 @@ class Session:
         data = await self.send(addressed(subject), payload, headers, timeout_s or self.timeout_s)
         return parse_reply(subject, data)
 
-    async def _consumer(self, stream: str, subject: str, start_seq: int | None) -> Any:
-        config = ConsumerConfig(
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start_seq else DeliverPolicy.ALL,
-            opt_start_seq=start_seq,
-        )
-        js = self.nc.jetstream(timeout=self.timeout_s)
-        try:
-            return await js.pull_subscribe(subject, stream=stream, config=config)
-        except nats.js.errors.NotFoundError as exc:
-            raise CliError(f"stream {stream} does not exist yet", "not_found") from exc
-        except nats.js.errors.ServiceUnavailableError as exc:
-            raise CliError(f"JetStream is not available on {self.nc.connected_url}") from exc
-
-    async def _drain(self, sub: Any, on_msg: Callable[[StreamRecord], None]) -> None:
-        """Deliver every message the consumer has now, until `num_pending` is 0."""
-        info = await sub.consumer_info()
-        pending = int(info.num_pending)
-        while pending > 0:
-            try:
-                msgs: list[Msg] = await sub.fetch(min(pending, FETCH_BATCH), timeout=5.0)
-            except TimeoutError:
-                return
-            for m in msgs:
-                on_msg(_record(m))
-                pending = int(m.metadata.num_pending)
-
-    async def read(
-        self, stream: str, subject: str, *, last: int | None = None
-    ) -> list[StreamRecord]:
-        """Every message of `stream` on `subject` (or the stream's `last` ones) in order."""
-        start = None
-        if last is not None:
-            start = await self._start_seq(stream, last)
-        sub = await self._consumer(stream, subject, start)
-        out: list[StreamRecord] = []
-        try:
-            await self._drain(sub, out.append)
-        finally:
-            await _close_sub(sub)
-        return out
-
-    async def _start_seq(self, stream: str, last: int) -> int:
-        js = self.nc.jetstream(timeout=self.timeout_s)
-        try:
-            info = await js.stream_info(stream)
-        except nats.js.errors.NotFoundError as exc:
-            raise CliError(f"stream {stream} does not exist yet", "not_found") from exc
-        state = info.state
-        return max(int(state.first_seq or 1), int(state.last_seq or 0) - last + 1, 1)
-
-    async def follow(
-        self,
-        stream: str,
-        subject: str,
-        on_msg: Callable[[StreamRecord], None],
-        done: Callable[[Session], Awaitable[bool]],
-        interval_s: float = 1.0,
-    ) -> None:
-        """Deliver what is there, then new messages, until `done` (checked every interval)."""
-        sub = await self._consumer(stream, subject, None)
-        try:
-            await self._drain(sub, on_msg)
-            while True:
-                try:
-                    for m in await sub.fetch(FETCH_BATCH, timeout=interval_s):
-                        on_msg(_record(m))
-                except TimeoutError:
-                    pass
-                if await done(self):
-                    await asyncio.sleep(interval_s)  # late chunks of the last moments
-                    await self._drain(sub, on_msg)
-                    return
-        finally:
-            await _close_sub(sub)
-
 
 LOGS_SUBJECT = subjects.rpc("scheduler", "job_logs")
 
@@ -341,18 +261,6 @@ def follow_logs(
                 return
 
     run(follow)
-
-
-def _record(m: Msg) -> StreamRecord:
-    meta = m.metadata
-    return StreamRecord(
-        subject=m.subject, data=m.data, seq=int(meta.sequence.stream), time=meta.timestamp
-    )
-
-
-async def _close_sub(sub: Any) -> None:
-    with contextlib.suppress(Exception):
-        await sub.unsubscribe()
 
 
 async def _noop_cb(*_: Any) -> None:
@@ -447,27 +355,3 @@ def request_many(
         return list(await asyncio.gather(*(one(s, subj, p) for subj, p in calls)))
 
     return run(all_)
-
-
-def read_stream(stream: str, subject: str, *, last: int | None = None) -> list[StreamRecord]:
-    """The messages of `stream` on `subject` (ordered by sequence), then stop."""
-    return run(lambda s: s.read(stream, subject, last=last))
-
-
-def follow_stream(
-    stream: str,
-    subject: str,
-    on_msg: Callable[[StreamRecord], None],
-    poll: tuple[str, bytes, str],
-    done: Callable[[dict[str, Any]], bool],
-) -> None:
-    """Deliver messages as they arrive until `done(reply)` for the request `poll`.
-
-    `poll` is (subject, payload, CloudEvents type), asked every second.
-    """
-    subject_, payload, ce_type = poll
-
-    async def is_done(s: Session) -> bool:
-        return done(await s.request(subject_, payload, ce_type=ce_type))
-
-    run(lambda s: s.follow(stream, subject, on_msg, is_done))
