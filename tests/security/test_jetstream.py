@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_auth.permissions import node_consumer
+from gpufleet_bus.streams import node_consumer
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_contracts.nodes import NodeHeartbeat
 

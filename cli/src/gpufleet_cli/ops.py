@@ -11,7 +11,6 @@ from gpufleet_contracts.deadletters import ListDeadLetters
 from rich.markup import escape
 
 from . import client, render, views
-from . import settings as settings_mod
 from .client import CliError
 
 SERVICES = ("scheduler", "provisioner", "billing", "device-fleet", "datastore")
@@ -47,22 +46,6 @@ def health(as_json: JsonFlag = False) -> None:
         raise typer.Exit(1)
 
 
-def dead_letters_subject(service: str, account: str) -> str:
-    """The acting account's own dead letters at `service`."""
-    return subjects.as_account(subjects.rpc(service, DEAD_LETTERS), account)
-
-
-def acting_account() -> str:
-    """The account the CLI acts for (the settings' `acting_account()` where they have one:
-    the credential's own account)."""
-    cfg = settings_mod.load()
-    acting = getattr(cfg, "acting_account", None)
-    account = acting() if callable(acting) else cfg.account
-    if not account:
-        raise CliError("no acting account: set GPUFLEET_ACCOUNT", "unauthenticated")
-    return str(account)
-
-
 def merge_dead_letters(replies: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """The services' records, newest first (one stream: its sequence orders them all)."""
     records = [r for reply in replies for r in reply.get("dead_letters") or []]
@@ -88,9 +71,8 @@ def dlq_list(
     with render.reported(as_json):
         if all_accounts:  # the operators' verb: every account's
             asked = [subjects.admin(svc, DEAD_LETTERS) for svc in SERVICES]
-        else:
-            account = acting_account()
-            asked = [dead_letters_subject(svc, account) for svc in SERVICES]
+        else:  # the acting account's own
+            asked = [client.addressed(subjects.rpc(svc, DEAD_LETTERS)) for svc in SERVICES]
         results = client.request_many(
             [(subject, payload) for subject in asked],
             timeout=DEAD_LETTERS_TIMEOUT_S,

@@ -28,7 +28,16 @@ from typing import Any
 import nkeys
 
 from . import jwt, permissions
-from .creds import Creds, inbox_prefix, key_from_seed, new_key, new_user_key, public, write_secret
+from .creds import (
+    Creds,
+    inbox_prefix,
+    key_from_seed,
+    new_key,
+    new_user_key,
+    public,
+    seed_of,
+    write_secret,
+)
 from .permissions import Grant
 
 OPERATOR_NAME = "gpufleet"
@@ -151,7 +160,7 @@ class Issuer:
         key = new_user_key()
         grant: Grant = grant_for(inbox_prefix(public(key)))
         token = self.user_jwt(public(key), name, grant, expires=expires, tags=tags)
-        return Creds(jwt=token, seed=key.seed.decode())
+        return Creds(jwt=token, seed=seed_of(key))
 
     def service(self, name: str) -> Creds:
         return self.creds(f"service:{name}", lambda inbox: permissions.for_service(name, inbox))
@@ -191,7 +200,7 @@ class Issuer:
         grant = permissions.CLAIMS_PUSHER.bind(inbox=inbox_prefix(public(key)))
         nats = {"type": "user", **USER_LIMITS, **grant.nats_claims(), "issuer_account": self.system}
         token = jwt.encode(self.system_signing, public(key), "system:claims", nats)
-        return Creds(jwt=token, seed=key.seed.decode())
+        return Creds(jwt=token, seed=seed_of(key))
 
 
 @dataclass(frozen=True)
@@ -218,7 +227,7 @@ class Authority:
                 "system-signing.nk": new_key(nkeys.PREFIX_BYTE_ACCOUNT),
             }
             for name, key in seeds.items():
-                write_secret(d / name, key.seed.decode() + "\n")
+                write_secret(d / name, seed_of(key) + "\n")
             ids = {
                 "created": int(time.time()),
                 "operator": public(seeds["operator.nk"]),
@@ -278,9 +287,6 @@ class Authority:
         operator_file = self.directory / "operator.jwt"
         operator_file.write_text(self.operator_jwt() + "\n")
         return (
-            # A JWT travels in the CONNECT line: a service's permissions need more than the
-            # default 4 KiB.
-            "max_control_line: 32768\n"
             f'operator: "{operator_file}"\n'
             f"system_account: {self.system_account}\n"
             f"max_control_line: {MAX_CONTROL_LINE}\n"
@@ -295,6 +301,3 @@ class Authority:
             f"  {self.account}: {self.issuer.account_jwt(issued_at=self.created)}\n"
             "}\n"
         )
-
-    def write_creds(self, name: str, creds: Creds) -> Path:
-        return creds.write(self.directory / "creds" / f"{name}.creds")

@@ -181,11 +181,6 @@ SERVICES: dict[str, Grant] = {
 }
 
 
-def node_consumer(minion_id: str) -> str:
-    """The durable consumer of one node's commands (created by the provisioner)."""
-    return f"node-{minion_id}"
-
-
 NODE = Grant(
     kind="node",
     summary="one node agent: only subjects carrying its own minion id",

@@ -34,7 +34,7 @@ from faststream.nats import NatsBroker
 from gpufleet_contracts import ErrorBody, ErrorReply, Message, field_errors, subjects
 from pydantic import ValidationError
 
-from .accounts import NoAccountError, account_of, is_inbox
+from .accounts import NoAccountError, account_of, account_subject, is_inbox
 from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
 
 log = logging.getLogger("gpufleet.bus")
@@ -67,7 +67,7 @@ class FastRequests:
         description: str | None = None,
         concurrency: int = 256,
     ) -> Callable[[Handler], Handler]:
-        subject = subjects.as_account(subjects.rpc(self.service, verb), "*")
+        subject = account_subject(self.service, verb)
 
         def register(fn: Handler) -> Handler:
             self.routes.append(_Route(subject, model, fn, asyncio.Semaphore(concurrency)))

@@ -125,13 +125,12 @@ class OutboxRelay:
         source: str,
         poll_s: float = 1.0,
         keep: timedelta = timedelta(hours=1),
-        service: str | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
         self.source = source
         # Dead letters go to gpufleet.v1.dlq.<service>; the source is "gpufleet/<service>".
-        self.service = service or source.rsplit("/", 1)[-1]
+        self.service = source.rsplit("/", 1)[-1]
         self.dead_letter_subject = subjects.dead_letter(self.service)
         self.poll_s = poll_s
         self.keep = keep

@@ -19,7 +19,7 @@ from . import subjects
 from .base import Command, Event, Message
 from .errors import rule
 
-NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # one subject token (subjects.ACCOUNT_RE)
+NAME = subjects.ACCOUNT_RE.pattern  # a name is one subject token
 
 # R-TEN-1: names no tenant account may take, because the platform uses them itself. The
 # platform's revenue ledger account is PLATFORM_ACCOUNT (billing.fees.PLATFORM); billing's

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpufleet_auth import Authority, Creds
+from gpufleet_auth import Authority, Creds, connect_options
 from gpufleet_auth.creds import write_secret
 
 from gpufleet_devstack._server import ServerProcess
@@ -153,12 +153,7 @@ class NatsServer(ServerProcess):
     @staticmethod
     def client(creds: Path | str | None) -> dict[str, Any]:
         """`nats.connect` keyword arguments for a credentials file (none: anonymous)."""
-        if creds is None:
-            return {}
-        return {
-            "user_credentials": str(creds),
-            "inbox_prefix": Creds.read(creds).inbox_prefix,
-        }
+        return connect_options(creds)
 
     def admin(self) -> dict[str, Any]:
         """`nats.connect` keyword arguments of an operator: tests that poke at streams."""

@@ -2,6 +2,7 @@ import asyncio
 import logging
 import sys
 
+from gpufleet_auth import connect_options
 from gpufleet_bus import BusSettings, make_broker
 
 from .app import SERVICE, build_app, dead_letter_service
@@ -21,8 +22,7 @@ async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
                 f"no credential at {path} and no join token: get one with "
                 "`gpufleet node token <minion-id> --region <region>` and set GPUFLEET_JOIN_TOKEN"
             )
-        tls = bus.connect_options()
-        tls = {k: v for k, v in tls.items() if k == "tls"}
+        tls = connect_options(None, bus.nats_ca)  # TLS only: the token carries the identity
         await enrol(bus.servers, token, settings.minion_id, path, tls=tls)
     return bus.model_copy(update={"nats_creds": path})
 

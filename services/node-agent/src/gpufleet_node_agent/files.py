@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet_auth import write_secret
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -24,14 +26,8 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def write_secret_json(path: Path, data: dict[str, Any]) -> None:
-    """Like `write_json_atomic`, readable by this user alone (0600) from its creation on."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """A JSON file readable by this user alone (0600) from its creation on."""
+    write_secret(path, json.dumps(data))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import BusSettings, ServiceRuntime, account_of
+from gpufleet_bus import BusSettings, ServiceRuntime, account_of, on_its_own_subject
 from gpufleet_bus.publish import Publisher
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, subjects
 from gpufleet_contracts.identity import (
@@ -191,15 +191,8 @@ def build_app(
     async def on_heartbeat(body: NodeHeartbeat, msg: NatsMessage) -> None:
         """The node is the one the subject names (only its credential may publish there):
         a heartbeat naming another node in its body refreshes nothing."""
-        minion = subjects.token_at(msg.raw_message.subject, 3)
-        if minion != body.minion_id:
-            log.warning(
-                "heartbeat for %s on %s: not the node's own subject; ignored",
-                body.minion_id,
-                msg.raw_message.subject,
-            )
-            return
-        await prov.heartbeat(body)
+        if on_its_own_subject(msg, body.minion_id):
+            await prov.heartbeat(body)
 
     # --- requests (core NATS) ---
     @rt.on_request("list_nodes", description="The acting account's nodes.")

@@ -46,11 +46,8 @@ log = logging.getLogger("gpufleet.provisioner.identity")
 Doc = dict[str, Any]
 
 INDEXES = {
-    "accounts": [IndexModel([("plan", ASCENDING)])],
-    "users": [IndexModel([("account", ASCENDING)])],
+    # every other lookup is by `_id` (accounts, users, enrolments, revocations)
     "join_tokens": [IndexModel([("minion_id", ASCENDING)])],
-    "enrolments": [IndexModel([("account", ASCENDING)])],
-    "revocations": [IndexModel([("at", ASCENDING)])],
 }
 
 
@@ -96,7 +93,6 @@ class Identity:
             doc: Doc = {
                 "_id": account,
                 "plan": plan.value,
-                "users": [],
                 "created_at_ms": now_ms(now),
             }
             await self.db.accounts.insert_one(doc, session=s)
@@ -125,11 +121,6 @@ class Identity:
     async def account(self, account: str) -> Doc | None:
         doc: Doc | None = await self.db.accounts.find_one({"_id": account})
         return doc
-
-    async def plan_of(self, account: str) -> Plan:
-        """An account's plan; an account nobody created (development) is on `free`."""
-        doc = await self.account(account)
-        return Plan(doc["plan"]) if doc else Plan.free
 
     async def list_accounts(self) -> list[Doc]:
         users: dict[str, list[str]] = {}
@@ -319,7 +310,7 @@ class Identity:
 
     async def _system_connection(self) -> Client:
         assert self.issuer is not None
-        tls = {k: v for k, v in self.connect_options.items() if k == "tls"}
+        tls = {k: v for k, v in self.connect_options.items() if k == "tls"}  # not its creds
         return await nats.connect(
             self.servers,
             name="gpufleet-provisioner-claims",
