@@ -412,9 +412,15 @@ async def main() -> None:
     ap.add_argument(
         "--keep", action="store_true", help="keep the run's directory (logs, ~100 MB of data)"
     )
+    ap.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="an open server with JetStream unencrypted: the baseline that shows what the "
+        "authentication and the encryption at rest cost",
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
-    ns = NatsServer(tmp / "nats")
+    ns = NatsServer(tmp / "nats", auth=not a.no_auth, encrypt=not a.no_auth)
     mg = EmbeddedMongo(tmp / "mongo")
     ns.start()
     mg.start()

@@ -46,7 +46,11 @@ log = logging.getLogger("gpufleet.provisioner.identity")
 Doc = dict[str, Any]
 
 INDEXES = {
-    # every other lookup is by `_id` (accounts, users, enrolments, revocations)
+    # Created at start-up (a transaction cannot create a collection); looked up by `_id`.
+    "accounts": [],
+    "users": [],
+    "enrolments": [],
+    "revocations": [],
     "join_tokens": [IndexModel([("minion_id", ASCENDING)])],
 }
 
