@@ -6,9 +6,10 @@ import asyncio
 import json
 
 import nats
-from faststream.nats import NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, publish
+from gpufleet_bus import Delivery, Events, Ports, ServiceRuntime, publish
 from gpufleet_contracts import Envelope, Event, subjects
+from gpufleet_contracts.health import HealthCheck
+from gpufleet_contracts.jobs import SubmitJob
 from gpufleet_devstack import NatsServer, wait_for_async
 from nats.js.api import DeliverPolicy
 
@@ -41,12 +42,13 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
     fresh_nats: NatsServer,
 ) -> None:
     broker = broker_for("svc", fresh_nats)
-    rt = ServiceRuntime("svc", broker, None)
+    rt = ServiceRuntime("svc", Ports(broker))
     seen: list[int] = []
 
-    @rt.on_event(Pinged, "pinged")
     async def on_pinged(body: Pinged) -> None:
         seen.append(body.n)
+
+    rt.wire(events={"pinged": on_pinged})
 
     async with running(rt.app):
         nc = await admin_connect(fresh_nats)
@@ -74,14 +76,16 @@ async def test_invalid_event_is_dead_lettered_and_the_next_one_still_handled(
 
 async def test_a_failing_handler_is_retried_until_it_succeeds(fresh_nats: NatsServer) -> None:
     broker = broker_for("svc", fresh_nats)
-    rt = ServiceRuntime("svc", broker, None)
+    rt = ServiceRuntime("svc", Ports(broker))
     attempts: list[int] = []
 
-    @rt.on_event(Pinged, "flaky")
-    async def flaky(body: Pinged, msg: NatsMessage) -> None:
+    async def flaky(body: Pinged, delivery: Delivery) -> None:
+        assert delivery.subject == Pinged.SUBJECT and delivery.received_at is not None
         attempts.append(body.n)
         if len(attempts) < 3:
             raise ConnectionError("database briefly away")
+
+    rt.wire(events={"flaky": flaky})
 
     async with running(rt.app):
         await publish(broker, Pinged(n=1), source="test")
@@ -93,7 +97,7 @@ async def test_a_failing_handler_is_retried_until_it_succeeds(fresh_nats: NatsSe
 
 async def test_duplicate_publish_is_dropped_by_message_id(fresh_nats: NatsServer) -> None:
     broker = broker_for("svc", fresh_nats)
-    async with running(ServiceRuntime("svc", broker, None).app):
+    async with running(ServiceRuntime("svc", Ports(broker)).app):
         for _ in range(3):
             await publish(broker, Pinged(n=1), source="test", msg_id="same-event")
     msgs = await read_stream(fresh_nats, Pinged.SUBJECT)
@@ -104,14 +108,13 @@ async def test_duplicate_publish_is_dropped_by_message_id(fresh_nats: NatsServer
 async def test_invalid_request_gets_a_structured_error_and_is_kept(
     fresh_nats: NatsServer,
 ) -> None:
-    from gpufleet_contracts.jobs import SubmitJob
-
     broker = broker_for("svc", fresh_nats)
-    rt = ServiceRuntime("svc", broker, None)
+    rt = ServiceRuntime("svc", Ports(broker))
 
-    @rt.on_request("submit")
-    async def submit(body: SubmitJob) -> dict[str, str]:
+    async def submit(body: SubmitJob, account: str) -> dict[str, str]:
         raise AssertionError("an invalid request must not reach the handler")
+
+    rt.wire(requests={"submit": submit})
 
     async with running(rt.app):
         bad = {
@@ -136,15 +139,16 @@ async def test_invalid_request_gets_a_structured_error_and_is_kept(
 async def test_a_request_acts_for_its_subject_s_account_never_a_header(
     fresh_nats: NatsServer,
 ) -> None:
-    """R-TEN-2 on the FastStream path: the account is the subject's last token (which only
+    """R-TEN-2: the account is the subject's last token (which only
     that account's users may publish); a client-set header changes nothing; a subject whose
     account token is not an account is refused as invalid."""
     broker = broker_for("svc", fresh_nats)
-    rt = ServiceRuntime("svc", broker, None)
+    rt = ServiceRuntime("svc", Ports(broker))
 
-    @rt.on_request("whoami")
-    async def whoami(msg: NatsMessage) -> dict[str, str]:
-        return {"account": account_of(msg)}
+    async def whoami(body: HealthCheck, account: str) -> dict[str, str]:
+        return {"account": account}
+
+    rt.wire(requests={"whoami": whoami})
 
     async with running(rt.app):
         subject = subjects.rpc("svc", "whoami")
@@ -161,3 +165,41 @@ async def test_a_request_acts_for_its_subject_s_account_never_a_header(
     assert json.loads(reply.data) == {"account": "acme"}
     error = json.loads(refused.data)["error"]
     assert error["code"] == "invalid" and error["fields"][0]["rule"] == "R-TEN-2"
+
+
+class Ponged(Event):
+    TYPE = "gpufleet.test.ponged.v1"
+    SUBJECT = subjects.event("test", "ponged")
+    n: int
+
+
+async def test_one_consumer_dispatches_by_type_in_stream_order(fresh_nats: NatsServer) -> None:
+    """Events(...) reads several types from one consumer: each handler sees its own type,
+    all of them in the order the stream stored them; a type the table does not name is
+    dead-lettered, not handed to the wrong handler."""
+    broker = broker_for("svc", fresh_nats)
+    rt = ServiceRuntime("svc", Ports(broker))
+    seen: list[tuple[str, int]] = []
+
+    async def pinged(body: Pinged) -> None:
+        seen.append(("ping", body.n))
+
+    async def ponged(body: Ponged) -> None:
+        await asyncio.sleep(0.01 * (body.n % 3))  # slow handlers must not reorder
+        seen.append(("pong", body.n))
+
+    rt.wire(
+        events={"test": Events({Pinged: pinged, Ponged: ponged}, subject="gpufleet.v1.evt.test.>")}
+    )
+    async with running(rt.app):
+        for n in range(10):
+            await publish(broker, (Pinged if n % 2 else Ponged)(n=n), source="test")
+        nc = await admin_connect(fresh_nats)
+        other = Envelope(type="gpufleet.test.other.v1", source="t", subject=Pinged.SUBJECT)
+        await nc.jetstream().publish(Pinged.SUBJECT, b'{"n": 99}', headers=other.headers())
+        await nc.close()
+        await wait_for_async(lambda: len(seen) == 10, timeout=10)
+        await asyncio.sleep(0.5)
+    assert seen == [("pong" if n % 2 == 0 else "ping", n) for n in range(10)]
+    dead = await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
+    assert [json.loads(m.data)["errors"][0]["field"] for m in dead] == ["ce-type"]

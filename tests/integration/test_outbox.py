@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from gpufleet_bus import OutboxRelay, ServiceRuntime, emit
+from gpufleet_bus import OutboxRelay, Ports, ServiceRuntime, emit
 from gpufleet_contracts import Event, subjects
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_store import Transaction
@@ -26,7 +26,7 @@ async def test_commit_writes_state_and_outbox_then_relay_publishes_once(
 ) -> None:
     store = store_for("svc", mongo_server.url, db_prefix)
     broker = broker_for("svc", fresh_nats)
-    async with running(ServiceRuntime("svc", broker, store, indexes={"things": []}).app):
+    async with running(ServiceRuntime("svc", Ports(broker, store), indexes={"things": []}).app):
 
         async def body(tx: Transaction) -> None:
             await store.db.things.insert_one({"_id": 1}, session=tx.session)
@@ -75,7 +75,7 @@ async def test_relay_catches_up_after_nats_comes_back(
 ) -> None:
     store = store_for("svc", mongo_server.url, db_prefix)
     broker = broker_for("svc", fresh_nats)
-    async with running(ServiceRuntime("svc", broker, store).app):
+    async with running(ServiceRuntime("svc", Ports(broker, store)).app):
         fresh_nats.kill()
 
         async def body(tx: Transaction) -> None:

@@ -1,4 +1,4 @@
-"""The bus shared by gpufleet services: FastStream on NATS JetStream."""
+"""The bus shared by gpufleet services: FastStream on NATS JetStream (runtime.py: the shape)."""
 
 from gpufleet_auth.creds import connect_options
 
@@ -10,25 +10,32 @@ from .accounts import (
     on_its_own_subject,
     received_at,
 )
+from .broker import BusSettings, env_flag, make_broker
 from .deadletter import MAX_DELIVER, UnknownMessageType, dead_letter_middleware
 from .outbox import OutboxRelay
+from .periodic import Every
 from .publish import emit, publish, publish_raw
-from .service import (
-    BusSettings,
-    ServiceRuntime,
-    env_flag,
-    make_broker,
-)
+from .requests import Request
+from .runner import StartError, run_service
+from .runtime import Delivery, Events, Ports, Service, ServiceRuntime, Wired
 from .streams import STREAMS, ensure_streams, stream_for
 
 __all__ = [
     "MAX_DELIVER",
     "STREAMS",
     "BusSettings",
+    "Delivery",
+    "Events",
+    "Every",
     "NoAccountError",
     "OutboxRelay",
+    "Ports",
+    "Request",
+    "Service",
     "ServiceRuntime",
+    "StartError",
     "UnknownMessageType",
+    "Wired",
     "account_of",
     "account_subject",
     "connect_options",
@@ -42,5 +49,6 @@ __all__ = [
     "publish",
     "publish_raw",
     "received_at",
+    "run_service",
     "stream_for",
 ]

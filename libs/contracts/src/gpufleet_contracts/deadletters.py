@@ -16,7 +16,9 @@ body, redacted, when it was JSON) or `payload_size`/`payload_sha256`/`payload_ex
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import BaseModel, Field
 
 from .base import Command
 
@@ -28,3 +30,10 @@ class ListDeadLetters(Command):
 
     TYPE = "gpufleet.dead_letters.list.v1"
     limit: int = Field(default=50, ge=1, le=1000)
+
+
+class DeadLetters(BaseModel):
+    """The reply to ListDeadLetters: one service's records, newest first."""
+
+    service: str
+    dead_letters: list[dict[str, Any]]

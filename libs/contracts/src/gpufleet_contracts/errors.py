@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -144,3 +145,44 @@ def invalid(message: str, exc: ValidationError, model: type[BaseModel] | None = 
 
 def error(code: str, message: str) -> ErrorReply:
     return ErrorReply(error=ErrorBody(code=code, message=message))
+
+
+class Refused(Exception):
+    """A request refused by a rule (or an object that is not the caller's): answered with
+    its ErrorReply, never retried, never dead-lettered. The one refusal of every service;
+    the request runtime (gpufleet_bus.requests) turns it into the reply."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        fields: Sequence[FieldError | Mapping[str, Any]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.reply = ErrorReply(
+            error=ErrorBody(
+                code=code,
+                message=message,
+                fields=[f if isinstance(f, FieldError) else FieldError(**f) for f in fields],
+            )
+        )
+
+    @property
+    def code(self) -> str:
+        return self.reply.error.code
+
+    @property
+    def message(self) -> str:
+        return self.reply.error.message
+
+    @property
+    def fields(self) -> list[FieldError]:
+        return list(self.reply.error.fields)
+
+
+class NotFound(Refused):
+    """Not found, or not the caller's: both answer alike (another account's objects are
+    "not found")."""
+
+    def __init__(self, message: str = "not found") -> None:
+        super().__init__("not_found", message)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from .base import Command
+
 
 class Health(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -9,3 +11,9 @@ class Health(BaseModel):
     status: str
     version: str
     collections: list[str]
+
+
+class HealthCheck(Command):
+    """Ask a service (or a node agent) whether it is up: it answers Health."""
+
+    TYPE = "gpufleet.health.check.v1"

@@ -116,3 +116,21 @@ def token_at(subject: str, index: int) -> str | None:
         return parts[index] or None
     except IndexError:
         return None
+
+
+def node_health(minion_id: str) -> str:
+    """`gpufleet.v1.node.<minion_id>.health`: one agent's own health."""
+    return node(minion_id, "health")
+
+
+def wildcard(template: str) -> str:
+    """A message's subject template with every `{key}` as `*`: what a consumer of every
+    value of its keys subscribes to."""
+    return re.sub(r"\{[^}]*\}", "*", template)
+
+
+# Every worker fact (placed, started, finished) on one subject tree: each service reads them
+# with one consumer, in stream order, dispatched by type (gpufleet_bus.runtime).
+WORKER_EVENTS = f"{EVENTS}.worker.>"
+# Core NATS between scheduler instances: "these jobs/nodes changed" from one that does not lead.
+SCHEDULER_SYNC = internal("scheduler", "sync")

@@ -9,10 +9,14 @@ outbox document. Secrets are stored sealed (`SecretBox`, gpufleet_store.secrets)
 messages that carry one too.
 """
 
+from gpufleet_contracts.clock import Clock, utcnow
+
 from .secrets import SecretBox, SecretError
-from .store import IndexSpec, Store, StoreSettings, Transaction, from_ms, now_ms, utcnow
+from .store import Doc, IndexSpec, Store, StoreSettings, Transaction, from_ms, now_ms
 
 __all__ = [
+    "Clock",
+    "Doc",
     "IndexSpec",
     "SecretBox",
     "SecretError",

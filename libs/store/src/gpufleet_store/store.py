@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from gpufleet_contracts.clock import utcnow
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -18,7 +19,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from .secrets import SecretBox, SecretError
 
 T = TypeVar("T")
-Doc = dict[str, Any]
+Doc = dict[str, Any]  # a MongoDB document, as every service handles one
 IndexSpec = Mapping[str, Sequence[IndexModel]]
 
 OUTBOX = "outbox"
@@ -52,10 +53,6 @@ SEALED = 1
 CHUNK_MESSAGES = 2_000
 CHUNK_BYTES = 4 * 1024 * 1024
 _SEQ = itertools.count()
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def now_ms(at: datetime | None = None) -> int:

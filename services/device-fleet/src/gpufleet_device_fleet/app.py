@@ -7,10 +7,7 @@ features follow in their own issues.
 
 from __future__ import annotations
 
-from faststream import FastStream
-from faststream.nats import NatsBroker
-from gpufleet_bus import ServiceRuntime
-from gpufleet_store import Store
+from gpufleet_bus import Ports, Service, ServiceRuntime
 from pymongo import ASCENDING, IndexModel
 
 SERVICE = "device-fleet"
@@ -26,5 +23,7 @@ INDEXES = {
 }
 
 
-def build_app(store: Store, broker: NatsBroker) -> FastStream:
-    return ServiceRuntime(SERVICE, broker, store, indexes=INDEXES).app
+def build_app(ports: Ports) -> Service[None]:
+    rt = ServiceRuntime(SERVICE, ports, indexes=INDEXES)
+    rt.wire()  # health and dead letters only, for now
+    return rt.built(None)

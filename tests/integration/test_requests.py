@@ -1,5 +1,5 @@
-"""Requests served on the raw connection (gpufleet_bus.fastpath), against a real nats-server:
-the same validation, error replies and dead-letter record as FastStream's path."""
+"""Requests (gpufleet_bus.requests, the one request mechanism), against a real nats-server:
+validation, error replies (Refused, NotFound, internal) and the dead-letter record."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import json
 
 import nats
 import pytest
-from gpufleet_bus import ServiceRuntime
+from gpufleet_bus import Ports, Request, ServiceRuntime
 from gpufleet_contracts import subjects
+from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import SubmitJob
 from gpufleet_devstack import NatsServer
 
@@ -21,13 +22,14 @@ GOOD = {"spec": {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"]}}
 
 async def test_fast_request_validates_like_every_other_request(fresh_nats: NatsServer) -> None:
     broker = broker_for("svc", fresh_nats)
-    rt = ServiceRuntime("svc", broker, None)
+    rt = ServiceRuntime("svc", Ports(broker))
     seen: list[tuple[str, str]] = []
 
-    @rt.on_fast_request("submit", SubmitJob)
     async def submit(body: SubmitJob, account: str) -> dict[str, str]:
         seen.append((body.spec.name, account))
         return {"id": "j1"}
+
+    rt.wire(requests={"submit": submit})
 
     async with running(rt.app):
         subject = subjects.rpc("svc", "submit")
@@ -74,20 +76,27 @@ async def test_fast_request_failure_answers_internal_and_requests_run_concurrent
     fresh_nats: NatsServer,
 ) -> None:
     broker = broker_for("svc", fresh_nats)
-    rt = ServiceRuntime("svc", broker, None)
+    rt = ServiceRuntime("svc", Ports(broker))
     gate = asyncio.Event()
     inside = 0
 
-    @rt.on_fast_request("slow", SubmitJob)
     async def slow(body: SubmitJob, account: str) -> dict[str, int]:
         nonlocal inside
         inside += 1
         if body.spec.name == "boom":
             raise RuntimeError("database away")
+        if body.spec.name == "refused":
+            raise Refused(
+                "conflict", "no", [{"field": "spec.name", "rule": "R-X-1", "message": "m"}]
+            )
+        if body.spec.name == "missing":
+            raise NotFound("job x not found")
         if inside >= 20:
             gate.set()
         await asyncio.wait_for(gate.wait(), 5)  # only returns once 20 are in at once
         return {"inside": inside}
+
+    rt.wire(requests={"slow": Request(slow, concurrency=64)})
 
     async with running(rt.app):
         subject = subjects.rpc("svc", "slow")
@@ -97,7 +106,14 @@ async def test_fast_request_failure_answers_internal_and_requests_run_concurrent
             )
             boom = {"spec": {**GOOD["spec"], "name": "boom"}}
             failed = await user.request(subject, json.dumps(boom).encode(), 5)
+            no = {"spec": {**GOOD["spec"], "name": "refused"}}
+            refused = json.loads((await user.request(subject, json.dumps(no).encode(), 5)).data)
+            gone = {"spec": {**GOOD["spec"], "name": "missing"}}
+            missing = json.loads((await user.request(subject, json.dumps(gone).encode(), 5)).data)
     assert all(json.loads(r.data)["inside"] >= 20 for r in replies)
     error = json.loads(failed.data)["error"]
     assert (error["code"], error["message"]) == ("internal", "RuntimeError")
+    assert refused["error"]["code"] == "conflict"
+    assert refused["error"]["fields"][0]["rule"] == "R-X-1"
+    assert missing["error"] == {"code": "not_found", "message": "job x not found", "fields": []}
     assert await read_stream(fresh_nats, subjects.dead_letter("svc", "*")) == []  # not invalid

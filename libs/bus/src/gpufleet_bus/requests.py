@@ -1,0 +1,231 @@
+"""Request/reply: the one way a gpufleet service answers a request.
+
+Every request subject (an account's `gpufleet.v1.rpc.<service>.<verb>.<account>`, an
+operator's `gpufleet.v1.adm.<service>.<verb>`, a node's `gpufleet.v1.node.<id>.<verb>`) is
+served here, on the broker's own nats-py connection, not through FastStream: FastStream cost
+about 0.65 ms of CPU per request on the 2-core development machine (its context, dependency
+injection, middlewares and an anyio task per message), against about 0.12 ms here with the
+same pydantic decoding (benchmarks/scheduler/README.md).
+
+A handler is `async def verb(body: Model, account: str) -> Reply` (an operator's or a node's
+request: `async def verb(body: Model) -> Reply`); the body's model is read from the
+handler's annotation, the reply is a pydantic model or a dict. One error mapping:
+
+- a body that is not JSON, not a JSON object, or does not validate: an `invalid` ErrorReply
+  naming each field and rule, and a redacted record on the acting account's dead-letter
+  subject (the shape of deadletter.py's);
+- a subject that names no account (R-TEN-2): `invalid`;
+- `Refused` (and `NotFound`, gpufleet_contracts.errors): its ErrorReply;
+- any other exception: logged, answered `internal` (its type only).
+
+Up to `concurrency` requests of a subject run at once (nats-py calls a subscription's
+callback one message at a time, so each request gets its own task). A reply goes to an
+`_INBOX.` subject only: a requester chooses the reply subject, and one such as
+`$JS.API.STREAM.DELETE.<stream>` would have this service's credential make the request for it.
+What is not recorded is an OpenTelemetry span per request. The subjects are declared to
+FastStream (`schema_broker`, never connected) so the AsyncAPI document lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from faststream.nats import NatsBroker
+from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, Message, field_errors, subjects
+from gpufleet_contracts.errors import Refused
+from pydantic import BaseModel, ValidationError
+
+from .accounts import NoAccountError, account_of, is_inbox
+from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
+
+log = logging.getLogger("gpufleet.bus")
+
+Reply = BaseModel | dict[str, Any]
+# `(body, account)` for an account's request, `(body)` for an operator's or a node's.
+Handler = Callable[..., Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A wiring-table entry with options; a bare handler means the defaults."""
+
+    handler: Handler
+    concurrency: int = 1
+    description: str | None = None
+
+
+def model_of(handler: Callable[..., Any]) -> type[BaseModel]:
+    """The model of a handler's first parameter (its body), from its annotations."""
+    params = list(inspect.signature(handler).parameters)
+    hints = get_type_hints(handler)
+    model = hints.get(params[0]) if params else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{qualname(handler)}: its first parameter must be a pydantic model")
+    return model
+
+
+def qualname(fn: Callable[..., Any]) -> str:
+    """`module:function` (or `module:Class.method`): how the docs name a handler."""
+    fn = getattr(fn, "__func__", fn)
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+@dataclass(frozen=True)
+class _Route:
+    subject: str
+    queue: str
+    model: type[BaseModel]
+    handler: Handler
+    by_account: bool
+    slots: asyncio.Semaphore
+
+
+class Requests:
+    """The request subjects of one service, served on its broker's connection."""
+
+    def __init__(self, service: str, broker: NatsBroker, schema_broker: NatsBroker) -> None:
+        self.service = service
+        self.broker = broker
+        self.schema_broker = schema_broker
+        self.routes: list[_Route] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subs: list[Any] = []
+
+    def add(
+        self,
+        subject: str,
+        entry: Handler | Request,
+        *,
+        by_account: bool,
+        queue: str,
+        title: str,
+    ) -> None:
+        req = entry if isinstance(entry, Request) else Request(entry)
+        model = model_of(req.handler)
+        self.routes.append(
+            _Route(
+                subject, queue, model, req.handler, by_account, asyncio.Semaphore(req.concurrency)
+            )
+        )
+        self.schema_broker.subscriber(
+            subject,
+            queue=queue,
+            title=title,
+            description=req.description or req.handler.__doc__,
+        )(_schema_handler(model))
+
+    async def start(self) -> None:
+        nc = await self.broker.connect()
+        for r in self.routes:
+            self._subs.append(await nc.subscribe(r.subject, queue=r.queue, cb=self._dispatch(r)))
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection may already be closed
+                log.debug("unsubscribe failed", exc_info=True)
+        self._subs.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=5.0)
+
+    def _dispatch(self, route: _Route) -> Callable[[Any], Awaitable[None]]:
+        async def cb(msg: Any) -> None:
+            await route.slots.acquire()  # back-pressure: nats-py buffers the rest
+            task = asyncio.create_task(self._serve(route, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _: route.slots.release())
+
+        return cb
+
+    async def _serve(self, route: _Route, msg: Any) -> None:
+        reply = await self.answer(route, msg.subject, msg.data, msg.headers)
+        if is_inbox(msg.reply):  # never a subject the requester chose to aim us at
+            try:
+                await msg.respond(json.dumps(reply, default=str).encode())
+            except Exception:
+                log.warning("could not reply on %s", msg.subject, exc_info=True)
+        elif msg.reply:
+            log.warning("not answering to %r: not an inbox", msg.reply)
+
+    async def answer(
+        self, route: _Route, subject: str, data: bytes, headers: dict[str, str] | None
+    ) -> dict[str, Any]:
+        """The reply to one request (the error mapping of the module's docstring)."""
+        try:
+            if route.by_account:
+                account = account_of(subject)
+                body = route.model.model_validate_json(data or b"{}")
+                result = await route.handler(body, account)
+            else:
+                body = route.model.model_validate_json(data or b"{}")
+                result = await route.handler(body)
+        except NoAccountError as exc:
+            field = FieldError(field="subject", rule="R-TEN-2", message=str(exc))
+            return _error("invalid", str(exc), [field])
+        except ValidationError as exc:
+            errors = field_errors(exc)
+            log.warning(
+                "rejected invalid request",
+                extra={"subject": subject, "errors": [e.model_dump() for e in errors]},
+            )
+            await self._dead_letter(subject, data, headers, [e.model_dump() for e in errors])
+            return _error("invalid", INVALID_MESSAGE, errors)
+        except Refused as exc:
+            return exc.reply.model_dump(mode="json")
+        except Exception as exc:
+            log.exception("request failed on %s", subject)
+            return _error("internal", type(exc).__name__)
+        if isinstance(result, BaseModel):
+            dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True)
+            return dumped
+        return result
+
+    async def _dead_letter(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None,
+        errors: list[dict[str, Any]],
+    ) -> None:
+        record = dead_letter_bytes(self.service, subject, bytes(data), headers, "invalid", errors)
+        try:
+            js = (await self.broker.connect()).jetstream()
+            await js.publish(
+                dead_letter_subject(self.service, subject),
+                record,
+                stream=subjects.STREAM_DLQ,
+                timeout=5.0,
+            )
+        except Exception:
+            log.exception("could not dead-letter an invalid request on %s", subject)
+
+
+def _error(code: str, message: str, fields: list[FieldError] | None = None) -> dict[str, Any]:
+    reply = ErrorReply(error=ErrorBody(code=code, message=message, fields=fields or []))
+    dumped: dict[str, Any] = reply.model_dump(mode="json")
+    return dumped
+
+
+def _schema_handler(model: type[BaseModel]) -> Callable[..., Awaitable[None]]:
+    """A function with the signature FastStream reads the payload schema from; never called."""
+
+    async def declared(body: Any) -> None:  # pragma: no cover - documentation only
+        raise RuntimeError("served by gpufleet_bus.requests, not FastStream")
+
+    declared.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model)]
+    )
+    declared.__annotations__ = {"body": model, "return": None}
+    declared.__name__ = model.__name__
+    return declared
+
+
+__all__ = ["Handler", "Message", "Reply", "Request", "Requests", "model_of", "qualname"]
