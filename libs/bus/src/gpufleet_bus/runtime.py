@@ -203,11 +203,13 @@ class ServiceRuntime:
         shutdown: Sequence[Callable[[], Awaitable[Any]]] = (),
     ) -> None:
         for verb, entry in (requests or {}).items():
-            self._request("request", account_subject(self.service, verb), entry, True, "rpc")
+            subject = account_subject(self.service, verb)
+            self._request("request", subject, entry, True, "rpc", f"{self.service}:{verb}")
         for verb, entry in (admin or {}).items():
-            self._request("admin", subjects.admin(self.service, verb), entry, False, "adm")
+            subject = subjects.admin(self.service, verb)
+            self._request("admin", subject, entry, False, "adm", f"{self.service}:admin:{verb}")
         for subject, entry in (direct or {}).items():
-            self._request("direct", subject, entry, False, "direct")
+            self._request("direct", subject, entry, False, "direct", f"{self.service}:{subject}")
         for durable, spec in (events or {}).items():
             self._events(
                 durable, spec if isinstance(spec, Events) else Events({_typed(spec): spec})
@@ -222,10 +224,15 @@ class ServiceRuntime:
             self.app.on_shutdown(hook)
 
     def _request(
-        self, kind: str, subject: str, entry: Handler | Request, by_account: bool, queue: str
+        self,
+        kind: str,
+        subject: str,
+        entry: Handler | Request,
+        by_account: bool,
+        queue: str,
+        title: str,
     ) -> None:
         req = entry if isinstance(entry, Request) else Request(entry)
-        title = f"{self.service}:{kind}:{subject.split('.')[4]}"
         self.requests.add(
             subject, req, by_account=by_account, queue=f"{self.service}-{queue}", title=title
         )
