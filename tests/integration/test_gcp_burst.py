@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
-from gpufleet_bus import publish
+from gpufleet_bus import Ports, publish
 from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.jobs import Demand, PendingDemandChanged
 from gpufleet_contracts.nodes import GpuInfo, NodeHeartbeat, RegisterNode
@@ -24,7 +24,6 @@ from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_gcp_emulator.testing import EmulatorProcess, service_account_key
 from gpufleet_node_agent.enrol import enrol
 from gpufleet_provisioner.app import build_app
-from gpufleet_provisioner.gcp import GcpEndpoints
 from gpufleet_provisioner.settings import ProvisionerSettings
 
 from .conftest import (
@@ -129,12 +128,15 @@ async def provisioner(
         node_lost_min_s=2.0,
         burst_idle_s=idle_s,
         burst_retry_s=60,
+        gcp_compute_endpoint=emulator.compute,
+        gcp_grpc_endpoint=emulator.grpc,
     )
-    app, _prov = build_app(
-        store_for("provisioner", mongo_server.url, db_prefix),
-        broker_for("provisioner", nats_server),
-        settings=settings,
-        endpoints=GcpEndpoints(compute=emulator.compute, grpc=emulator.grpc),
+    svc = build_app(
+        Ports(
+            broker_for("provisioner", nats_server),
+            store_for("provisioner", mongo_server.url, db_prefix),
+        ),
+        settings,
     )
     account = f"acct-{uuid.uuid4().hex[:6]}"
     user = await connect(nats_server, nats_server.creds("user", "dev", account=account))
@@ -148,7 +150,7 @@ async def provisioner(
 
     await nc.subscribe(f"{subjects.EVENTS}.>", cb=on_event)
     try:
-        async with running(app):
+        async with running(svc.app):
             enabled = await bus.ask(
                 "enable_provider", {"provider": "gcp", "key_json": key_json(bus.project)}
             )

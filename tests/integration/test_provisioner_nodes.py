@@ -13,7 +13,7 @@ from typing import Any
 
 import nats
 import pytest
-from gpufleet_bus import BusSettings, make_broker, publish
+from gpufleet_bus import BusSettings, Ports, make_broker, publish
 from gpufleet_bus.streams import node_consumer
 from gpufleet_contracts import subjects
 from gpufleet_contracts.nodes import (
@@ -150,11 +150,13 @@ async def provisioner(
     bus_settings = BusSettings(
         nats_url=nats_server.url, nats_creds=nats_server.creds("service", "provisioner")
     )
-    app, _ = build_app(
-        store_for("provisioner", mongo_server.url, db_prefix),
-        make_broker("provisioner", bus_settings),
-        settings=config,
-        bus=bus_settings,
+    svc = build_app(
+        Ports(
+            make_broker("provisioner", bus_settings),
+            store_for("provisioner", mongo_server.url, db_prefix),
+            bus=bus_settings,
+        ),
+        config,
     )
     account = f"acct-{uuid.uuid4().hex[:6]}"
     nc = await nats.connect(nats_server.url, **nats_server.admin())
@@ -169,7 +171,7 @@ async def provisioner(
     await nc.subscribe(subjects.event("node", "state_changed"), cb=on_event)
     await nc.subscribe(subjects.event("node", "registered"), cb=on_event)
     try:
-        async with running(app):
+        async with running(svc.app):
             yield bus
     finally:
         await bus.close()

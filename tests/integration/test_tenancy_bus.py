@@ -12,7 +12,7 @@ from typing import Any
 
 import nats
 import pytest
-from gpufleet_bus import BusSettings, make_broker
+from gpufleet_bus import BusSettings, Ports, make_broker
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_devstack.identities import admin_request
@@ -50,12 +50,10 @@ async def stack(
     pstore = store_for("provisioner", mongo_server.url, db_prefix)
     sstore = store_for("scheduler", mongo_server.url, db_prefix)
     pbus, sbus = service_bus(nats_server, "provisioner"), service_bus(nats_server, "scheduler")
-    prov, _ = provisioner_app(
-        pstore,
-        make_broker("provisioner", pbus),
-        settings=ProvisionerSettings(auth_dir=None),
-        bus=pbus,
-    )
+    prov = provisioner_app(
+        Ports(make_broker("provisioner", pbus), pstore, bus=pbus),
+        ProvisionerSettings(auth_dir=None),
+    ).app
     sched_app, sched = scheduler_app(sstore, make_broker("scheduler", sbus))
     # accounts of this test alone (the server and its streams are the session's)
     names = {n: f"{n}-{db_prefix}" for n in ("acme", "bob", "carol")}

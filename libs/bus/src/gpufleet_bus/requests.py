@@ -8,8 +8,10 @@ injection, middlewares and an anyio task per message), against about 0.12 ms her
 same pydantic decoding (benchmarks/scheduler/README.md).
 
 A handler is `async def verb(body: Model, account: str) -> Reply` (an operator's or a node's
-request: `async def verb(body: Model) -> Reply`); the body's model is read from the
-handler's annotation, the reply is a pydantic model or a dict. One error mapping:
+request: `async def verb(body: Model) -> Reply`, or `(body: Model, subject: str)` when the
+subject is a wildcard whose token says who asks, as a node's enrolment on
+`gpufleet.v1.enroll.<minion_id>`); the body's model is read from the handler's annotation,
+the reply is a pydantic model or a dict. One error mapping:
 
 - a body that is not JSON, not a JSON object, or does not validate: an `invalid` ErrorReply
   naming each field and rule, and a redacted record on the acting account's dead-letter
@@ -84,6 +86,7 @@ class _Route:
     handler: Handler
     by_account: bool
     slots: asyncio.Semaphore
+    with_subject: bool = False  # an operator's or a node's handler taking `(body, subject)`
 
 
 class Requests:
@@ -110,7 +113,13 @@ class Requests:
         model = model_of(req.handler)
         self.routes.append(
             _Route(
-                subject, queue, model, req.handler, by_account, asyncio.Semaphore(req.concurrency)
+                subject,
+                queue,
+                model,
+                req.handler,
+                by_account,
+                asyncio.Semaphore(req.concurrency),
+                not by_account and len(inspect.signature(req.handler).parameters) == 2,
             )
         )
         self.schema_broker.subscriber(
@@ -166,7 +175,10 @@ class Requests:
                 result = await route.handler(body, account)
             else:
                 body = route.model.model_validate_json(data or b"{}")
-                result = await route.handler(body)
+                if route.with_subject:
+                    result = await route.handler(body, subject)
+                else:
+                    result = await route.handler(body)
         except NoAccountError as exc:
             field = FieldError(field="subject", rule="R-TEN-2", message=str(exc))
             return _error("invalid", str(exc), [field])

@@ -98,6 +98,7 @@ class Delivery:
 
     subject: str
     received_at: datetime | None
+    id: str | None = None  # its CloudEvents id (`ce-id`, also its Nats-Msg-Id)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class ServiceRuntime:
         admin: Mapping[str, Handler | Request] | None = None,
         direct: Mapping[str, Handler | Request] | None = None,
         events: Mapping[str, EventHandler | Events] | None = None,
-        signals: Mapping[str, Callable[[Any], Awaitable[None]]] | None = None,
+        signals: Mapping[str, Callable[..., Awaitable[None]]] | None = None,
         every: Sequence[Every] = (),
         publishes: Sequence[type[Message]] = (),
         startup: Sequence[Callable[[], Awaitable[Any]]] = (),
@@ -260,7 +261,8 @@ class ServiceRuntime:
                 await fn(decoded)
             else:
                 raw = msg.raw_message
-                await fn(decoded, Delivery(str(raw.subject), received_at(msg)))
+                delivery = Delivery(str(raw.subject), received_at(msg), str(headers["ce-id"]))
+                await fn(decoded, delivery)
 
         consume.__name__ = f"{self.service}_{durable}"
         self.broker.subscriber(
@@ -290,11 +292,18 @@ class ServiceRuntime:
             )(_schema_of(model))
             self._row("event", model.SUBJECT, fn, model.__name__)
 
-    def _signal(self, subject: str, fn: Callable[[Any], Awaitable[None]]) -> None:
+    def _signal(self, subject: str, fn: Callable[..., Awaitable[None]]) -> None:
+        """`fn` is `(body)` or `(body, delivery)`: the subject it arrived on (a wildcard
+        subject's sender, e.g. the node of a heartbeat)."""
         model = model_of(fn)
+        arity = _arity(fn)
 
-        async def on_signal(body: Any) -> None:
-            await fn(model.model_validate(body))
+        async def on_signal(body: Any, msg: NatsMessage) -> None:
+            decoded = model.model_validate(body)
+            if arity == 1:
+                await fn(decoded)
+            else:
+                await fn(decoded, Delivery(str(msg.raw_message.subject), None))
 
         on_signal.__name__ = fn.__name__
         self.broker.subscriber(

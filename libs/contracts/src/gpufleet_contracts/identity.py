@@ -98,6 +98,43 @@ class RevokeUser(Command):
     user: str = Field(pattern=NAME)
 
 
+class ListAccounts(Command):
+    """Operator request: every account, its plan and its users."""
+
+    TYPE = "gpufleet.account.list.v1"
+    SUBJECT = subjects.admin("provisioner", "list_accounts")
+
+
+class AccountView(Message):
+    """An account as operators see it (the reply to CreateAccount and SetPlan)."""
+
+    account: str
+    plan: Plan
+    users: list[str] = Field(default_factory=list)
+
+
+class Accounts(Message):
+    """The reply to ListAccounts."""
+
+    accounts: list[AccountView]
+
+
+class UserAdded(Message):
+    """The reply to AddUser: the user's credential, shown once (only its public key is kept)."""
+
+    account: str
+    user: str
+    creds: str = Field(repr=False)
+
+
+class UserRevoked(Message):
+    """The reply to RevokeUser."""
+
+    account: str
+    user: str
+    revoked: bool = True
+
+
 class AccountChanged(Event):
     """An account was created or its plan changed (services that gate on plans listen)."""
 
@@ -117,6 +154,15 @@ class IssueJoinToken(Command):
     minion_id: str = Field(pattern=NAME)
     region: str = Field(pattern=NAME)
     ttl_s: int = Field(default=24 * 3600, ge=60, le=30 * 24 * 3600, strict=True)
+
+
+class JoinTokenIssued(Message):
+    """The reply to IssueJoinToken: the token, shown once (only its secret's hash is kept)."""
+
+    minion_id: str
+    region: str
+    expires_at: int  # Unix seconds
+    token: str = Field(repr=False)
 
 
 class AdminIssueJoinToken(IssueJoinToken):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import limits, subjects
-from .base import Command, Event
+from .base import Command, Event, Message
 from .fields import Int, Name
 
 
@@ -162,3 +163,64 @@ class NodeHeartbeat(Event):
     gpus: list[GpuSample] = Field(default_factory=list)
     cpu_pct: float | None = None
     ram_used_mb: Int | None = None
+
+
+# --- an account's requests about its nodes (the provisioner's `node` verbs) ----------------
+
+NodeName = Annotated[Name, Field(min_length=1, max_length=limits.NAME_CHARS)]
+
+
+class ListNodes(Command):
+    """An account's request: its nodes."""
+
+    TYPE = "gpufleet.node.list.v1"
+    SUBJECT = subjects.rpc("provisioner", "list_nodes")
+
+
+class NodeList(Message):
+    """The reply to ListNodes: each node as `show_node` shows it, without its history."""
+
+    nodes: list[dict[str, Any]]
+
+
+class AddNode(Command):
+    """Add a compute or storage node by its minion id (R-NODE-2/3); `replace` replaces the
+    region's storage node. The kind, the minion id's form and `mining` are the rules' to check
+    (their refusals name R-NODE-1/2/3)."""
+
+    TYPE = "gpufleet.node.add.v1"
+    SUBJECT = subjects.rpc("provisioner", "add_node")
+    region: NodeName
+    name: NodeName
+    minion_id: str = Field(min_length=1)
+    kind: str = "compute"  # compute | storage
+    upnp: bool = True
+    mining: bool = False
+    replace: bool = False
+
+
+class NodeRequest(Command):
+    """A request about one node of the account: its name, minion id or node id."""
+
+    node: str = Field(min_length=1, max_length=limits.NAME_CHARS)
+
+
+class ShowNode(NodeRequest):
+    """One node: its state, history, hardware and the rules it fails."""
+
+    TYPE = "gpufleet.node.show.v1"
+    SUBJECT = subjects.rpc("provisioner", "show_node")
+
+
+class ToggleMaintenance(NodeRequest):
+    """active <-> maintenance (a node failing R-NODE-4 stays out of service)."""
+
+    TYPE = "gpufleet.node.toggle_maintenance.v1"
+    SUBJECT = subjects.rpc("provisioner", "toggle_maintenance")
+
+
+class RemoveNode(NodeRequest):
+    """Remove a node (its credential is revoked first; its workers are requeued)."""
+
+    TYPE = "gpufleet.node.remove.v1"
+    SUBJECT = subjects.rpc("provisioner", "remove_node")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from . import subjects
-from .base import Event
+from . import limits, subjects
+from .base import Command, Event, Message
 from .fields import Int, Name
 
 
@@ -46,3 +47,103 @@ class RegionCreated(Event):
     allow_public_jobs: bool = False
     runnable_jobs: dict[str, Int] = Field(default_factory=dict)  # GPU type -> jobs (R-REG-3)
     at: datetime
+
+
+# --- an account's requests about its providers and regions (the provisioner's) --------------
+
+
+class EnableProvider(Command):
+    """Enable `physical` or `gcp` (with a service-account key) once (R-PROV-1/2). The
+    provider and the payment mode are the rules' to check (their refusals name R-PROV-1)."""
+
+    TYPE = "gpufleet.provider.enable.v1"
+    SUBJECT = subjects.rpc("provisioner", "enable_provider")
+    provider: str = Field(min_length=1)  # physical | gcp
+    payment_mode: str = Field(default="credits", min_length=1)
+    key_json: str | None = Field(default=None, repr=False)  # gcp: the service-account key
+
+
+class ListProviders(Command):
+    """An account's request: its providers (never their keys)."""
+
+    TYPE = "gpufleet.provider.list.v1"
+    SUBJECT = subjects.rpc("provisioner", "list_providers")
+
+
+class Providers(Message):
+    """The reply to ListProviders (each as EnableProvider answers it)."""
+
+    providers: list[dict[str, Any]]
+
+
+class SetBurstPolicy(Command):
+    """The account's gcp burst policy (R-SCHED-3); a field left out keeps its value."""
+
+    TYPE = "gpufleet.provider.set_burst_policy.v1"
+    SUBJECT = subjects.rpc("provisioner", "set_burst_policy")
+    max_nodes: Int | None = Field(default=None, ge=0)  # cloud nodes alive at once
+    max_nodes_per_region: Int | None = Field(default=None, ge=0)
+    max_new_per_pass: Int | None = Field(default=None, ge=1)  # instances asked for at once
+    idle_s: float | None = Field(default=None, ge=0)  # deleted after idle this long
+    min_age_s: float | None = Field(default=None, ge=0)
+    boot_timeout_s: float | None = Field(default=None, ge=0)
+
+
+class BurstPolicy(Message):
+    """The reply to SetBurstPolicy: the policy now in force."""
+
+    max_nodes: int
+    max_nodes_per_region: int
+    max_new_per_pass: int
+    idle_s: float
+    min_age_s: float
+    boot_timeout_s: float
+
+
+class CreateRegion(Command):
+    """A physical (R-REG-1) or GCP (R-REG-2) region. Physical: `storage_mode` and
+    `allow_public_jobs`; gcp: `storage_class`. The name's form is the rules' to check."""
+
+    TYPE = "gpufleet.provider.create_region.v1"
+    SUBJECT = subjects.rpc("provisioner", "create_region")
+    provider: str = Field(default="physical", min_length=1)  # physical | gcp
+    name: str = Field(min_length=1, max_length=limits.NAME_CHARS)
+    storage_mode: str = "local"  # physical: local | central
+    allow_public_jobs: bool = False  # physical: sell spare capacity
+    storage_class: str = "standard"  # gcp: standard | large
+
+
+class ListRegions(Command):
+    """An account's request: its regions."""
+
+    TYPE = "gpufleet.provider.list_regions.v1"
+    SUBJECT = subjects.rpc("provisioner", "list_regions")
+
+
+class Regions(Message):
+    """The reply to ListRegions (each as CreateRegion answers it)."""
+
+    regions: list[dict[str, Any]]
+
+
+class ShowRegionQuotas(Command):
+    """A supported GCP region's quotas and runnable jobs per GPU type (R-REG-3)."""
+
+    TYPE = "gpufleet.provider.region_quotas.v1"
+    SUBJECT = subjects.rpc("provisioner", "region_quotas")
+    name: str = Field(min_length=1, max_length=limits.NAME_CHARS)
+
+
+class QuotaUse(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    limit: int | float
+    usage: int | float
+
+
+class RegionQuotas(Message):
+    """The reply to ShowRegionQuotas."""
+
+    region: str
+    quotas: dict[str, QuotaUse]  # metric -> limit and usage
+    runnable_jobs: dict[str, int]  # GPU type -> jobs (R-REG-3)

@@ -1,7 +1,7 @@
 """The adapter to Google Cloud: Compute (quotas, instances), Logging (the sink), Pub/Sub.
 
 This is the code that runs against Google; tests run it, unchanged, against the project's
-emulator (`gpufleet_gcp_emulator`). Settings choose the endpoints:
+emulator (`gpufleet_gcp_emulator`). Settings choose the endpoints (ProvisionerSettings):
 
 - Google (default): the service account's credentials, Google's endpoints.
 - Emulator: `GPUFLEET_GCP_COMPUTE_ENDPOINT=http://127.0.0.1:P` (google-cloud-compute's REST
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -65,15 +64,6 @@ class GcpError(Exception):
 class GcpEndpoints:
     compute: str | None = None
     grpc: str | None = None
-
-    @classmethod
-    def from_env(cls) -> GcpEndpoints:
-        return cls(
-            compute=os.environ.get("GPUFLEET_GCP_COMPUTE_ENDPOINT") or None,
-            grpc=os.environ.get("GPUFLEET_GCP_GRPC_ENDPOINT")
-            or os.environ.get("PUBSUB_EMULATOR_HOST")
-            or None,
-        )
 
     @property
     def emulated(self) -> bool:

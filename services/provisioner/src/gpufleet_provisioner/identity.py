@@ -23,27 +23,43 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import nats
+from faststream.nats import NatsBroker
 from gpufleet_auth import Issuer
 from gpufleet_auth.tokens import JoinToken
-from gpufleet_bus import emit
+from gpufleet_bus import BusSettings, emit
 from gpufleet_bus.streams import delete_node_consumer, ensure_node_consumer
-from gpufleet_contracts.identity import AccountChanged, EnrollNode, NodeEnrolled, Plan
-from gpufleet_store import Store, Transaction, now_ms
+from gpufleet_contracts import subjects
+from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.errors import NotFound, Refused
+from gpufleet_contracts.identity import (
+    AccountChanged,
+    Accounts,
+    AccountView,
+    AddUser,
+    AdminIssueJoinToken,
+    CreateAccount,
+    EnrollNode,
+    IssueJoinToken,
+    JoinTokenIssued,
+    ListAccounts,
+    NodeEnrolled,
+    RevokeUser,
+    SetPlan,
+    UserAdded,
+    UserRevoked,
+)
+from gpufleet_store import Doc, Store, Transaction, now_ms
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError
 
-from .service import Refused, invalid
+from .records import invalid
 
 log = logging.getLogger("gpufleet.provisioner.identity")
-
-Doc = dict[str, Any]
 
 INDEXES = {
     # Created at start-up (a transaction cannot create a collection); looked up by `_id`.
@@ -64,17 +80,29 @@ class Identity:
         self,
         store: Store,
         issuer: Issuer | None,
-        clock: Callable[[], datetime],
-        servers: list[str],
-        connect_options: dict[str, Any] | None = None,
+        clock: Clock,
+        bus: BusSettings,
+        broker: NatsBroker | None = None,
     ) -> None:
+        """`broker`: the service's own, whose connection makes and deletes node consumers
+        (none: no consumers are touched)."""
         self.store = store
         self.db = store.db
         self.issuer = issuer
         self.clock = clock
-        self.servers = servers
-        self.connect_options = connect_options or {}
-        self.js: Any = None  # the service's JetStream context, set at start
+        self.servers = bus.servers
+        self.connect_options = bus.connect_options()
+        self.broker = broker
+
+    async def _js(self) -> JetStreamContext | None:
+        return None if self.broker is None else (await self.broker.connect()).jetstream()
+
+    async def start(self) -> None:
+        """At start-up: a server that lost the revocations gets them again."""
+        try:
+            await self.push_revocations()
+        except Exception:
+            log.exception("could not push the revocation list; retried at the next revocation")
 
     def _issuer(self) -> Issuer:
         if self.issuer is None:
@@ -87,10 +115,12 @@ class Identity:
 
     # --- accounts and users (operators) ----------------------------------------------
 
-    async def create_account(self, account: str, plan: Plan) -> Doc:
+    async def create_account(self, body: CreateAccount) -> AccountView:
+        """Operator request: a tenant account with its plan."""
+        account, plan = body.account, body.plan
         now = self.clock()
 
-        async def body(tx: Transaction) -> Doc:
+        async def tx_body(tx: Transaction) -> Doc:
             s = tx.session
             if await self.db.accounts.find_one({"_id": account}, session=s):
                 raise Refused("conflict", f"account {account!r} already exists")
@@ -103,12 +133,14 @@ class Identity:
             emit(tx, AccountChanged(account=account, plan=plan, at=now))
             return doc
 
-        return account_view(await self.store.transaction(body))
+        return account_view(await self.store.transaction(tx_body))
 
-    async def set_plan(self, account: str, plan: Plan) -> Doc:
+    async def set_plan(self, body: SetPlan) -> AccountView:
+        """Operator request: an account's plan (R-TEN-3)."""
+        account, plan = body.account, body.plan
         now = self.clock()
 
-        async def body(tx: Transaction) -> Doc:
+        async def tx_body(tx: Transaction) -> Doc:
             doc: Doc | None = await self.db.accounts.find_one_and_update(
                 {"_id": account},
                 {"$set": {"plan": plan.value}},
@@ -116,30 +148,35 @@ class Identity:
                 return_document=True,
             )
             if doc is None:
-                raise Refused("not_found", f"no account {account!r}")
+                raise NotFound(f"no account {account!r}")
             emit(tx, AccountChanged(account=account, plan=plan, at=now))
             return dict(doc)
 
-        return account_view(await self.store.transaction(body))
+        return account_view(await self.store.transaction(tx_body))
 
     async def account(self, account: str) -> Doc | None:
         doc: Doc | None = await self.db.accounts.find_one({"_id": account})
         return doc
 
-    async def list_accounts(self) -> list[Doc]:
+    async def list_accounts(self, body: ListAccounts) -> Accounts:
+        """Every account, its plan and its users."""
         users: dict[str, list[str]] = {}
         async for u in self.db.users.find():
             users.setdefault(str(u["account"]), []).append(str(u["user"]))
-        return [
-            account_view(d, sorted(users.get(d["_id"], [])))
-            async for d in self.db.accounts.find().sort("_id", ASCENDING)
-        ]
+        return Accounts(
+            accounts=[
+                account_view(d, sorted(users.get(d["_id"], [])))
+                async for d in self.db.accounts.find().sort("_id", ASCENDING)
+            ]
+        )
 
-    async def add_user(self, account: str, user: str) -> Doc:
-        """A user's credential, returned once (only its public key is kept)."""
+    async def add_user(self, body: AddUser) -> UserAdded:
+        """Operator request: a user's credential, returned once (only its public key is
+        kept). Adding a user again rotates its credential."""
+        account, user = body.account, body.user
         issuer = self._issuer()
         if await self.account(account) is None:
-            raise Refused("not_found", f"no account {account!r}")
+            raise NotFound(f"no account {account!r}")
         creds = issuer.user(account, user)
         # One document per user (not an array in the account: nx-27017 stores a document
         # pushed into an array as a string, docs/nx-27017-gaps.md). Adding a user again
@@ -155,22 +192,33 @@ class Identity:
         )
         if previous is not None and previous.get("public_key") != creds.public_key:
             await self._revoke_key(str(previous["public_key"]), f"user:{account}/{user}")
-        return {"account": account, "user": user, "creds": creds.text()}
+        return UserAdded(account=account, user=user, creds=creds.text())
 
-    async def revoke_user(self, account: str, user: str) -> Doc:
+    async def revoke_user(self, body: RevokeUser) -> UserRevoked:
         """Cut a user off at once: its key is revoked on the servers (its connections are
         closed) and it is no longer listed."""
+        account, user = body.account, body.user
         self._issuer()
         doc = await self.db.users.find_one_and_delete({"_id": f"{account}/{user}"})
         if doc is None:
-            raise Refused("not_found", f"no user {user!r} in account {account!r}")
+            raise NotFound(f"no user {user!r} in account {account!r}")
         await self._revoke_key(str(doc["public_key"]), f"user:{account}/{user}")
         log.warning("user %s of %s revoked", user, account)
-        return {"account": account, "user": user, "revoked": True}
+        return UserRevoked(account=account, user=user)
 
     # --- join tokens and enrolment ---------------------------------------------------
 
-    async def issue_join_token(self, account: str, minion_id: str, region: str, ttl_s: int) -> Doc:
+    async def issue_join_token(self, body: IssueJoinToken, account: str) -> JoinTokenIssued:
+        """A one-time join token for one node of the acting account (shown once)."""
+        return await self.join_token(account, body.minion_id, body.region, body.ttl_s)
+
+    async def admin_issue_join_token(self, body: AdminIssueJoinToken) -> JoinTokenIssued:
+        """An operator's: a one-time join token for one node of any account."""
+        return await self.join_token(body.account, body.minion_id, body.region, body.ttl_s)
+
+    async def join_token(
+        self, account: str, minion_id: str, region: str, ttl_s: int
+    ) -> JoinTokenIssued:
         issuer = self._issuer()
         if await self._taken(account, minion_id):
             # Another account's node: the same answer as for any unknown object (R-TEN-2).
@@ -189,9 +237,13 @@ class Identity:
             }
         )
         token = JoinToken(issuer.enroll(minion_id, ttl_s), secret, minion_id).text()
-        return {"minion_id": minion_id, "region": region, "expires_at": expires, "token": token}
+        return JoinTokenIssued(minion_id=minion_id, region=region, expires_at=expires, token=token)
 
-    async def enroll(self, subject_minion: str | None, cmd: EnrollNode) -> NodeEnrolled:
+    async def enroll(self, cmd: EnrollNode, subject: str) -> NodeEnrolled:
+        """A node exchanging its join token, on its own `gpufleet.v1.enroll.<minion_id>`
+        (the only subject the token's credential may publish): the node the subject names
+        must be the one the body names."""
+        subject_minion = subjects.token_at(subject, 3)
         issuer = self._issuer()
         if subject_minion != cmd.minion_id:
             raise invalid("minion_id", "R-NODE-2", "not the minion id this token enrols")
@@ -205,7 +257,7 @@ class Identity:
             {"$set": {"used_at_ms": now_ms(self.clock()), "public_key": cmd.public_key}},
         )
         if spent is None:
-            raise Refused("not_found", "no such join token (unknown, spent or expired)")
+            raise NotFound("no such join token (unknown, spent or expired)")
         account, region = spent["account"], spent["region"]
         previous = await self.db.enrolments.find_one({"_id": cmd.minion_id, "account": account})
         try:
@@ -227,11 +279,12 @@ class Identity:
             )
         except DuplicateKeyError:
             raise Refused("conflict", f"minion id {cmd.minion_id!r} is taken") from None
-        if self.js is not None:
+        js = await self._js()
+        if js is not None:
             # A fresh consumer, delivering only commands published from now on: a new host
             # is never handed the commands retained for the minion id before it enrolled.
-            await delete_node_consumer(self.js, cmd.minion_id)
-            await ensure_node_consumer(self.js, cmd.minion_id)
+            await delete_node_consumer(js, cmd.minion_id)
+            await ensure_node_consumer(js, cmd.minion_id)
         if previous is not None and previous.get("public_key") != cmd.public_key:
             # Re-enrolled (a reinstalled host): the old key stops working.
             await self._revoke_key(previous["public_key"], cmd.minion_id)
@@ -277,8 +330,9 @@ class Identity:
         )
         if account is not None and doc is None:
             return False
-        if self.js is not None:
-            await delete_node_consumer(self.js, minion_id)
+        js = await self._js()
+        if js is not None:
+            await delete_node_consumer(js, minion_id)
         if doc is None:
             return False
         await self._revoke_key(doc["public_key"], minion_id)
@@ -324,8 +378,8 @@ class Identity:
         )
 
 
-def account_view(doc: Doc, users: list[str] | None = None) -> Doc:
-    return {"account": doc["_id"], "plan": doc["plan"], "users": users or []}
+def account_view(doc: Doc, users: list[str] | None = None) -> AccountView:
+    return AccountView(account=doc["_id"], plan=doc["plan"], users=users or [])
 
 
 def load_issuer(directory: Path | None) -> Issuer | None:

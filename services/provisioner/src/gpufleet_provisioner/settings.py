@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .gcp import GcpEndpoints
 from .scaling import ScalePolicy
 
 
@@ -29,6 +31,9 @@ class ProvisionerSettings(BaseSettings):
     burst_max_new_per_pass: int = Field(default=2, ge=1)
     burst_idle_s: float = Field(default=300.0, ge=0)
     burst_retry_s: float = Field(default=30.0, ge=0)  # after an insert failed in a region
+    # Google Cloud's endpoints, for an emulator (gcp.py): none means Google's own.
+    gcp_compute_endpoint: str | None = None
+    gcp_grpc_endpoint: str | None = None  # or PUBSUB_EMULATOR_HOST
 
     def policy(self) -> ScalePolicy:
         return ScalePolicy(
@@ -36,4 +41,10 @@ class ProvisionerSettings(BaseSettings):
             max_nodes_per_region=self.burst_max_nodes_per_region,
             max_new_per_pass=self.burst_max_new_per_pass,
             idle_s=self.burst_idle_s,
+        )
+
+    def gcp_endpoints(self) -> GcpEndpoints:
+        return GcpEndpoints(
+            compute=self.gcp_compute_endpoint or None,
+            grpc=self.gcp_grpc_endpoint or os.environ.get("PUBSUB_EMULATOR_HOST") or None,
         )

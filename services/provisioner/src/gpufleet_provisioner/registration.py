@@ -1,0 +1,194 @@
+"""A node agent's registration (R-NODE-2/4): its inventory, checked and stored.
+
+The node is the one the command's subject names (only its credential may publish there),
+and its account and region are its enrolment's, never the payload's (R-TEN-2). A compute
+node of a physical region is checked against R-NODE-4 and stays out of service, with every
+failed rule visible, until it passes. A node added by an operator lands in `maintenance`
+(an operator toggles it `active`); GPUFLEET_AUTO_ACTIVATE_NODES (development) activates a
+passing node at once, and lets an agent that nobody added register itself (creating its
+region when missing). A cloud node is active at once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpufleet_bus import Delivery, emit
+from gpufleet_contracts import subjects
+from gpufleet_contracts.nodes import NodeRegistered, NodeState, RegisterNode
+from gpufleet_store import Doc, Transaction, now_ms
+
+from .hardware import check_hardware
+from .identity import Identity
+from .records import LIVE_STATES, Records, node_id_for
+
+log = logging.getLogger("gpufleet.provisioner")
+
+# A cloud instance in these states is on its way out: its agent registering changes nothing.
+LEAVING = {"deleting", "deleted", "preempted", "terminated", "failed"}
+
+
+class Registration:
+    def __init__(self, records: Records, identity: Identity) -> None:
+        self.records = records
+        self.db = records.db
+        self.identity = identity
+        self.auto_activate = records.settings.auto_activate_nodes
+
+    async def register_node(self, body: RegisterNode, delivery: Delivery) -> None:
+        """A node agent's registration: only an enrolled node's own, for its enrolment's
+        account and region."""
+        minion = subjects.token_at(delivery.subject, 4)
+        enrolled = await self.identity.enrolment(minion or "")
+        if minion != body.minion_id or enrolled is None:
+            log.warning(
+                "RegisterNode for %s on %s: not an enrolled node's own subject; ignored",
+                body.minion_id,
+                delivery.subject,
+            )
+            return
+        await self.register(body, delivery.id, enrolled["account"], enrolled["region"])
+
+    async def register(
+        self, cmd: RegisterNode, command_id: str | None, account: str, region_name: str
+    ) -> None:
+        """`account` and `region_name` are the node's enrolment's: the payload's own
+        `owner` and `region` are not trusted (R-TEN-2, R-NODE-2)."""
+        cmd = cmd.model_copy(update={"owner": account, "region": region_name})
+        now = self.records.clock()
+        node_id = node_id_for(cmd.minion_id)
+
+        async def body(tx: Transaction) -> None:
+            s = tx.session
+            region = await self.db.regions.find_one(
+                {"owner": cmd.owner, "name": cmd.region}, session=s
+            )
+            existing = await self.db.nodes.find_one({"_id": node_id}, session=s)
+            if region is None:
+                if existing is not None or not self.auto_activate:
+                    log.warning(
+                        "node %s registers in unknown region %s of %s: ignored",
+                        cmd.minion_id,
+                        cmd.region,
+                        cmd.owner,
+                    )
+                    return
+                # Development: an agent nobody added creates its physical region.
+                region = {
+                    "_id": f"{cmd.owner}/{cmd.region}",
+                    "owner": cmd.owner,
+                    "name": cmd.region,
+                    "provider": "physical",
+                    "storage_mode": "local",
+                    "allow_public_jobs": False,
+                    "created_at_ms": now_ms(now),
+                    "auto_created": True,
+                }
+                await self.db.regions.insert_one(region, session=s)
+            if existing is not None and existing["owner"] != cmd.owner:
+                log.warning("node %s registers for another account: ignored", cmd.minion_id)
+                return
+            cloud = region["provider"] == "gcp"
+            failures: list[str] = []
+            if not cloud:
+                failures = [
+                    str(f)
+                    for f in check_hardware(
+                        cmd.gpus,
+                        cmd.hardware,
+                        storage_mode=str(region.get("storage_mode") or "local"),
+                        allow_public_jobs=bool(region.get("allow_public_jobs")),
+                    )
+                ]
+            state = self.registered_state(existing, cloud, failures)
+            doc: Doc = {
+                "minion_id": cmd.minion_id,
+                "name": existing["name"] if existing else cmd.name,
+                "region": cmd.region,
+                "owner": cmd.owner,
+                "kind": "compute",
+                "provider": region["provider"],
+                "state": state.value,
+                "gpus": [g.model_dump(mode="json") for g in cmd.gpus],
+                "hardware": None if cmd.hardware is None else cmd.hardware.model_dump(mode="json"),
+                "failed_rules": failures,
+                "simulated": cmd.simulated,
+                "inventory_source": cmd.inventory_source,
+                "driver_version": cmd.driver_version,
+                "hostname": cmd.hostname,
+                "heartbeat_s": cmd.heartbeat_s,
+                "price_per_gpu_hour": None
+                if cmd.price_per_gpu_hour is None
+                else str(cmd.price_per_gpu_hour),
+                "registered_at_ms": now_ms(now),
+                "agent_started_at": cmd.agent_started_at.isoformat(),
+                "last_seen_ms": now_ms(now),
+            }
+            if cloud:
+                doc["idle_since_ms"] = now_ms(now)
+            update: Doc = {"$set": doc}
+            if existing is None or existing["state"] != state.value:
+                reason = (
+                    "hardware requirements not met (R-NODE-4)"
+                    if failures
+                    else "registered by its agent"
+                )
+                update["$push"] = {
+                    "history": {"state": state.value, "at_ms": now_ms(now), "reason": reason}
+                }
+            await self.db.nodes.update_one({"_id": node_id}, update, upsert=True, session=s)
+            emit(
+                tx,
+                NodeRegistered(
+                    node_id=node_id,
+                    minion_id=cmd.minion_id,
+                    name=doc["name"],
+                    region=cmd.region,
+                    owner=cmd.owner,
+                    state=state,
+                    gpus=cmd.gpus,
+                    simulated=cmd.simulated,
+                    price_per_gpu_hour=cmd.price_per_gpu_hour,
+                    allow_public_jobs=bool(region.get("allow_public_jobs")),
+                    gpu_shares=cmd.gpu_shares,
+                    at=now,
+                ),
+                # The same RegisterNode delivered twice yields one NodeRegistered.
+                msg_id=f"registered:{command_id}" if command_id else None,
+            )
+            if failures:
+                log.warning(
+                    "node %s fails the hardware requirements and stays out of service: %s",
+                    cmd.minion_id,
+                    "; ".join(failures),
+                )
+
+        await self.records.transaction(body)
+        log.info(
+            "node %s registered in region %s (%d GPUs%s)",
+            cmd.minion_id,
+            cmd.region,
+            len(cmd.gpus),
+            ", simulated" if cmd.simulated else "",
+        )
+
+    def registered_state(self, existing: Doc | None, cloud: bool, failures: list[str]) -> NodeState:
+        """The state a registration puts a node in (see the module's docstring)."""
+        current = None if existing is None else existing["state"]
+        if current == NodeState.removed.value:
+            return NodeState.removed
+        if cloud:
+            # A cloud node is active at once (R-NODE-2), unless it is on its way out.
+            if existing is not None and (existing.get("cloud") or {}).get("state") in LEAVING:
+                return NodeState(current) if current else NodeState.maintenance
+            return NodeState.active
+        if failures:
+            return NodeState.maintenance  # out of service, reasons in failed_rules
+        if existing is None or current in (NodeState.lost.value, NodeState.provisioning.value):
+            previous = (existing or {}).get("state_before_lost")
+            if current == NodeState.lost.value and previous in LIVE_STATES:
+                return NodeState(previous)
+            # R-NODE-2: provisioned, it lands in maintenance for the operator (development:
+            # GPUFLEET_AUTO_ACTIVATE_NODES activates it at once).
+            return NodeState.active if self.auto_activate else NodeState.maintenance
+        return NodeState(str(current))
