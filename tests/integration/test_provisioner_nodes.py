@@ -13,9 +13,12 @@ from typing import Any
 
 import nats
 import pytest
+from gpufleet_auth.creds import new_user_key, public
+from gpufleet_auth.tokens import JoinToken
 from gpufleet_bus import BusSettings, Ports, make_broker, publish
 from gpufleet_bus.streams import node_consumer
 from gpufleet_contracts import subjects
+from gpufleet_contracts.identity import EnrollNode
 from gpufleet_contracts.nodes import (
     DriveInfo,
     GpuInfo,
@@ -515,3 +518,28 @@ async def test_a_revoked_or_rotated_user_credential_is_cut_off_at_once(
         assert mine["users"] == []
         unknown = await admin("revoke_user", {"account": account, "user": "nobody"})
         assert unknown["error"]["code"] == "not_found"
+
+
+async def test_an_enrolment_naming_another_minion_on_its_own_subject_is_refused(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, tmp_path: Any
+) -> None:
+    """A token for one minion, sent on its own `enroll.<minion>` subject but naming another
+    minion in the body: refused as invalid (the subject names who asks), no credential, the
+    token unspent."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        m, other = f"en-{uuid.uuid4().hex[:6]}", f"eo-{uuid.uuid4().hex[:6]}"
+        token = JoinToken.parse((await bus.token(m))["token"])
+        cmd = EnrollNode(minion_id=other, secret=token.secret, public_key=public(new_user_key()))
+        path = token.creds.write(tmp_path / "enrol.creds")
+        nc = await nats.connect(nats_server.url, **NatsServer.client(path))
+        try:
+            msg = await nc.request(subjects.enroll(m), cmd.to_bytes(), timeout=10)
+        finally:
+            await nc.close()
+        reply = json.loads(msg.data)
+        assert reply["ok"] is False and reply["error"]["code"] == "invalid", reply
+        assert reply["error"]["fields"][0]["rule"] == "R-NODE-2"
+        db = store_for("provisioner", mongo_server.url, db_prefix).db
+        assert await db.enrolments.find_one({"_id": {"$in": [m, other]}}) is None
+        spare = await db.join_tokens.find_one({"minion_id": m})
+        assert spare is not None and spare["used_at_ms"] is None
