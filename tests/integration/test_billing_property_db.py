@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -99,7 +100,7 @@ async def replay(url: str, h: dict[str, Any]) -> None:
     steps = [s if hasattr(s, "TYPE") else ticks.pop(0) for s in steps]
 
     billing, store = await billing_on(url, f"t{uuid.uuid4().hex[:8]}", FakeClock(END))
-    handlers = {
+    handlers: dict[str, Callable[[Any], Awaitable[object]]] = {
         "WorkerPlaced": billing.worker_placed,
         "WorkerStarted": billing.worker_started,
         "WorkerFinished": billing.worker_finished,
