@@ -54,7 +54,7 @@ async def test_market_run_earns_the_a100_example_each_hour_and_the_rest_at_stop(
     keys = sorted([e["key"] async for e in store.db.ledger.find({"account": "buyer"})])
     assert keys == ["market:p1:end:buyer", "market:p1:h1:buyer"]
     cost = await Queries(store.db).job_cost("job-p1", "buyer")
-    assert cost["cost"] == "6.950000" and cost["by_kind"]["market_price"]["cost_micro"] == 6_950_000
+    assert cost.cost == "6.950000" and cost.by_kind["market_price"].cost_micro == 6_950_000
     await store.close()
 
 
@@ -163,16 +163,16 @@ async def test_credits_mode_pays_earnings_into_the_billing_account_daily(
     assert await billing.tick(next_day + HOUR) == 0
     q = Queries(store.db)
     seller = await q.balance("seller")
-    assert seller["balance_micro"] == 2_530_000 and seller["earnings_unpaid_micro"] == 0
+    assert seller.balance_micro == 2_530_000 and seller.earnings_unpaid_micro == 0
     earnings = await q.earnings("seller", None, None)
-    assert earnings["earned_micro"] == 2_530_000 and earnings["paid_out_micro"] == 2_530_000
-    assert earnings["by_node"] == [
+    assert earnings.earned_micro == 2_530_000 and earnings.paid_out_micro == 2_530_000
+    assert [n.model_dump() for n in earnings.by_node] == [
         {"node_id": "node-a", "region": "east", "earned": "2.530000", "earned_micro": 2_530_000}
     ]
-    assert earnings["by_region"][0]["region"] == "east"
+    assert earnings.by_region[0].region == "east"
     in_june_1 = await q.earnings("seller", None, 1748822400000)  # before 2025-06-02
-    assert in_june_1["earned_micro"] == 0
-    assert (await q.balance("buyer"))["balance_micro"] == -5_560_000
+    assert in_june_1.earned_micro == 0
+    assert (await q.balance("buyer")).balance_micro == -5_560_000
     await store.close()
 
 
@@ -254,4 +254,29 @@ async def test_the_clock_bills_a_long_backlog_a_bounded_number_of_hours_per_tick
     for _ in range(5):
         await billing.tick(later)
     assert (await balances(store))["buyer"] == -100 * 2_780_000  # caught up, no more
+    await store.close()
+
+
+async def test_a_fact_before_its_placement_is_parked_and_applied_when_it_arrives(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Never refused, never retried: kept until the placement is recorded (service.py says
+    when a fact can precede its placement at all), then applied once, from its node only."""
+    billing, store = await billing_on(mongo_server.url, db_prefix, FakeClock(T0))
+    await billing.worker_started(started("p1"), received_at=T0 + HOUR)
+    assert await billing.worker_finished(finished("p1", T0 + 2 * HOUR)) == 0
+    assert await billing.worker_finished(finished("p1", T0 + 2 * HOUR)) == 0  # a redelivery
+    assert await store.db.parked.count_documents({}) == 2
+    assert await balances(store) == {}
+    await billing.worker_placed(placed("p1"))
+    assert await store.db.parked.count_documents({}) == 0
+    assert (await balances(store))["buyer"] == -2 * 2_780_000
+    await billing.worker_placed(placed("p1"))  # a redelivery of the placement: nothing more
+    assert (await balances(store))["buyer"] == -2 * 2_780_000
+    # A parked fact from another node than the placement's is dropped when applied.
+    await billing.worker_started(started("p2").model_copy(update={"minion_id": "m-other"}))
+    await billing.worker_placed(placed("p2"))
+    p = await store.db.placements.find_one({"_id": "p2"})
+    assert p is not None and "started_ms" not in p
+    assert await store.db.parked.count_documents({}) == 0
     await store.close()

@@ -9,7 +9,8 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from gpufleet_billing.app import build_app
+from gpufleet_billing.app import BillingSettings, build_app
+from gpufleet_bus import Ports
 from gpufleet_contracts import Message, envelope_for, subjects
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind
 from gpufleet_devstack import EmbeddedMongo, NatsServer
@@ -54,6 +55,12 @@ def history() -> list[Message]:
         placed("p4", payer="buyer2", creator="buyer2", rate=Decimal("2.5")),
         started("p4", T0 + day),
         finished("p4", T0 + day + 3 * HOUR + timedelta(seconds=17), start=T0 + day),
+        # A fact before its placement (a placement lost to a refused publish, say): parked,
+        # then applied when the placement arrives.
+        started("p5", T0 + 2 * day),
+        placed("p5", payer="buyer3", creator="buyer3", rate=Decimal("1.5")),
+        finished("p5", T0 + 2 * day + 2 * HOUR, start=T0 + 2 * day),
+        started("ghost"),  # a placement billing never sees: parked, charges nothing
     ]  # fmt: skip
 
 
@@ -85,13 +92,10 @@ async def settled(store: Any, within_s: float = 60) -> dict[str, int]:
 
 
 def app_on(server: NatsServer, mongo_url: str, prefix: str) -> Any:
-    app, _ = build_app(
-        store_for("billing", mongo_url, prefix),
-        broker_for("billing", server),
-        clock=FakeClock(NOW),
-        tick_s=0.2,
+    ports = Ports(
+        broker_for("billing", server), store_for("billing", mongo_url, prefix), FakeClock(NOW)
     )
-    return app
+    return build_app(ports, BillingSettings(tick_s=0.2)).app
 
 
 async def test_stop_mid_stream_then_replay_everything_gives_the_same_balances(
@@ -110,6 +114,7 @@ async def test_stop_mid_stream_then_replay_everything_gives_the_same_balances(
 
     # Exact amounts of the rules, for a few of them.
     assert original["buyer2"] == -7_511_806  # 3 h 0 min 17 s x 2.5
+    assert original["buyer3"] == -3_000_000  # 2 h x 1.5, its start parked for a while
     assert original["guest"] == -1_766_667  # 40 min of federated training at 2.65
     assert original["owner"] == -66_667  # 2 GPUs x 40 min x 0.05
     # p3: 2 x A100 at 3.1 from T0+1h, 72 full hours billed by NOW (T0 + 3 d 1 h 7 min).

@@ -26,7 +26,7 @@ from gpufleet_contracts.jobs import EnqueueJob, StartWorker, StopWorker
 from gpufleet_devstack import NatsServer, wait_for_async
 from gpufleet_gcp_emulator.testing import service_account_key
 from gpufleet_node_agent.app import build_app as build_agent
-from gpufleet_node_agent.app import dead_letter_service, health_subject
+from gpufleet_node_agent.app import dead_letter_service
 from gpufleet_node_agent.settings import AgentSettings
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -283,13 +283,13 @@ async def test_a_node_agent_dead_letters_with_its_own_credential_under_its_own_n
     )
     broker = make_broker("node-agent", bus, dead_letters_as=dead_letter_service(minion))
     settings = AgentSettings(minion_id=minion, agent_state_dir=tmp_path, force_simulated=True)
-    app, _ = build_agent(settings, broker, bus=bus)
+    app = build_agent(Ports(broker, bus=bus), settings).app
     async with running(app):
         async with connected(fresh_nats, fresh_nats.creds("service", "provisioner")) as prov:
             # a request to the node (its health) whose body is not JSON, sent as JSON
             headers = {"content-type": "application/json"}
-            refused = await ask(prov, health_subject(minion), b"{not json", **headers)
-            healthy = await ask(prov, health_subject(minion), b"{}", **headers)
+            refused = await ask(prov, subjects.node_health(minion), b"{not json", **headers)
+            healthy = await ask(prov, subjects.node_health(minion), b"{}", **headers)
         async with connected(fresh_nats) as operator:
             records = [
                 json.loads(m.data)
@@ -299,7 +299,7 @@ async def test_a_node_agent_dead_letters_with_its_own_credential_under_its_own_n
     assert refused["error"]["fields"][0]["rule"] == "schema:json_invalid"
     assert healthy["minion_id"] == minion
     assert [(r["service"], r["account"], r["subject"]) for r in records] == [
-        ("node-m1", None, health_subject(minion))
+        ("node-m1", None, subjects.node_health(minion))
     ]
 
 
@@ -313,7 +313,7 @@ async def test_a_node_agent_refuses_a_command_of_another_type(
         await ensure_node_consumer(js, minion)
     broker = operator_broker(fresh_nats, "node-agent", dead_letters_as=dead_letter_service(minion))
     settings = AgentSettings(minion_id=minion, agent_state_dir=tmp_path, force_simulated=True)
-    app, _ = build_agent(settings, broker, bus=BusSettings(nats_url=fresh_nats.url))
+    app = build_agent(Ports(broker, bus=BusSettings(nats_url=fresh_nats.url)), settings).app
     start = subjects.command("node", "start_worker", key=minion)
     stop = subjects.command("node", "stop_worker", key=minion)
     async with running(app):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from gpufleet_billing.app import build_app as billing_app
-from gpufleet_bus import publish
+from gpufleet_bus import Ports, publish
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import (
     CancelJob,
@@ -78,17 +78,13 @@ class Client(AccountClient):
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
     """The scheduler and billing; yields a user of `local`, the node agent of MINION (its
     own credential: the events only it may publish) and the server."""
-    apps = []
-    scheduler = None
-    for name, factory in (
-        ("scheduler", scheduler_app),
-        ("billing", billing_app),
-    ):
-        app, svc = factory(
-            store_for(name, mongo_server.url, db_prefix), broker_for(name, fresh_nats)
-        )
-        scheduler = scheduler or svc
-        apps.append(app)
+    app, scheduler = scheduler_app(
+        store_for("scheduler", mongo_server.url, db_prefix), broker_for("scheduler", fresh_nats)
+    )
+    billing = billing_app(
+        Ports(broker_for("billing", fresh_nats), store_for("billing", mongo_server.url, db_prefix))
+    )
+    apps = [app, billing.app]
     async with running(*apps), as_identity(fresh_nats, "node", MINION) as node:
         async with as_identity(fresh_nats, "service", "provisioner") as provisioner:
             await publish(provisioner, register(), source="test")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from gpufleet_bus import BusSettings, ensure_streams, make_broker, publish
+from gpufleet_bus import BusSettings, Ports, ensure_streams, make_broker, publish
 from gpufleet_bus.streams import ensure_node_consumer, node_consumer
 from gpufleet_contracts import envelope_for, subjects
 from gpufleet_contracts.jobs import (
@@ -24,7 +24,7 @@ from gpufleet_contracts.jobs import (
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from gpufleet_devstack import NatsServer, wait_for_async
 from gpufleet_node_agent.agent import Agent
-from gpufleet_node_agent.app import build_app, health_subject
+from gpufleet_node_agent.app import build_app
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -54,12 +54,12 @@ async def running_agent(
     await ensure_node_consumer(nc.jetstream(), minion_id)
     await nc.close()
     bus = BusSettings(nats_url=server.url, nats_creds=server.creds("node", minion_id))
-    app, agent = build_app(settings, make_broker("node-agent", bus), bus=bus)
-    await app.start()
+    svc = build_app(Ports(make_broker("node-agent", bus), bus=bus), settings)
+    await svc.app.start()
     try:
-        yield agent
+        yield svc.core
     finally:
-        await app.stop()
+        await svc.app.stop()
 
 
 @asynccontextmanager
@@ -146,7 +146,7 @@ async def test_registers_heartbeats_and_runs_a_worker_once(
             # heartbeats on core NATS, and this node's own health subject
             hb = NodeHeartbeat.from_bytes((await beats.next_msg(timeout=5)).data)
             assert hb.minion_id == minion and len(hb.gpus) == 2
-            reply = await nc.request(health_subject(minion), b"{}", timeout=5)
+            reply = await nc.request(subjects.node_health(minion), b"{}", timeout=5)
             assert json.loads(reply.data)["minion_id"] == minion
 
             # a worker runs, reports its start and end, ships its log

@@ -23,7 +23,7 @@ import bson
 import nats
 import pytest
 from cryptography.fernet import Fernet
-from gpufleet_bus import BusSettings, ensure_streams, make_broker, publish
+from gpufleet_bus import BusSettings, Ports, ensure_streams, make_broker, publish
 from gpufleet_bus.streams import ensure_node_consumer
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_contracts.jobs import EnqueueJob, GetJob, ListJobs, StartWorker, SubmitJob
@@ -186,7 +186,11 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
         store, broker(server, "scheduler"), settings=SchedulerSettings(secret_key=key)
     )
     state = tmp_path / "agent"
-    agent, _ = agent_app(
+    agent = agent_app(
+        Ports(
+            broker(server, "node-agent", server.creds("node", minion)),
+            bus=bus(server, server.creds("node", minion)),
+        ),
         AgentSettings(
             minion_id=minion,
             agent_state_dir=state,
@@ -194,9 +198,7 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
             heartbeat_s=0.3,
             worker_poll_s=0.1,
         ),
-        broker(server, "node-agent", server.creds("node", minion)),
-        bus=bus(server, server.creds("node", minion)),
-    )
+    ).app
     async with (
         connected(server, server.creds("operator")) as op_nc,
         connected(server, server.creds("user", "dev")) as user_nc,

@@ -1,7 +1,7 @@
 """Property tests of the ledger rules on plain data (thousands of generated sequences).
 
 A small in-memory ledger replays the service's algorithm with the real pure functions
-(`_worker_targets`, `settle.delta`, `devices_charged`): random clock ticks, late, duplicated
+(`worker_targets`, `settle.delta`, `devices_charged`): random clock ticks, late, duplicated
 and reordered events. Whatever the order, every stage balances, no key is written twice, and
 each group ends at exactly the amount its facts call for.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from gpufleet_billing.device_fees import DeviceSpan, day_fee_micro, devices_charged
 from gpufleet_billing.fees import MS_PER_HOUR, Posting
 from gpufleet_billing.periods import day_bounds_ms, day_of, days
-from gpufleet_billing.service import _worker_targets
+from gpufleet_billing.placements import worker_targets
 from gpufleet_billing.settle import Posted, by_account, delta, entry_key, next_revision
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,14 +83,14 @@ def test_a_run_is_billed_exactly_once_whatever_the_clock_saw(
             continue
         if step is None:
             state["ended"] = True
-            for group, target in _worker_targets(p, duration):
+            for group, target in worker_targets(p, duration):
                 ledger.write(group, "end", delta(target, ledger.posted(group)))
             continue
         for k in range(state["hours"] + 1, step // MS_PER_HOUR + 1):
             state["hours"] = k
-            for group, target in _worker_targets(p, k * MS_PER_HOUR):
+            for group, target in worker_targets(p, k * MS_PER_HOUR):
                 ledger.write(group, f"h{k}", delta(target, ledger.posted(group)))
-    expected = by_account(posting for _, ps in _worker_targets(p, duration) for posting in ps)
+    expected = by_account(posting for _, ps in worker_targets(p, duration) for posting in ps)
     got = ledger.balances()
     assert {a: v for a, v in got.items() if v} == {a: v for a, v in expected.items() if v}
     assert sum(got.values()) == 0

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from gpufleet_billing.app import EntriesQuery
 from gpufleet_contracts import field_errors
+from gpufleet_contracts.billing import EntriesQuery
 from gpufleet_contracts.fields import NAME_RULE, name_problem
 from gpufleet_contracts.jobs import (
     EnqueueJob,

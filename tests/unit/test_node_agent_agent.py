@@ -10,9 +10,10 @@ from typing import Any
 
 import pynvml
 import pytest
+from gpufleet_contracts import subjects
+from gpufleet_contracts.health import HealthCheck
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from gpufleet_node_agent.agent import Agent
-from gpufleet_node_agent.app import health_subject
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
@@ -57,10 +58,10 @@ async def test_heartbeat_and_health(tmp_path: Path) -> None:
     assert hb.subject() == "gpufleet.v1.hb.box-1"
     assert (hb.minion_id, hb.at, hb.running) == ("box-1", NOW, [])
     assert [g.index for g in hb.gpus] == [0, 1]
-    health = await a.health()
-    assert health["status"] == "ok" and health["minion_id"] == "box-1"
-    assert health["simulated"] is True and health["gpus"] == 2
-    assert health_subject("box-1") == "gpufleet.v1.node.box-1.health"
+    health = await a.health(HealthCheck())
+    assert health.status == "ok" and health.minion_id == "box-1"
+    assert health.simulated is True and health.gpus == 2
+    assert subjects.node_health("box-1") == "gpufleet.v1.node.box-1.health"
 
 
 async def test_without_a_driver_the_node_registers_with_no_gpus(
@@ -83,5 +84,5 @@ async def test_without_a_driver_the_node_registers_with_no_gpus(
     assert reg.hardware is not None  # the rest of the hardware is real and reported
     hb = await a.heartbeat()
     assert hb.gpus == [] and a.workers.gpu_indices == set()
-    health = await a.health()
-    assert health["status"] == "ok" and health["simulated"] is False and health["gpus"] == 0
+    health = await a.health(HealthCheck())
+    assert health.status == "ok" and health.simulated is False and health.gpus == 0

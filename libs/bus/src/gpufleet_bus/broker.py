@@ -48,6 +48,14 @@ def inbox_of(broker: NatsBroker) -> str:
     return _INBOXES.get(broker, "_INBOX")
 
 
+_DEAD_LETTERS: weakref.WeakKeyDictionary[NatsBroker, str] = weakref.WeakKeyDictionary()
+
+
+def dead_letters_of(broker: NatsBroker) -> str | None:
+    """The name a broker made by make_broker dead-letters under (`dead_letters_as`)."""
+    return _DEAD_LETTERS.get(broker)
+
+
 def make_broker(
     service: str, settings: BusSettings | None = None, *, dead_letters_as: str | None = None
 ) -> NatsBroker:
@@ -78,6 +86,7 @@ def make_broker(
         reconnect_time_wait=1,
     )
     _INBOXES[broker] = str(options.get("inbox_prefix", "_INBOX"))
+    _DEAD_LETTERS[broker] = dead_letters_as or service
     return broker
 
 

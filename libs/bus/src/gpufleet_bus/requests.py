@@ -44,6 +44,7 @@ from gpufleet_contracts.errors import Refused
 from pydantic import BaseModel, ValidationError
 
 from .accounts import NoAccountError, account_of, is_inbox
+from .broker import dead_letters_of
 from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
 
 log = logging.getLogger("gpufleet.bus")
@@ -207,11 +208,14 @@ class Requests:
         headers: dict[str, str] | None,
         errors: list[dict[str, Any]],
     ) -> None:
-        record = dead_letter_bytes(self.service, subject, bytes(data), headers, "invalid", errors)
+        # Under the broker's dead-letter name: a node agent may publish only its own
+        # (`node-<minion_id>`, make_broker's `dead_letters_as`).
+        name = dead_letters_of(self.broker) or self.service
+        record = dead_letter_bytes(name, subject, bytes(data), headers, "invalid", errors)
         try:
             js = (await self.broker.connect()).jetstream()
             await js.publish(
-                dead_letter_subject(self.service, subject),
+                dead_letter_subject(name, subject),
                 record,
                 stream=subjects.STREAM_DLQ,
                 timeout=5.0,

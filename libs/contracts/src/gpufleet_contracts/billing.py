@@ -9,8 +9,10 @@ from __future__ import annotations
 from datetime import date, datetime
 from decimal import Decimal
 
+from pydantic import BaseModel, Field
+
 from . import subjects
-from .base import Event
+from .base import Command, Event
 from .fields import Int, Name
 
 
@@ -81,3 +83,107 @@ class PayoutMade(LedgerEntryEvent):
     SUBJECT = subjects.event("billing", "payout_made")
     owner: str
     day: date
+
+
+# --- requests and replies of billing (rpc.billing.<verb>.<account>) --------------------------
+
+
+class GetBalance(Command):
+    """The acting account's balance and unpaid earnings (no fields)."""
+
+    TYPE = "gpufleet.billing.balance.v1"
+    SUBJECT = subjects.rpc("billing", "balance")
+
+
+class Range(Command):
+    """A time range of ledger entries: ISO dates or date-times (naive = UTC)."""
+
+    from_: str | None = Field(default=None, alias="from", description="ISO date or date-time")
+    to: str | None = Field(default=None, description="ISO date or date-time (exclusive)")
+
+
+class EarningsQuery(Range):
+    """The acting account's earnings per node and region, and its payouts, in a range."""
+
+    TYPE = "gpufleet.billing.earnings.v1"
+    SUBJECT = subjects.rpc("billing", "earnings")
+
+
+class EntriesQuery(Range):
+    """The acting account's ledger entries, newest first."""
+
+    TYPE = "gpufleet.billing.entries.v1"
+    SUBJECT = subjects.rpc("billing", "entries")
+    limit: Int = Field(default=50, ge=1, le=1000)
+
+
+class JobCostQuery(Command):
+    """What one job cost the acting account, by kind of charge."""
+
+    TYPE = "gpufleet.billing.job_cost.v1"
+    SUBJECT = subjects.rpc("billing", "job_cost")
+    job_id: str
+
+
+class Balance(BaseModel):
+    account: str
+    balance: str  # Decimal credits, exact
+    balance_micro: int
+    entries: int
+    earnings_unpaid: str
+    earnings_unpaid_micro: int
+
+
+class Entry(BaseModel):
+    """One ledger entry as an account reads it."""
+
+    key: str
+    account: str
+    kind: str
+    amount: str
+    amount_micro: int
+    job_id: str | None = None
+    worker: int | None = None
+    day: str | None = None
+    at: str  # ISO date-time
+    memo: str | None = None
+
+
+class Entries(BaseModel):
+    entries: list[Entry]
+
+
+class KindCost(BaseModel):
+    cost: str
+    cost_micro: int
+
+
+class JobCost(BaseModel):
+    job_id: str
+    cost: str
+    cost_micro: int
+    by_kind: dict[str, KindCost]
+    entries: list[Entry]
+
+
+class NodeEarnings(BaseModel):
+    node_id: str
+    region: str
+    earned: str
+    earned_micro: int
+
+
+class RegionEarnings(BaseModel):
+    region: str
+    earned: str
+    earned_micro: int
+
+
+class Earnings(BaseModel):
+    account: str
+    earned: str
+    earned_micro: int
+    paid_out: str
+    paid_out_micro: int
+    by_node: list[NodeEarnings]
+    by_region: list[RegionEarnings]

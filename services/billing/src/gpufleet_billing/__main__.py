@@ -1,14 +1,10 @@
-import asyncio
-
-from gpufleet_bus import make_broker
-from gpufleet_store import Store
+from gpufleet_bus import run_service
 
 from .app import SERVICE, build_app
 
 
 def main() -> None:
-    app, _ = build_app(Store.connect(SERVICE), make_broker(SERVICE))
-    asyncio.run(app.run())
+    run_service(SERVICE, build_app)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,35 @@
-"""Composition root of billing; every subject it handles is wired here."""
+"""Composition root of billing: its ports in, its Service out; every subject it handles is
+in the one wiring table below."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from typing import Any
-
-from faststream import FastStream
-from faststream.nats import NatsBroker, NatsMessage
-from gpufleet_bus import ServiceRuntime, account_of, on_its_own_subject, received_at
+from gpufleet_bus import Delivery, Events, Every, Ports, Service, ServiceRuntime
+from gpufleet_bus.accounts import on_its_own_subject
+from gpufleet_contracts import subjects
 from gpufleet_contracts.billing import (
+    Balance,
     DeviceFeeCharged,
     EarningCredited,
+    Earnings,
+    EarningsQuery,
+    Entries,
+    EntriesQuery,
     FederatedFeeCharged,
+    GetBalance,
+    JobCost,
+    JobCostQuery,
     PayoutMade,
     UsageCharged,
 )
 from gpufleet_contracts.devices import DeviceAdded, DeviceRemoved
-from gpufleet_contracts.fields import Int
 from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted
-from gpufleet_contracts.providers import ProviderEnabled
-from gpufleet_store import Store, utcnow
-from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .periods import Clock
 from .queries import Queries, parse_time
 from .service import INDEXES, Billing
 
 SERVICE = "billing"
-STOP_GRACE_S = 10.0
-log = logging.getLogger("gpufleet.billing")
+STOP_GRACE_S = 10.0  # the clock's settlement in hand may finish within this at shutdown
 
 
 class BillingSettings(BaseSettings):
@@ -39,108 +37,90 @@ class BillingSettings(BaseSettings):
     tick_s: float = 30.0  # how often the clock settles what time made due
 
 
-class Range(BaseModel):
-    from_: str | None = Field(default=None, alias="from", description="ISO date or date-time")
-    to: str | None = Field(default=None, description="ISO date or date-time (exclusive)")
+class Handlers:
+    """The subjects' handlers: requests read the ledger (only the acting account's,
+    R-TEN-2); worker facts are checked against the subject they arrived on."""
 
+    def __init__(self, billing: Billing, queries: Queries) -> None:
+        self.billing = billing
+        self.queries = queries
 
-class EntriesQuery(Range):
-    limit: Int = Field(default=50, ge=1, le=1000)
+    async def balance(self, body: GetBalance, account: str) -> Balance:
+        """The acting account's balance and unpaid earnings."""
+        return await self.queries.balance(account)
 
+    async def entries(self, body: EntriesQuery, account: str) -> Entries:
+        """The acting account's ledger entries, newest first."""
+        found = await self.queries.entries(
+            account, body.limit, parse_time(body.from_), parse_time(body.to)
+        )
+        return Entries(entries=found)
 
-class JobCostQuery(BaseModel):
-    job_id: str
+    async def job_cost(self, body: JobCostQuery, account: str) -> JobCost:
+        """What one job cost the acting account, by kind."""
+        return await self.queries.job_cost(body.job_id, account)
 
+    async def earnings(self, body: EarningsQuery, account: str) -> Earnings:
+        """The acting account's earnings per node and region."""
+        return await self.queries.earnings(account, parse_time(body.from_), parse_time(body.to))
 
-def build_app(
-    store: Store,
-    broker: NatsBroker,
-    clock: Clock = utcnow,
-    tick_s: float | None = None,
-) -> tuple[FastStream, Billing]:
-    rt = ServiceRuntime(SERVICE, broker, store, indexes=INDEXES)
-    billing = Billing(store, clock)
-    queries = Queries(store.db)
-    period = tick_s if tick_s is not None else BillingSettings().tick_s
-    rt.publishes(UsageCharged, EarningCredited, FederatedFeeCharged, DeviceFeeCharged, PayoutMade)
+    async def device_added(self, body: DeviceAdded) -> None:
+        """A device of an account: charged per day from then on (R-BILL-3)."""
+        await self.billing.device_added(body)
 
-    @rt.on_event(WorkerPlaced, "worker-placed")
-    async def on_worker_placed(body: WorkerPlaced) -> None:
-        await billing.worker_placed(body)
+    async def device_removed(self, body: DeviceRemoved) -> None:
+        """A device gone: not charged after its day."""
+        await self.billing.device_removed(body)
 
     # A worker fact counts only on the subject of the node its body names (the only one
     # that node may publish); billing then checks that node is the placement's.
-    @rt.on_event(WorkerStarted, "worker-started")
-    async def on_worker_started(body: WorkerStarted, msg: NatsMessage) -> None:
-        if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_started(body, received_at(msg) or clock())
 
-    @rt.on_event(WorkerFinished, "worker-finished")
-    async def on_worker_finished(body: WorkerFinished, msg: NatsMessage) -> None:
-        if on_its_own_subject(msg, body.minion_id):
-            await billing.worker_finished(body, received_at(msg) or clock())
+    async def worker_started(self, body: WorkerStarted, delivery: Delivery) -> None:
+        """A worker's start: from then on the clock bills each full hour."""
+        if on_its_own_subject(delivery.subject, body.minion_id):
+            await self.billing.worker_started(body, delivery.received_at or self.billing.clock())
 
-    @rt.on_event(DeviceAdded, "device-added")
-    async def on_device_added(body: DeviceAdded) -> None:
-        await billing.device_added(body)
+    async def worker_finished(self, body: WorkerFinished, delivery: Delivery) -> None:
+        """A worker's end: its run is settled to the exact total."""
+        if on_its_own_subject(delivery.subject, body.minion_id):
+            await self.billing.worker_finished(body, delivery.received_at or self.billing.clock())
 
-    @rt.on_event(DeviceRemoved, "device-removed")
-    async def on_device_removed(body: DeviceRemoved) -> None:
-        await billing.device_removed(body)
 
-    @rt.on_event(ProviderEnabled, "provider-enabled")
-    async def on_provider_enabled(body: ProviderEnabled) -> None:
-        await billing.provider_enabled(body)
-
-    @rt.on_request("balance", description="The acting account's balance and unpaid earnings.")
-    async def balance(msg: NatsMessage) -> dict[str, Any]:
-        return await queries.balance(account_of(msg))
-
-    @rt.on_request("entries", description="The acting account's ledger entries, newest first.")
-    async def entries(body: EntriesQuery, msg: NatsMessage) -> dict[str, Any]:
-        found = await queries.entries(
-            account_of(msg), body.limit, parse_time(body.from_), parse_time(body.to)
-        )
-        return {"entries": found}
-
-    @rt.on_request("job_cost", description="What one job cost the acting account, by kind.")
-    async def job_cost(body: JobCostQuery, msg: NatsMessage) -> dict[str, Any]:
-        return await queries.job_cost(body.job_id, account_of(msg))
-
-    @rt.on_request("earnings", description="The acting account's earnings per node and region.")
-    async def earnings(body: Range, msg: NatsMessage) -> dict[str, Any]:
-        return await queries.earnings(account_of(msg), parse_time(body.from_), parse_time(body.to))
-
-    ticker: list[asyncio.Task[None]] = []
-    wake = asyncio.Event()  # set on shutdown, so the clock does not sleep out its period
-
-    async def run_clock() -> None:
-        while not billing.stopping:
-            try:
-                await billing.tick()
-            except Exception:  # the next tick retries; every settlement is idempotent
-                log.exception("billing tick failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=period)
-
-    async def start_clock() -> None:
-        if period > 0:
-            ticker.append(asyncio.create_task(run_clock(), name="billing-clock"))
-
-    async def stop_clock() -> None:
-        """Let the clock finish the settlement in hand (it stops between settlements), and
-        cancel it only if that takes too long."""
-        billing.stopping = True
-        wake.set()
-        while ticker:
-            task = ticker.pop()
-            try:
-                await asyncio.wait_for(asyncio.shield(task), timeout=STOP_GRACE_S)
-            except TimeoutError:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    rt.app.after_startup(start_clock)
-    rt.app.on_shutdown(stop_clock)
-    return rt.app, billing
+def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[Billing]:
+    settings = settings or BillingSettings()
+    billing = Billing(ports.db, ports.clock)
+    on = Handlers(billing, Queries(ports.db.db))
+    clock = Every(settings.tick_s, billing.tick, "billing-clock", grace_s=STOP_GRACE_S)
+    billing.halted = lambda: clock.stopping  # its rounds stop between settlements
+    rt = ServiceRuntime(SERVICE, ports, indexes=INDEXES)
+    rt.wire(
+        requests={
+            "balance": on.balance,
+            "entries": on.entries,
+            "job_cost": on.job_cost,
+            "earnings": on.earnings,
+        },
+        events={
+            # One consumer, in stream order: a placement before its node's facts (service.py).
+            "worker-events": Events(
+                {
+                    WorkerPlaced: billing.worker_placed,
+                    WorkerStarted: on.worker_started,
+                    WorkerFinished: on.worker_finished,
+                },
+                subject=subjects.WORKER_EVENTS,
+            ),
+            "device-added": on.device_added,
+            "device-removed": on.device_removed,
+            "provider-enabled": billing.provider_enabled,
+        },
+        every=[clock],
+        publishes=[
+            UsageCharged,
+            EarningCredited,
+            FederatedFeeCharged,
+            DeviceFeeCharged,
+            PayoutMade,
+        ],
+    )
+    return rt.built(billing)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import date
 from decimal import Decimal
-from typing import Any
 
 from gpufleet_contracts.base import Event
 from gpufleet_contracts.billing import (
@@ -14,10 +13,9 @@ from gpufleet_contracts.billing import (
     PayoutMade,
     UsageCharged,
 )
+from gpufleet_store import Doc
 
 from .fees import EARNINGS_PREFIX
-
-Doc = dict[str, Any]
 
 
 def event_for(e: Doc) -> Event:

@@ -8,10 +8,9 @@ violation means another writer settled the same stage first, and the caller reco
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from gpufleet_bus import emit
-from gpufleet_store import Transaction
+from gpufleet_store import Doc, Transaction
 from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
@@ -20,8 +19,6 @@ from .events import event_for
 from .fees import Posting
 from .periods import to_ms
 from .settle import Posted, entry_key
-
-Doc = dict[str, Any]
 
 LEDGER_INDEXES = [
     IndexModel([("key", ASCENDING)], unique=True),

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
 
 from .fees import MS_PER_HOUR
 
-Clock = Callable[[], datetime]
 DAY = timedelta(days=1)
 
 

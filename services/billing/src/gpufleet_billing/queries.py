@@ -4,14 +4,21 @@ own). Sums are computed here from the entries themselves, so a balance is always
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
+from gpufleet_contracts.billing import (
+    Balance,
+    Earnings,
+    Entry,
+    JobCost,
+    KindCost,
+    NodeEarnings,
+    RegionEarnings,
+)
+from gpufleet_store import Doc
 from pymongo.asynchronous.database import AsyncDatabase
 
 from .fees import earnings_account, from_micro
 from .periods import to_ms
-
-Doc = dict[str, Any]
 
 
 def parse_time(value: str | None) -> int | None:
@@ -46,42 +53,42 @@ class Queries:
             count += 1
         return total, count
 
-    async def balance(self, account: str) -> Doc:
+    async def balance(self, account: str) -> Balance:
         total, count = await self._sum(account)
         unpaid, _ = await self._sum(earnings_account(account))
-        return {
-            "account": account,
-            "balance": money(total),
-            "balance_micro": total,
-            "entries": count,
-            "earnings_unpaid": money(unpaid),
-            "earnings_unpaid_micro": unpaid,
-        }
+        return Balance(
+            account=account,
+            balance=money(total),
+            balance_micro=total,
+            entries=count,
+            earnings_unpaid=money(unpaid),
+            earnings_unpaid_micro=unpaid,
+        )
 
     async def entries(
         self, account: str, limit: int, from_ms: int | None = None, to_ms_: int | None = None
-    ) -> list[Doc]:
+    ) -> list[Entry]:
         query = {"account": {"$in": [account, earnings_account(account)]}}
         docs = self.db.ledger.find({**query, **_range(from_ms, to_ms_)})
         return [entry(e) for e in await docs.sort("at_ms", -1).to_list(limit)]
 
-    async def job_cost(self, job_id: str, account: str) -> Doc:
+    async def job_cost(self, job_id: str, account: str) -> JobCost:
         docs = await self.db.ledger.find({"job_id": job_id, "account": account}).to_list(None)
         by_kind: dict[str, int] = {}
         for e in docs:
             by_kind[e["kind"]] = by_kind.get(e["kind"], 0) - int(e["amount_micro"])
         micro = sum(by_kind.values())
-        return {
-            "job_id": job_id,
-            "cost": money(micro),
-            "cost_micro": micro,
-            "by_kind": {k: {"cost": money(v), "cost_micro": v} for k, v in sorted(by_kind.items())},
-            "entries": [entry(e) for e in sorted(docs, key=lambda e: e["at_ms"])],
-        }
+        return JobCost(
+            job_id=job_id,
+            cost=money(micro),
+            cost_micro=micro,
+            by_kind={k: KindCost(cost=money(v), cost_micro=v) for k, v in sorted(by_kind.items())},
+            entries=[entry(e) for e in sorted(docs, key=lambda e: e["at_ms"])],
+        )
 
     async def earnings(
         self, account: str, from_ms: int | None = None, to_ms_: int | None = None
-    ) -> Doc:
+    ) -> Earnings:
         query = {"account": earnings_account(account), **_range(from_ms, to_ms_)}
         nodes: dict[tuple[str, str], int] = {}
         regions: dict[str, int] = {}
@@ -95,34 +102,34 @@ class Queries:
             node = (str(e.get("node_id", "")), str(e.get("region", "")))
             nodes[node] = nodes.get(node, 0) + amount
             regions[node[1]] = regions.get(node[1], 0) + amount
-        return {
-            "account": account,
-            "earned": money(earned),
-            "earned_micro": earned,
-            "paid_out": money(paid),
-            "paid_out_micro": paid,
-            "by_node": [
-                {"node_id": n, "region": r, "earned": money(v), "earned_micro": v}
+        return Earnings(
+            account=account,
+            earned=money(earned),
+            earned_micro=earned,
+            paid_out=money(paid),
+            paid_out_micro=paid,
+            by_node=[
+                NodeEarnings(node_id=n, region=r, earned=money(v), earned_micro=v)
                 for (n, r), v in sorted(nodes.items())
             ],
-            "by_region": [
-                {"region": r, "earned": money(v), "earned_micro": v}
+            by_region=[
+                RegionEarnings(region=r, earned=money(v), earned_micro=v)
                 for r, v in sorted(regions.items())
             ],
-        }
+        )
 
 
-def entry(e: Doc) -> Doc:
+def entry(e: Doc) -> Entry:
     at = e["at"]
-    return {
-        "key": e["key"],
-        "account": e["account"],
-        "kind": e["kind"],
-        "amount": money(int(e["amount_micro"])),
-        "amount_micro": int(e["amount_micro"]),
-        "job_id": e.get("job_id"),
-        "worker": e.get("worker"),
-        "day": e.get("day"),
-        "at": at.isoformat() if isinstance(at, datetime) else str(at),
-        "memo": e.get("memo"),
-    }
+    return Entry(
+        key=e["key"],
+        account=e["account"],
+        kind=e["kind"],
+        amount=money(int(e["amount_micro"])),
+        amount_micro=int(e["amount_micro"]),
+        job_id=e.get("job_id"),
+        worker=e.get("worker"),
+        day=e.get("day"),
+        at=at.isoformat() if isinstance(at, datetime) else str(at),
+        memo=e.get("memo"),
+    )

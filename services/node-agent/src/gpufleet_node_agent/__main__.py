@@ -1,15 +1,11 @@
-import asyncio
-import logging
-import sys
+import functools
 
 from gpufleet_auth import connect_options
-from gpufleet_bus import BusSettings, make_broker
+from gpufleet_bus import BusSettings, run_service
 
 from .app import SERVICE, build_app, dead_letter_service
 from .enrol import EnrolmentError, enrol
 from .settings import AgentSettings
-
-log = logging.getLogger("gpufleet.node_agent")
 
 
 async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
@@ -27,20 +23,16 @@ async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
     return bus.model_copy(update={"nats_creds": path})
 
 
-async def run() -> None:
-    settings = AgentSettings()
-    bus = await credential(settings, BusSettings())
-    broker = make_broker(SERVICE, bus, dead_letters_as=dead_letter_service(settings.minion_id))
-    app, _ = build_app(settings, broker, bus=bus)
-    await app.run()
-
-
 def main() -> None:
-    try:
-        asyncio.run(run())
-    except EnrolmentError as exc:
-        print(f"gpufleet node agent: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+    """Enrol if it must (an EnrolmentError: printed, exit status 2), then run."""
+    settings = AgentSettings()
+    run_service(
+        SERVICE,
+        functools.partial(build_app, settings=settings),
+        uses_store=False,
+        credential=functools.partial(credential, settings),
+        dead_letters_as=dead_letter_service(settings.minion_id),
+    )
 
 
 if __name__ == "__main__":

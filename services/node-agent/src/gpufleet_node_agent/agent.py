@@ -7,17 +7,16 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from typing import Any, cast
 
 from faststream.nats import NatsBroker
 from gpufleet_bus import publish
 from gpufleet_bus.publish import Publisher
-from gpufleet_contracts.health import Health
+from gpufleet_contracts.clock import Clock, utcnow
+from gpufleet_contracts.health import HealthCheck, NodeHealth
 from gpufleet_contracts.jobs import StartWorker, StopWorker
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
-from .files import utcnow
 from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
 from .settings import AgentSettings, retired_settings
 from .workers import SOURCE, Recovery, WorkerManager
@@ -32,7 +31,7 @@ class Agent:
         self,
         settings: AgentSettings,
         broker: NatsBroker,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Clock = utcnow,
         inventory_reader: Callable[[AgentSettings], Inventory] = read_inventory,
     ) -> None:
         self.settings = settings
@@ -183,18 +182,17 @@ class Agent:
             return
         self.workers.stop(cmd.job_id, cmd.worker, cmd.placement_id, cmd.reason)
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self, body: HealthCheck) -> NodeHealth:
+        """This node's health: its GPUs and the workers it runs."""
         inv = self.inventory
-        return Health.model_validate(
-            {
-                "service": "node-agent",
-                "status": "ok" if inv is not None else "starting",
-                "version": VERSION,
-                "collections": [],
-                "minion_id": self.minion_id,
-                "simulated": None if inv is None else inv.simulated,
-                "gpus": 0 if inv is None else len(inv.gpus),
-                "running": self.workers.running(),
-                "started_at": self.started_at.isoformat(),
-            }
-        ).model_dump()
+        return NodeHealth(
+            service="node-agent",
+            status="ok" if inv is not None else "starting",
+            version=VERSION,
+            collections=[],
+            minion_id=self.minion_id,
+            simulated=None if inv is None else inv.simulated,
+            gpus=0 if inv is None else len(inv.gpus),
+            running=self.workers.running(),
+            started_at=self.started_at.isoformat(),
+        )

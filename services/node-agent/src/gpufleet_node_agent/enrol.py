@@ -15,14 +15,16 @@ from pathlib import Path
 import nats
 from gpufleet_auth import Creds, new_user_key, public
 from gpufleet_auth.tokens import JoinToken, JoinTokenError
+from gpufleet_bus import StartError
 from gpufleet_contracts import Envelope, ErrorReply, subjects
 from gpufleet_contracts.identity import EnrollNode, NodeEnrolled
 
 log = logging.getLogger("gpufleet.node_agent.enrol")
 
 
-class EnrolmentError(RuntimeError):
-    """The token was refused (unknown, spent, expired, another minion's): not retried."""
+class EnrolmentError(StartError):
+    """The token was refused (unknown, spent, expired, another minion's): not retried; the
+    agent prints it and exits with status 2 (gpufleet_bus.run_service)."""
 
 
 def read_token(token: str) -> JoinToken:

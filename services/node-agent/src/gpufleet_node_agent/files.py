@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpufleet_auth import write_secret
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -25,11 +25,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .files import read_json, utcnow, write_json_atomic, write_text_atomic
+from .files import read_json, write_json_atomic, write_text_atomic
 
 STOP_GRACE_S = 10.0
 # Set by gpufleet; a job's own env cannot override them.
@@ -42,6 +43,11 @@ GPUFLEET_VARS = (
     "CUDA_DEVICE_ORDER",
 )
 MOUNTS_DIR = "mnt"  # mount targets live under <worker_dir>/mnt/<target>
+
+
+def _now() -> str:
+    """Now, as ISO text: datetime directly, this process is started per job."""
+    return datetime.now(UTC).isoformat()
 
 
 def mount_dirs(spec: Mapping[str, Any], worker_dir: Path) -> dict[str, Path]:
@@ -141,7 +147,7 @@ class Supervisor:
         return values
 
     def _finish(self, **fields: Any) -> None:
-        write_json_atomic(self.dir / "exit.json", {"ended_at": utcnow().isoformat(), **fields})
+        write_json_atomic(self.dir / "exit.json", {"ended_at": _now(), **fields})
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -181,7 +187,7 @@ class Supervisor:
                 return
         write_json_atomic(
             self.dir / "started.json",
-            {"pid": self.child.pid, "started_at": utcnow().isoformat()},
+            {"pid": self.child.pid, "started_at": _now()},
         )
         returncode, stopped = self._wait(self.child, float(spec.get("stop_grace_s", STOP_GRACE_S)))
         # Whatever the command left running in its group would keep holding the GPUs.

@@ -17,16 +17,17 @@ Because the directory exists from the first StartWorker on, a redelivered StartW
 starts a worker twice; because the reported_* flags are written only after JetStream's ack,
 an event lost in a crash is sent again (with the same message id, so JetStream drops a copy
 it already has).
+
+Beside it: workdir.py (a placement's directory name, whether its supervisor or command is
+alive) and reports.py (the WorkerStarted, log chunks and WorkerFinished it publishes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -38,106 +39,37 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet_bus.publish import Publisher, publish, publish_raw
-from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerStarted, WorkerState
+from gpufleet_bus.publish import Publisher, publish
+from gpufleet_contracts.clock import utcnow
+from gpufleet_contracts.jobs import StartWorker
 
 from .files import (
     read_int,
     read_json,
-    utcnow,
     write_json_atomic,
     write_secret_json,
     write_text_atomic,
+)
+from .reports import Reports
+from .workdir import (
+    SPAWNED,
+    SUPERVISOR_MODULE,
+    Worker,
+    dir_name,
+    pid_alive,
+    reap_spawned,
+    runs_in,
+    supervisor_alive,
 )
 
 log = logging.getLogger("gpufleet.node_agent.workers")
 
 SOURCE = "gpufleet/node-agent"
-LOG_TYPE = "gpufleet.worker.log.v1"
-LOG_TAIL_CHARS = 4000
-CHUNKS_PER_POLL = 64  # per worker, so one chatty worker cannot starve the others
-SUPERVISOR_MODULE = "gpufleet_node_agent.supervise"
 LOST_AT_RESTART = "worker lost: its supervisor was gone when the agent restarted"
 LOST_AT_RUNTIME = "worker lost: its supervisor ended without recording the worker's end"
 ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
 SECRET_FILES = frozenset({ENV_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-# Supervisors this process spawned, until they are reaped. Module-wide, so that one that
-# outlives its WorkerManager (an in-process agent restart) is still reaped, not a zombie.
-_SPAWNED: list[subprocess.Popen[bytes]] = []
-
-
-def reap_spawned() -> None:
-    _SPAWNED[:] = [p for p in _SPAWNED if p.poll() is None]
-
-
-def dir_name(placement_id: str) -> str:
-    """A placement id as a directory name (hashed when it is not a safe file name)."""
-    if _SAFE_ID.fullmatch(placement_id):
-        return placement_id
-    return "h-" + hashlib.sha256(placement_id.encode()).hexdigest()[:40]
-
-
-def _proc_args(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # some other user's process: not ours
-        return False
-    return not _is_zombie(pid)
-
-
-def supervisor_alive(pid: int, worker_dir: Path) -> bool:
-    """Is `pid` alive and the supervisor of `worker_dir`? (The cmdline guards against pid reuse.)"""
-    if not pid_alive(pid):
-        return False
-    args = _proc_args(pid)
-    return SUPERVISOR_MODULE in args and str(worker_dir) in args
-
-
-def _runs_in(pid: int, worker_dir: Path) -> bool:
-    """Is `pid` this worker's command? Its environment names the worker's output directory."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-    return f"ML_OUTPUT_PATH={worker_dir / 'output'}".encode() in environ.split(b"\0")
-
-
-@dataclass
-class Worker:
-    placement_id: str
-    dir: Path
-    job_id: str
-    worker: int
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours to reap
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}/{self.worker}"
-
-    def file(self, name: str) -> Path:
-        return self.dir / name
 
 
 @dataclass
@@ -149,24 +81,7 @@ class Recovery:
     lost: list[str] = field(default_factory=list)
 
 
-def _parse_time(value: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(value)) if value else None
-    except ValueError:
-        return None
-
-
-def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - chars * 4))
-            data = f.read()
-    except OSError:
-        return ""
-    return data.decode(errors="replace")[-chars:]
-
-
-class WorkerManager:
+class WorkerManager(Reports):
     def __init__(
         self,
         state_dir: Path,
@@ -288,7 +203,7 @@ class WorkerManager:
                 },
             )
             return False
-        _SPAWNED.append(w.proc)
+        SPAWNED.append(w.proc)
         write_text_atomic(w.file("supervisor.pid"), f"{w.proc.pid}\n")
         log.info(
             "started worker %s (placement %s, GPUs %s)", w.key, w.placement_id, cmd.gpu_indices
@@ -369,7 +284,7 @@ class WorkerManager:
         """The supervisor is gone without exit.json: record the end ourselves."""
         started = read_json(w.file("started.json")) or {}
         pid = started.get("pid")
-        if isinstance(pid, int) and pid_alive(pid) and _runs_in(pid, w.dir):
+        if isinstance(pid, int) and pid_alive(pid) and runs_in(pid, w.dir):
             # An orphaned command would hold GPUs the scheduler is about to reuse.
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
@@ -421,81 +336,3 @@ class WorkerManager:
             log.info(
                 "worker %s %s%s", w.key, evt.state.value, f": {evt.reason}" if evt.reason else ""
             )
-
-    async def _report_started(self, w: Worker, started: dict[str, Any]) -> None:
-        evt = WorkerStarted(
-            job_id=w.job_id,
-            worker=w.worker,
-            placement_id=w.placement_id,
-            minion_id=self.minion_id,
-            pid=started.get("pid"),
-            started_at=_parse_time(started.get("started_at")) or self.clock(),
-        )
-        await publish(self.broker, evt, source=self.source, msg_id=f"started:{w.placement_id}")
-        w.file("reported_started").touch()
-
-    async def ship_log(self, w: Worker) -> bool:
-        """Publish new log bytes; True when everything written so far is published."""
-        path = w.file("log")
-        if not path.exists():
-            return True
-        offset = read_int(w.file("log.offset")) or 0
-        pending = read_int(w.file("log.pending"))
-        size = path.stat().st_size
-        subject = subjects.log(self.minion_id, w.job_id, w.worker)
-        with path.open("rb") as f:
-            for _ in range(CHUNKS_PER_POLL):
-                if pending is not None and pending > offset:
-                    end = pending  # a chunk cut short by a crash: the same bytes, same id
-                elif offset >= size:
-                    return True
-                else:
-                    end = min(size, offset + self.log_chunk_bytes)
-                    write_text_atomic(w.file("log.pending"), str(end))
-                f.seek(offset)
-                data = f.read(end - offset)
-                await publish_raw(
-                    self.broker,
-                    subject,
-                    data,
-                    type_=LOG_TYPE,
-                    source=self.source,
-                    msg_id=f"{w.placement_id}:{offset}",
-                )
-                offset, pending = end, None
-                write_text_atomic(w.file("log.offset"), str(offset))
-        return offset >= size
-
-    def finished_event(
-        self, w: Worker, exit_data: dict[str, Any], started: dict[str, Any] | None
-    ) -> WorkerFinished:
-        code = exit_data.get("exit_code")
-        reason = exit_data.get("reason") or exit_data.get("error")
-        if exit_data.get("stopped"):
-            state = WorkerState.stopped
-            if not reason and w.file("stop_requested").exists():
-                reason = w.file("stop_requested").read_text().strip() or None
-            reason = reason or "stopped"
-        elif exit_data.get("lost") or exit_data.get("error") or code is None:
-            state = WorkerState.failed
-            reason = reason or "worker ended without an exit code"
-        elif code == 0:
-            state = WorkerState.finished
-        else:
-            state = WorkerState.failed
-            if exit_data.get("signal"):
-                reason = f"killed by signal {exit_data.get('signal_name') or exit_data['signal']}"
-            else:
-                reason = f"exited with code {code}"
-        return WorkerFinished(
-            job_id=w.job_id,
-            worker=w.worker,
-            placement_id=w.placement_id,
-            minion_id=self.minion_id,
-            state=state,
-            exit_code=code,
-            reason=reason,
-            started_at=_parse_time((started or {}).get("started_at")),
-            ended_at=_parse_time(exit_data.get("ended_at")) or self.clock(),
-            log_tail=log_tail(w.file("log")),
-        )

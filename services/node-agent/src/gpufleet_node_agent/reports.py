@@ -1,0 +1,125 @@
+"""What the agent reports of a worker: its start, its log in chunks, its end, each sent
+with a message id of its own so that a copy re-sent after a crash is dropped by JetStream."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet_bus.publish import Publisher, publish, publish_raw
+from gpufleet_contracts import subjects
+from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted, WorkerState
+
+from .files import read_int, write_text_atomic
+from .workdir import Worker
+
+LOG_TYPE = "gpufleet.worker.log.v1"
+LOG_TAIL_CHARS = 4000
+CHUNKS_PER_POLL = 64  # per worker, so one chatty worker cannot starve the others
+
+
+def _parse_time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - chars * 4))
+            data = f.read()
+    except OSError:
+        return ""
+    return data.decode(errors="replace")[-chars:]
+
+
+class Reports:
+    """The reporting half of WorkerManager (workers.py), which sets these."""
+
+    minion_id: str
+    broker: Publisher
+    source: str
+    clock: Clock
+    log_chunk_bytes: int
+
+    async def _report_started(self, w: Worker, started: dict[str, Any]) -> None:
+        evt = WorkerStarted(
+            job_id=w.job_id,
+            worker=w.worker,
+            placement_id=w.placement_id,
+            minion_id=self.minion_id,
+            pid=started.get("pid"),
+            started_at=_parse_time(started.get("started_at")) or self.clock(),
+        )
+        await publish(self.broker, evt, source=self.source, msg_id=f"started:{w.placement_id}")
+        w.file("reported_started").touch()
+
+    async def ship_log(self, w: Worker) -> bool:
+        """Publish new log bytes; True when everything written so far is published."""
+        path = w.file("log")
+        if not path.exists():
+            return True
+        offset = read_int(w.file("log.offset")) or 0
+        pending = read_int(w.file("log.pending"))
+        size = path.stat().st_size
+        subject = subjects.log(self.minion_id, w.job_id, w.worker)
+        with path.open("rb") as f:
+            for _ in range(CHUNKS_PER_POLL):
+                if pending is not None and pending > offset:
+                    end = pending  # a chunk cut short by a crash: the same bytes, same id
+                elif offset >= size:
+                    return True
+                else:
+                    end = min(size, offset + self.log_chunk_bytes)
+                    write_text_atomic(w.file("log.pending"), str(end))
+                f.seek(offset)
+                data = f.read(end - offset)
+                await publish_raw(
+                    self.broker,
+                    subject,
+                    data,
+                    type_=LOG_TYPE,
+                    source=self.source,
+                    msg_id=f"{w.placement_id}:{offset}",
+                )
+                offset, pending = end, None
+                write_text_atomic(w.file("log.offset"), str(offset))
+        return offset >= size
+
+    def finished_event(
+        self, w: Worker, exit_data: dict[str, Any], started: dict[str, Any] | None
+    ) -> WorkerFinished:
+        code = exit_data.get("exit_code")
+        reason = exit_data.get("reason") or exit_data.get("error")
+        if exit_data.get("stopped"):
+            state = WorkerState.stopped
+            if not reason and w.file("stop_requested").exists():
+                reason = w.file("stop_requested").read_text().strip() or None
+            reason = reason or "stopped"
+        elif exit_data.get("lost") or exit_data.get("error") or code is None:
+            state = WorkerState.failed
+            reason = reason or "worker ended without an exit code"
+        elif code == 0:
+            state = WorkerState.finished
+        else:
+            state = WorkerState.failed
+            if exit_data.get("signal"):
+                reason = f"killed by signal {exit_data.get('signal_name') or exit_data['signal']}"
+            else:
+                reason = f"exited with code {code}"
+        return WorkerFinished(
+            job_id=w.job_id,
+            worker=w.worker,
+            placement_id=w.placement_id,
+            minion_id=self.minion_id,
+            state=state,
+            exit_code=code,
+            reason=reason,
+            started_at=_parse_time((started or {}).get("started_at")),
+            ended_at=_parse_time(exit_data.get("ended_at")) or self.clock(),
+            log_tail=log_tail(w.file("log")),
+        )

@@ -1,0 +1,88 @@
+"""One worker's directory and its processes: the placement's directory name, whether a
+supervisor (or the command it runs) is still alive, and the supervisors to reap."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPERVISOR_MODULE = "gpufleet_node_agent.supervise"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# Supervisors this process spawned, until they are reaped. Module-wide, so that one that
+# outlives its WorkerManager (an in-process agent restart) is still reaped, not a zombie.
+SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+def reap_spawned() -> None:
+    SPAWNED[:] = [p for p in SPAWNED if p.poll() is None]
+
+
+def dir_name(placement_id: str) -> str:
+    """A placement id as a directory name (hashed when it is not a safe file name)."""
+    if _SAFE_ID.fullmatch(placement_id):
+        return placement_id
+    return "h-" + hashlib.sha256(placement_id.encode()).hexdigest()[:40]
+
+
+def _proc_args(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # some other user's process: not ours
+        return False
+    return not _is_zombie(pid)
+
+
+def supervisor_alive(pid: int, worker_dir: Path) -> bool:
+    """Is `pid` alive and the supervisor of `worker_dir`? (The cmdline guards against pid reuse.)"""
+    if not pid_alive(pid):
+        return False
+    args = _proc_args(pid)
+    return SUPERVISOR_MODULE in args and str(worker_dir) in args
+
+
+def runs_in(pid: int, worker_dir: Path) -> bool:
+    """Is `pid` this worker's command? Its environment names the worker's output directory."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"ML_OUTPUT_PATH={worker_dir / 'output'}".encode() in environ.split(b"\0")
+
+
+@dataclass
+class Worker:
+    placement_id: str
+    dir: Path
+    job_id: str
+    worker: int
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours to reap
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}/{self.worker}"
+
+    def file(self, name: str) -> Path:
+        return self.dir / name
