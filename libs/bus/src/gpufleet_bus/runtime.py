@@ -25,7 +25,8 @@ returns its `Service`, and declares in one table which subject goes to which han
   `(body, delivery)` (the subject it arrived on and when the stream stored it). The ack
   policy and the dead-letter path are deadletter.py's.
 - `signals`: core NATS subjects without a reply (losing one is harmless: heartbeats, sync).
-- `every`: periodic work (periodic.py); `startup` / `shutdown`: hooks, in order.
+- `every`: periodic work (periodic.py); hooks, each in order: `prepare` (before anything is
+  consumed or served: streams and indexes exist), `startup` (once serving), `shutdown`.
 
 Every runtime with infrastructure also answers `health`, an account's own `dead_letters` and
 the operators' `dead_letters` (everyone's). `rt.table` lists every wired subject with its
@@ -63,7 +64,7 @@ from .streams import ensure_streams, stream_for
 log = logging.getLogger("gpufleet.bus")
 T = TypeVar("T")
 Clock = Callable[[], datetime]
-EventHandler = Callable[..., Awaitable[None]]
+EventHandler = Callable[..., Awaitable[object]]  # what it returns is ignored
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ class ServiceRuntime:
         signals: Mapping[str, Callable[..., Awaitable[None]]] | None = None,
         every: Sequence[Every] = (),
         publishes: Sequence[type[Message]] = (),
+        prepare: Sequence[Callable[[], Awaitable[Any]]] = (),
         startup: Sequence[Callable[[], Awaitable[Any]]] = (),
         shutdown: Sequence[Callable[[], Awaitable[Any]]] = (),
     ) -> None:
@@ -219,6 +221,8 @@ class ServiceRuntime:
             self._signal(subject, fn)
         self._every.extend(every)
         self._publishes(publishes)
+        for hook in prepare:
+            self.app.on_startup(hook)
         for hook in startup:
             self.app.after_startup(hook)
         for hook in shutdown:

@@ -28,9 +28,6 @@ def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Ag
     mid = settings.minion_id
     # No streams to declare and no shared health subject: its credential allows neither.
     rt = ServiceRuntime(SERVICE, ports, infrastructure=False)
-    # Before the broker consumes: the GPUs and the workers a previous run left (the wiring
-    # table's `startup` hooks run after it).
-    rt.app.on_startup(agent.prepare)
     rt.wire(
         # Requests to this node alone (its health), from services and operators.
         direct={subjects.node_health(mid): agent.health},
@@ -45,6 +42,8 @@ def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Ag
             ),
         },
         publishes=[RegisterNode, WorkerStarted, WorkerFinished, NodeHeartbeat],
+        # Before the broker consumes: the GPUs and the workers a previous run left.
+        prepare=[agent.prepare],
         startup=[agent.start],
         shutdown=[agent.stop],
     )
