@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from gpufleet_billing.app import build_app as billing_app
-from gpufleet_bus import publish
+from gpufleet_bus import Ports, publish
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import (
     CancelJob,
@@ -78,17 +78,17 @@ class Client(AccountClient):
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
     """The scheduler and billing; yields a user of `local`, the node agent of MINION (its
     own credential: the events only it may publish) and the server."""
-    apps = []
-    scheduler = None
-    for name, factory in (
-        ("scheduler", scheduler_app),
-        ("billing", billing_app),
-    ):
-        app, svc = factory(
-            store_for(name, mongo_server.url, db_prefix), broker_for(name, fresh_nats)
+    built = scheduler_app(
+        Ports(
+            broker_for("scheduler", fresh_nats),
+            store_for("scheduler", mongo_server.url, db_prefix),
         )
-        scheduler = scheduler or svc
-        apps.append(app)
+    )
+    scheduler = built.core
+    billing, _ = billing_app(
+        store_for("billing", mongo_server.url, db_prefix), broker_for("billing", fresh_nats)
+    )
+    apps = [built.app, billing]
     async with running(*apps), as_identity(fresh_nats, "node", MINION) as node:
         async with as_identity(fresh_nats, "service", "provisioner") as provisioner:
             await publish(provisioner, register(), source="test")
@@ -97,7 +97,7 @@ async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix:
         )
 
         async def node_known() -> bool:
-            return await scheduler.db.nodes.find_one({"minion_id": MINION}) is not None
+            return await scheduler.state.db.nodes.find_one({"minion_id": MINION}) is not None
 
         await wait_for_async(node_known, timeout=10)
         yield client, node, fresh_nats

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from gpufleet_bus import publish
+from gpufleet_bus import Ports, publish
 from gpufleet_contracts.jobs import (
     GetJob,
     JobSpec,
@@ -23,7 +23,8 @@ from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState, NodeSta
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_scheduler.app import build_app
 from gpufleet_scheduler.leadership import Deposed, Lease
-from gpufleet_scheduler.service import Scheduler, SchedulerSettings
+from gpufleet_scheduler.scheduler import Scheduler
+from gpufleet_scheduler.settings import SchedulerSettings
 
 from .conftest import (
     AccountClient,
@@ -131,35 +132,38 @@ class Sys:
 
 @pytest.fixture
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
-    app, sched = build_app(
-        store_for("scheduler", mongo_server.url, db_prefix),
-        broker_for("scheduler", fresh_nats),
-        settings=SchedulerSettings(starve_after_s=3600),
+    built = build_app(
+        Ports(
+            broker_for("scheduler", fresh_nats), store_for("scheduler", mongo_server.url, db_prefix)
+        ),
+        SchedulerSettings(starve_after_s=3600),
     )
+    app, sched = built.app, built.core
     async with running(app):
         s = Sys(fresh_nats, sched)
         yield s
         await s.close()
-        async with sched.lock:
+        async with sched.state.lock:
             assert_unplaced_current(sched)
 
 
 def assert_unplaced_current(sched: Scheduler) -> None:
     """What a pass reads (`unplaced`, kept as jobs change) is what walking every open job
     would find: checked after each test of this module, whatever the test did."""
-    if not sched.loaded:
+    if not sched.state.loaded:
         return
     walked = {
         job_id: keys
-        for job_id, job in sched.jobs.items()
-        if not job.get("cancel_requested") and (keys := [w.key for w in sched._waiting_of(job)])
+        for job_id, job in sched.state.jobs.items()
+        if not job.get("cancel_requested")
+        and (keys := [w.key for w in sched.state.waiting_of(job)])
     }
-    assert {j: [w.key for w in ws] for j, ws in sched.unplaced.items()} == walked
+    assert {j: [w.key for w in ws] for j, ws in sched.state.unplaced.items()} == walked
 
 
 async def known(s: Sys, *minions: str) -> None:
     async def all_known() -> bool:
-        n = await s.sched.db.nodes.count_documents({"minion_id": {"$in": list(minions)}})
+        n = await s.sched.state.db.nodes.count_documents({"minion_id": {"$in": list(minions)}})
         return bool(n == len(minions))
 
     await wait_for_async(all_known, timeout=10)
@@ -196,7 +200,7 @@ async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) ->
     finished = await read_stream(s.server, WorkerFinished.SUBJECT.format(minion_id="a"))
     closed = [WorkerFinished.from_bytes(m.data) for m in finished]
     assert {(f.job_id, f.reason) for f in closed} >= {(train["id"], "node a lost")}
-    claims = await s.sched.db.claims.find({}).to_list(None)
+    claims = await s.sched.state.db.claims.find({}).to_list(None)
     assert {c["node_id"] for c in claims} == {"n-b"}
 
 
@@ -209,7 +213,7 @@ async def test_maintenance_takes_no_new_work_and_active_runs_the_queue(system: S
     await s.node(state_changed("a", NodeState.maintenance))
 
     async def in_maintenance() -> bool:
-        n = await s.sched.db.nodes.find_one({"minion_id": "a"})
+        n = await s.sched.state.db.nodes.find_one({"minion_id": "a"})
         return bool(n and n["state"] == "maintenance")
 
     await wait_for_async(in_maintenance, timeout=10)
@@ -234,7 +238,7 @@ async def test_a_pin_to_a_region_without_the_gpu_type_is_refused(system: Sys) ->
     (field,) = reply["error"]["fields"]
     assert field["field"] == "spec.region" and field["rule"] == "R-RES-1"
     assert field["valid"] == "a region with RTX 3090: eu"
-    jobs = await s.sched.db.jobs.count_documents({})
+    jobs = await s.sched.state.db.jobs.count_documents({})
     assert jobs == 0
     ok = await s.submit("pinned", region="eu")
     assert ok["state"] == "starting"
@@ -251,7 +255,7 @@ async def test_fractions_are_packed_onto_shares_and_the_agent_gets_the_limit(sys
     assert [st.gpu_fraction for st in starts] == [Decimal("0.5")] * 2
     assert {st.gpu_memory_limit_mb for st in starts} == {12288}
     assert all(st.mounts and st.mounts[-1].target == "/opt/ml/output" for st in starts)
-    claims = sorted(c["_id"] for c in await s.sched.db.claims.find({}).to_list(None))
+    claims = sorted(c["_id"] for c in await s.sched.state.db.claims.find({}).to_list(None))
     assert claims == [f"n-f:0:{i}" for i in range(4)]
     job = await s.job(jobs[0]["id"])
     assert job["rate"] == "0.025000"  # half of the 0.05 usage fee
@@ -301,11 +305,13 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
     fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:
     def make() -> Any:
-        return build_app(
-            store_for("scheduler", mongo_server.url, db_prefix),
-            broker_for("scheduler", fresh_nats),
-            lease=None,
+        built = build_app(
+            Ports(
+                broker_for("scheduler", fresh_nats),
+                store_for("scheduler", mongo_server.url, db_prefix),
+            )
         )
+        return built.app, built.core
 
     app, sched = make()
     async with running(app):
@@ -319,7 +325,7 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
     app2, sched2 = make()
     async with running(app2):
         s = Sys(fresh_nats, sched2)
-        assert sched2.loaded and len(sched2.jobs) == 2
+        assert sched2.state.loaded and len(sched2.state.jobs) == 2
         start = (await s.starts("a"))[0]
         assert start.job_id == first["id"]
         await s.worker(
@@ -345,11 +351,13 @@ async def test_two_schedulers_never_give_one_gpu_twice(
 ) -> None:
     def make(name: str) -> Any:
         monkeypatch.setenv("GPUFLEET_SCHEDULER_INSTANCE", name)  # two hosts, two names
-        return build_app(
-            store_for("scheduler", mongo_server.url, db_prefix),
-            broker_for("scheduler", fresh_nats),
-            lease=None,
+        built = build_app(
+            Ports(
+                broker_for("scheduler", fresh_nats),
+                store_for("scheduler", mongo_server.url, db_prefix),
+            )
         )
+        return built.app, built.core
 
     apps = [make(f"scheduler-{i}") for i in range(2)]
     async with running(*(a for a, _ in apps)):
@@ -359,15 +367,15 @@ async def test_two_schedulers_never_give_one_gpu_twice(
         await known(s, "a", "b")
         # Requests go to either instance (queue group); both race to place.
         jobs = await asyncio.gather(*(s.submit(f"j{i}") for i in range(8)))
-        await asyncio.gather(*(sched.schedule() for _, sched in apps))
+        await asyncio.gather(*(sched.passes.schedule() for _, sched in apps))
 
         async def four_placed() -> bool:
-            return bool(await s.sched.db.claims.count_documents({}) == 4)
+            return bool(await s.sched.state.db.claims.count_documents({}) == 4)
 
         await wait_for_async(four_placed, timeout=15)
-        claims = await s.sched.db.claims.find({}).to_list(None)
+        claims = await s.sched.state.db.claims.find({}).to_list(None)
         assert len({c["_id"] for c in claims}) == 4
-        leaders = [sched for _, sched in apps if sched.lease.held]
+        leaders = [sched for _, sched in apps if sched.state.lease.held]
         assert len(leaders) == 1
         states = [(await s.job(j["id"]))["state"] for j in jobs]
         assert states.count("starting") == 4 and states.count("queued") == 4

@@ -12,14 +12,14 @@ from typing import Any
 
 import nats
 import pytest
-from gpufleet_bus import BusSettings, make_broker
+from gpufleet_bus import BusSettings, Ports, make_broker
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_devstack.identities import admin_request
 from gpufleet_provisioner.app import build_app as provisioner_app
 from gpufleet_provisioner.settings import ProvisionerSettings
 from gpufleet_scheduler.app import build_app as scheduler_app
-from gpufleet_scheduler.service import Scheduler
+from gpufleet_scheduler.scheduler import Scheduler
 from nats.aio.client import Client
 
 from .conftest import running, store_for
@@ -56,7 +56,8 @@ async def stack(
         settings=ProvisionerSettings(auth_dir=None),
         bus=pbus,
     )
-    sched_app, sched = scheduler_app(sstore, make_broker("scheduler", sbus))
+    built = scheduler_app(Ports(make_broker("scheduler", sbus), sstore, bus=sbus))
+    sched_app, sched = built.app, built.core
     # accounts of this test alone (the server and its streams are the session's)
     names = {n: f"{n}-{db_prefix}" for n in ("acme", "bob", "carol")}
     users: dict[str, User] = {}

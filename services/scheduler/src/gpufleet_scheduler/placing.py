@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from gpufleet_bus import emit
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
-from gpufleet_store import Transaction
+from gpufleet_store import Doc, Transaction
 
 from . import jobdoc, mounts
 from .placement import Placement
-
-Doc = dict[str, Any]
 
 
 def place_worker(
