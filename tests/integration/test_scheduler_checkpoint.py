@@ -25,11 +25,13 @@ def picture(s: Scheduler) -> dict[str, Any]:
     return {
         "jobs": {
             j: (d["state"], d["version"], [(w["state"], w.get("node_id")) for w in d["workers"]])
-            for j, d in s.jobs.items()
+            for j, d in s.state.jobs.items()
         },
-        "waiting": sorted(repr((w.req, w.queued_ms)) for w in s._waiting()),
-        "nodes": {n: (v.state, v.free_indices, v.partial) for n, v in s.fleet.base.items()},
-        "used": {n: {g: sorted(x) for g, x in u.items() if x} for n, u in s.fleet.used.items()},
+        "waiting": sorted(repr((w.req, w.queued_ms)) for w in s.state.waiting()),
+        "nodes": {n: (v.state, v.free_indices, v.partial) for n, v in s.state.fleet.base.items()},
+        "used": {
+            n: {g: sorted(x) for g, x in u.items() if x} for n, u in s.state.fleet.used.items()
+        },
     }
 
 

@@ -18,6 +18,7 @@ from gpufleet_contracts.jobs import (
     StopWorker,
     SubmitJob,
     WorkerFinished,
+    WorkerStarted,
 )
 from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState, NodeStateChanged
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
@@ -113,7 +114,7 @@ class Sys:
             self.provisioner = JsPublisher(await connect(self.server, creds))
         await publish(self.provisioner, evt, source="test")
 
-    async def worker(self, evt: WorkerFinished) -> None:
+    async def worker(self, evt: WorkerStarted | WorkerFinished) -> None:
         """A worker's event, from its node agent."""
         async with as_identity(self.server, "node", evt.minion_id) as agent:
             await publish(agent, evt, source="test")
@@ -202,6 +203,39 @@ async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) ->
     assert {(f.job_id, f.reason) for f in closed} >= {(train["id"], "node a lost")}
     claims = await s.sched.state.db.claims.find({}).to_list(None)
     assert {c["node_id"] for c in claims} == {"n-b"}
+
+
+async def test_worker_facts_are_dispatched_by_type_in_stream_order(system: Sys) -> None:
+    """One consumer reads what nodes report (started, finished) and hands each to its
+    handler by type, in the order the stream stored them: a start published just before
+    its finish is applied first. A finish with no start (a worker that never started)
+    closes the worker without a run, and a fact seen again changes nothing."""
+    s = system
+    await s.node(registered("a", gpus=2))
+    await known(s, "a")
+    ran, never = await s.submit("ran"), await s.submit("never")
+
+    async def two_starts() -> bool:
+        return len(await s.starts("a")) == 2
+
+    await wait_for_async(two_starts, timeout=10)
+    by_job = {st.job_id: st for st in await s.starts("a")}
+    t0 = datetime.now(UTC)
+
+    def fact(job: dict[str, Any], cls: Any, **kw: Any) -> Any:
+        start = by_job[job["id"]]
+        return cls(job_id=job["id"], worker=0, placement_id=start.placement_id, minion_id="a", **kw)
+
+    started = fact(ran, WorkerStarted, started_at=t0)
+    finished = fact(ran, WorkerFinished, state="finished", exit_code=0, ended_at=t0)
+    failed = fact(never, WorkerFinished, state="failed", exit_code=1, ended_at=t0)
+    for evt in (started, finished, failed, started, finished):  # back to back, twice
+        await s.worker(evt)
+    done = await s.until(ran["id"], "finished")
+    assert [h["state"] for h in done["history"]] == ["queued", "starting", "running", "finished"]
+    gone = await s.until(never["id"], "failed")
+    assert [h["state"] for h in gone["history"]] == ["queued", "starting", "failed"]
+    assert gone["workers"][0]["started_at"] is None
 
 
 async def test_maintenance_takes_no_new_work_and_active_runs_the_queue(system: Sys) -> None:
