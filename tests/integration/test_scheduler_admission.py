@@ -1,6 +1,6 @@
 """How the leader stores submissions: in the placement pass that considers them, one
 transaction for the job, its placement and their events; and nothing is lost when that
-pass fails (services/scheduler/.../service.py, `_pass`). No relay runs here, so each
+pass fails (services/scheduler/.../passes.py, `_pass`). No relay runs here, so each
 transaction's events stay in the outbox to be read back."""
 
 from __future__ import annotations

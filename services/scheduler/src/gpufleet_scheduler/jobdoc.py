@@ -1,7 +1,7 @@
 """The scheduler's job documents: how one is made, copied, shown, and what its parts mean.
 
 Pure functions on plain dicts (the documents of the `jobs` collection), no I/O: the service
-(service.py) reads and writes them in its transactions.
+(state.py and its parts) read and write them in its transactions.
 
 A job's request (its `spec`, `req` and sealed env values, R-JOB-7) is written and read by
 jobrequest.py alone; `view` (every reply) shows the env names with "<secret>" values.

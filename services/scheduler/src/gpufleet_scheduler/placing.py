@@ -1,7 +1,7 @@
 """What placing one worker writes: the worker's placement fields, its events, its claims.
 
 Pure apart from queueing the events in the transaction's outbox (`emit`); the queue pass
-(service.py) calls it for each worker a pass placed.
+(commit.py) calls it for each worker a pass placed.
 """
 
 from __future__ import annotations
