@@ -6,6 +6,7 @@ just bench-scheduler --quick    # smaller sizes, a minute or two
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -33,7 +34,9 @@ def run(name: str, args: list[str]) -> None:
 
 
 def main() -> None:
-    quick = "--quick" in sys.argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, a minute or two")
+    quick = ap.parse_args().quick
     run("bench_placement", ["--jobs", "20000", "--naive-jobs", "300"] if quick else [])
     run("bench_quality", ["--instances", "100"] if quick else [])
     run(

@@ -1,6 +1,6 @@
 """How the leader stores submissions: in the placement pass that considers them, one
 transaction for the job, its placement and their events; and nothing is lost when that
-pass fails (services/scheduler/.../service.py, `_pass`). No relay runs here, so each
+pass fails (services/scheduler/.../passes.py, `_pass`). No relay runs here, so each
 transaction's events stay in the outbox to be read back."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from gpufleet_contracts.jobs import (
     WorkerPlaced,
 )
 from gpufleet_devstack import EmbeddedMongo, wait_for_async
-from gpufleet_scheduler import service
+from gpufleet_scheduler import passes
 from gpufleet_scheduler.leadership import Lease
-from gpufleet_scheduler.service import Scheduler, SchedulerSettings
+from gpufleet_scheduler.scheduler import Scheduler
+from gpufleet_scheduler.settings import SchedulerSettings
 from gpufleet_store import Store
 from gpufleet_store.store import OUTBOX, outbox_messages
 
@@ -48,11 +49,11 @@ async def test_a_job_is_stored_once_with_its_placement(
 ) -> None:
     store = store_for("scheduler", mongo_server.url, db_prefix)
     sched = Scheduler(store, clock)
-    await sched.node_changed(registered("a", gpus=1))
+    await sched.lifecycle.node_changed(registered("a", gpus=1))
     await store.db[OUTBOX].delete_many({})
 
-    placed = await sched.submit(spec("fits"), "local")
-    waits = await sched.submit(spec("too-big", gpus=4), "local")
+    placed = await sched.admission.submit(spec("fits"), "local")
+    waits = await sched.admission.submit(spec("too-big", gpus=4), "local")
 
     assert placed["state"] == "starting"
     assert [h["state"] for h in placed["history"]] == ["queued", "starting"]
@@ -76,25 +77,27 @@ async def test_submissions_are_kept_when_the_pass_is_fenced_off(
     transaction refused by the fence; the jobs it was storing are stored all the same,
     unplaced, for the new leader (chunk=2: a pass of several transactions stops at the
     first refused one)."""
-    monkeypatch.setattr(service, "COMMIT_CHUNK", chunk)
+    monkeypatch.setattr(passes, "COMMIT_CHUNK", chunk)
     store = store_for("scheduler", mongo_server.url, db_prefix)
     now = {"a": 1_000_000, "b": 1_000_000}
     a = Lease(store.db, ttl_ms=60_000, owner="a", now_ms=lambda: now["a"])
     b = Lease(store.db, ttl_ms=60_000, owner="b", now_ms=lambda: now["b"])
     sched = Scheduler(store, clock, lease=a)
-    await sched.node_changed(registered("a", gpus=2))
-    assert sched.loaded and a.fresh()
+    await sched.lifecycle.node_changed(registered("a", gpus=2))
+    assert sched.state.loaded and a.fresh()
     now["b"] += 120_000  # b's clock: a's lease has expired, so b takes over
     assert await b.acquire()
 
-    jobs = list(await asyncio.gather(*(sched.submit(spec(f"j{i}"), "local") for i in range(5))))
+    jobs = list(
+        await asyncio.gather(*(sched.admission.submit(spec(f"j{i}"), "local") for i in range(5)))
+    )
 
     assert [j["state"] for j in jobs] == ["queued"] * 5
     for j in jobs:
         stored = await store.db.jobs.find_one({"_id": j["id"]})
         assert stored is not None and stored["state"] == "queued"
     assert await store.db.claims.count_documents({}) == 0
-    assert not sched.loaded  # it rebuilds its memory should it lead again
+    assert not sched.state.loaded  # it rebuilds its memory should it lead again
     await store.close()
 
 
@@ -105,10 +108,10 @@ async def test_every_waiting_job_is_explained_when_its_shapes_exceed_a_pass_budg
     (nothing else asks for them), and the stored reasons say so."""
     store = store_for("scheduler", mongo_server.url, db_prefix)
     sched = Scheduler(store, clock, settings=SchedulerSettings(explain_budget=1))
-    await sched.node_changed(registered("a", gpus=1))
+    await sched.lifecycle.node_changed(registered("a", gpus=1))
     # Submitted at once: one pass takes all three and explains one of them.
     jobs = await asyncio.gather(
-        *(sched.submit(spec(f"big{n}", gpus=n), "local") for n in (2, 3, 4))
+        *(sched.admission.submit(spec(f"big{n}", gpus=n), "local") for n in (2, 3, 4))
     )
     ids = [j["id"] for j in jobs]
 
@@ -118,7 +121,7 @@ async def test_every_waiting_job_is_explained_when_its_shapes_exceed_a_pass_budg
 
     await wait_for_async(all_explained, timeout=10)
     for job_id, n in zip(ids, (2, 3, 4), strict=True):
-        shown = await sched.get(job_id, "local")
+        shown = await sched.queries.get(job_id, "local")
         assert shown["queue_reason"] == f"1 node: has 1 GPUs, job needs {n}"
     await store.close()
 
@@ -128,13 +131,13 @@ async def test_a_pass_larger_than_a_chunk_commits_chunk_after_chunk(
 ) -> None:
     """Chunks of two jobs: every job is stored once, placed, its events in its chunk's
     transaction."""
-    monkeypatch.setattr(service, "COMMIT_CHUNK", 2)
+    monkeypatch.setattr(passes, "COMMIT_CHUNK", 2)
     store = store_for("scheduler", mongo_server.url, db_prefix)
     sched = Scheduler(store, clock)
-    await sched.node_changed(registered("a", gpus=8))
+    await sched.lifecycle.node_changed(registered("a", gpus=8))
     await store.db[OUTBOX].delete_many({})
 
-    jobs = await asyncio.gather(*(sched.submit(spec(f"j{i}"), "local") for i in range(7)))
+    jobs = await asyncio.gather(*(sched.admission.submit(spec(f"j{i}"), "local") for i in range(7)))
 
     assert [j["state"] for j in jobs] == ["starting"] * 7
     assert await store.db.claims.count_documents({}) == 7

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from gpufleet_bus import publish
+from gpufleet_bus import Ports, publish
 from gpufleet_contracts.jobs import (
     GetJob,
     JobSpec,
@@ -18,12 +18,14 @@ from gpufleet_contracts.jobs import (
     StopWorker,
     SubmitJob,
     WorkerFinished,
+    WorkerStarted,
 )
 from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState, NodeStateChanged
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_scheduler.app import build_app
 from gpufleet_scheduler.leadership import Deposed, Lease
-from gpufleet_scheduler.service import Scheduler, SchedulerSettings
+from gpufleet_scheduler.scheduler import Scheduler
+from gpufleet_scheduler.settings import SchedulerSettings
 
 from .conftest import (
     AccountClient,
@@ -112,7 +114,7 @@ class Sys:
             self.provisioner = JsPublisher(await connect(self.server, creds))
         await publish(self.provisioner, evt, source="test")
 
-    async def worker(self, evt: WorkerFinished) -> None:
+    async def worker(self, evt: WorkerStarted | WorkerFinished) -> None:
         """A worker's event, from its node agent."""
         async with as_identity(self.server, "node", evt.minion_id) as agent:
             await publish(agent, evt, source="test")
@@ -131,35 +133,38 @@ class Sys:
 
 @pytest.fixture
 async def system(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
-    app, sched = build_app(
-        store_for("scheduler", mongo_server.url, db_prefix),
-        broker_for("scheduler", fresh_nats),
-        settings=SchedulerSettings(starve_after_s=3600),
+    built = build_app(
+        Ports(
+            broker_for("scheduler", fresh_nats), store_for("scheduler", mongo_server.url, db_prefix)
+        ),
+        SchedulerSettings(starve_after_s=3600),
     )
+    app, sched = built.app, built.core
     async with running(app):
         s = Sys(fresh_nats, sched)
         yield s
         await s.close()
-        async with sched.lock:
+        async with sched.state.lock:
             assert_unplaced_current(sched)
 
 
 def assert_unplaced_current(sched: Scheduler) -> None:
     """What a pass reads (`unplaced`, kept as jobs change) is what walking every open job
     would find: checked after each test of this module, whatever the test did."""
-    if not sched.loaded:
+    if not sched.state.loaded:
         return
     walked = {
         job_id: keys
-        for job_id, job in sched.jobs.items()
-        if not job.get("cancel_requested") and (keys := [w.key for w in sched._waiting_of(job)])
+        for job_id, job in sched.state.jobs.items()
+        if not job.get("cancel_requested")
+        and (keys := [w.key for w in sched.state.waiting_of(job)])
     }
-    assert {j: [w.key for w in ws] for j, ws in sched.unplaced.items()} == walked
+    assert {j: [w.key for w in ws] for j, ws in sched.state.unplaced.items()} == walked
 
 
 async def known(s: Sys, *minions: str) -> None:
     async def all_known() -> bool:
-        n = await s.sched.db.nodes.count_documents({"minion_id": {"$in": list(minions)}})
+        n = await s.sched.state.db.nodes.count_documents({"minion_id": {"$in": list(minions)}})
         return bool(n == len(minions))
 
     await wait_for_async(all_known, timeout=10)
@@ -196,8 +201,41 @@ async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) ->
     finished = await read_stream(s.server, WorkerFinished.SUBJECT.format(minion_id="a"))
     closed = [WorkerFinished.from_bytes(m.data) for m in finished]
     assert {(f.job_id, f.reason) for f in closed} >= {(train["id"], "node a lost")}
-    claims = await s.sched.db.claims.find({}).to_list(None)
+    claims = await s.sched.state.db.claims.find({}).to_list(None)
     assert {c["node_id"] for c in claims} == {"n-b"}
+
+
+async def test_worker_facts_are_dispatched_by_type_in_stream_order(system: Sys) -> None:
+    """One consumer reads what nodes report (started, finished) and hands each to its
+    handler by type, in the order the stream stored them: a start published just before
+    its finish is applied first. A finish with no start (a worker that never started)
+    closes the worker without a run, and a fact seen again changes nothing."""
+    s = system
+    await s.node(registered("a", gpus=2))
+    await known(s, "a")
+    ran, never = await s.submit("ran"), await s.submit("never")
+
+    async def two_starts() -> bool:
+        return len(await s.starts("a")) == 2
+
+    await wait_for_async(two_starts, timeout=10)
+    by_job = {st.job_id: st for st in await s.starts("a")}
+    t0 = datetime.now(UTC)
+
+    def fact(job: dict[str, Any], cls: Any, **kw: Any) -> Any:
+        start = by_job[job["id"]]
+        return cls(job_id=job["id"], worker=0, placement_id=start.placement_id, minion_id="a", **kw)
+
+    started = fact(ran, WorkerStarted, started_at=t0)
+    finished = fact(ran, WorkerFinished, state="finished", exit_code=0, ended_at=t0)
+    failed = fact(never, WorkerFinished, state="failed", exit_code=1, ended_at=t0)
+    for evt in (started, finished, failed, started, finished):  # back to back, twice
+        await s.worker(evt)
+    done = await s.until(ran["id"], "finished")
+    assert [h["state"] for h in done["history"]] == ["queued", "starting", "running", "finished"]
+    gone = await s.until(never["id"], "failed")
+    assert [h["state"] for h in gone["history"]] == ["queued", "starting", "failed"]
+    assert gone["workers"][0]["started_at"] is None
 
 
 async def test_maintenance_takes_no_new_work_and_active_runs_the_queue(system: Sys) -> None:
@@ -209,7 +247,7 @@ async def test_maintenance_takes_no_new_work_and_active_runs_the_queue(system: S
     await s.node(state_changed("a", NodeState.maintenance))
 
     async def in_maintenance() -> bool:
-        n = await s.sched.db.nodes.find_one({"minion_id": "a"})
+        n = await s.sched.state.db.nodes.find_one({"minion_id": "a"})
         return bool(n and n["state"] == "maintenance")
 
     await wait_for_async(in_maintenance, timeout=10)
@@ -234,7 +272,7 @@ async def test_a_pin_to_a_region_without_the_gpu_type_is_refused(system: Sys) ->
     (field,) = reply["error"]["fields"]
     assert field["field"] == "spec.region" and field["rule"] == "R-RES-1"
     assert field["valid"] == "a region with RTX 3090: eu"
-    jobs = await s.sched.db.jobs.count_documents({})
+    jobs = await s.sched.state.db.jobs.count_documents({})
     assert jobs == 0
     ok = await s.submit("pinned", region="eu")
     assert ok["state"] == "starting"
@@ -251,7 +289,7 @@ async def test_fractions_are_packed_onto_shares_and_the_agent_gets_the_limit(sys
     assert [st.gpu_fraction for st in starts] == [Decimal("0.5")] * 2
     assert {st.gpu_memory_limit_mb for st in starts} == {12288}
     assert all(st.mounts and st.mounts[-1].target == "/opt/ml/output" for st in starts)
-    claims = sorted(c["_id"] for c in await s.sched.db.claims.find({}).to_list(None))
+    claims = sorted(c["_id"] for c in await s.sched.state.db.claims.find({}).to_list(None))
     assert claims == [f"n-f:0:{i}" for i in range(4)]
     job = await s.job(jobs[0]["id"])
     assert job["rate"] == "0.025000"  # half of the 0.05 usage fee
@@ -301,11 +339,13 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
     fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:
     def make() -> Any:
-        return build_app(
-            store_for("scheduler", mongo_server.url, db_prefix),
-            broker_for("scheduler", fresh_nats),
-            lease=None,
+        built = build_app(
+            Ports(
+                broker_for("scheduler", fresh_nats),
+                store_for("scheduler", mongo_server.url, db_prefix),
+            )
         )
+        return built.app, built.core
 
     app, sched = make()
     async with running(app):
@@ -319,7 +359,7 @@ async def test_a_restarted_scheduler_rebuilds_from_the_store(
     app2, sched2 = make()
     async with running(app2):
         s = Sys(fresh_nats, sched2)
-        assert sched2.loaded and len(sched2.jobs) == 2
+        assert sched2.state.loaded and len(sched2.state.jobs) == 2
         start = (await s.starts("a"))[0]
         assert start.job_id == first["id"]
         await s.worker(
@@ -345,11 +385,13 @@ async def test_two_schedulers_never_give_one_gpu_twice(
 ) -> None:
     def make(name: str) -> Any:
         monkeypatch.setenv("GPUFLEET_SCHEDULER_INSTANCE", name)  # two hosts, two names
-        return build_app(
-            store_for("scheduler", mongo_server.url, db_prefix),
-            broker_for("scheduler", fresh_nats),
-            lease=None,
+        built = build_app(
+            Ports(
+                broker_for("scheduler", fresh_nats),
+                store_for("scheduler", mongo_server.url, db_prefix),
+            )
         )
+        return built.app, built.core
 
     apps = [make(f"scheduler-{i}") for i in range(2)]
     async with running(*(a for a, _ in apps)):
@@ -359,15 +401,15 @@ async def test_two_schedulers_never_give_one_gpu_twice(
         await known(s, "a", "b")
         # Requests go to either instance (queue group); both race to place.
         jobs = await asyncio.gather(*(s.submit(f"j{i}") for i in range(8)))
-        await asyncio.gather(*(sched.schedule() for _, sched in apps))
+        await asyncio.gather(*(sched.passes.schedule() for _, sched in apps))
 
         async def four_placed() -> bool:
-            return bool(await s.sched.db.claims.count_documents({}) == 4)
+            return bool(await s.sched.state.db.claims.count_documents({}) == 4)
 
         await wait_for_async(four_placed, timeout=15)
-        claims = await s.sched.db.claims.find({}).to_list(None)
+        claims = await s.sched.state.db.claims.find({}).to_list(None)
         assert len({c["_id"] for c in claims}) == 4
-        leaders = [sched for _, sched in apps if sched.lease.held]
+        leaders = [sched for _, sched in apps if sched.state.lease.held]
         assert len(leaders) == 1
         states = [(await s.job(j["id"]))["state"] for j in jobs]
         assert states.count("starting") == 4 and states.count("queued") == 4

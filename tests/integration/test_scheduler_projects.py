@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from gpufleet_billing.fees import is_federated
+from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.identity import AccountChanged, Plan
 from gpufleet_contracts.jobs import JobSpec, WorkerPlaced
 from gpufleet_devstack import EmbeddedMongo
-from gpufleet_scheduler.errors import NotFound, Refused
-from gpufleet_scheduler.service import INDEXES, Scheduler
+from gpufleet_scheduler.app import INDEXES
+from gpufleet_scheduler.scheduler import Scheduler
 from gpufleet_store import Store
 from gpufleet_store.store import OUTBOX, outbox_messages
 
@@ -75,35 +76,35 @@ async def test_a_federated_job_is_owned_by_the_project_owner_and_created_by_its_
     await sched.projects.create("acme", "research")
     await sched.projects.add_member("acme", "research", "bob")
     await sched.projects.add_member("acme", "research", "carol")
-    await sched.node_changed(registered("a", owner="acme", gpus=2))
+    await sched.lifecycle.node_changed(registered("a", owner="acme", gpus=2))
 
-    job = await sched.submit(spec("federated", project="acme/research"), "bob")
+    job = await sched.admission.submit(spec("federated", project="acme/research"), "bob")
 
     assert (job["owner"], job["creator"], job["project"]) == ("acme", "bob", "research")
     assert job["state"] == "starting"  # on the owner's own node (R-SCHED-1)
-    [placed] = await placed_events(sched.store)
+    [placed] = await placed_events(sched.state.store)
     assert (placed.payer, placed.creator, placed.charge) == ("acme", "bob", "usage")
     # billing charges the creator the federated fee (R-BILL-2) on this WorkerPlaced
     assert is_federated(placed.creator, placed.payer, placed.job_type.value)
 
     # visible to the owner and the creator; another member of the project sees nothing
-    assert (await sched.get(job["id"], "acme"))["id"] == job["id"]
-    assert (await sched.get(job["id"], "bob"))["id"] == job["id"]
+    assert (await sched.queries.get(job["id"], "acme"))["id"] == job["id"]
+    assert (await sched.queries.get(job["id"], "bob"))["id"] == job["id"]
     for outsider in ("carol", "zed"):
         with pytest.raises(NotFound):
-            await sched.get(job["id"], outsider)
+            await sched.queries.get(job["id"], outsider)
         with pytest.raises(NotFound):
-            await sched.document(job["id"], outsider)  # job_logs
+            await sched.queries.document(job["id"], outsider)  # job_logs
         with pytest.raises(NotFound):
-            await sched.cancel(job["id"], outsider)
-    assert [j["id"] for j in await sched.list("acme")] == [job["id"]]
-    assert [j["id"] for j in await sched.list("bob")] == [job["id"]]
-    assert await sched.list("carol") == []
+            await sched.lifecycle.cancel(job["id"], outsider)
+    assert [j["id"] for j in await sched.queries.list("acme")] == [job["id"]]
+    assert [j["id"] for j in await sched.queries.list("bob")] == [job["id"]]
+    assert await sched.queries.list("carol") == []
 
     # its creator may cancel it
-    cancelled = await sched.cancel(job["id"], "bob")
+    cancelled = await sched.lifecycle.cancel(job["id"], "bob")
     assert cancelled["state"] in ("stopped", "running", "starting")
-    stored = await sched.db.jobs.find_one({"_id": job["id"]})
+    stored = await sched.state.db.jobs.find_one({"_id": job["id"]})
     assert stored is not None and stored["cancel_requested"]
 
 
@@ -117,24 +118,24 @@ async def test_only_members_submit_to_another_accounts_project(sched: Scheduler)
         ("bob", "zed/research"),  # no such account
     ]:
         with pytest.raises(Refused) as exc:
-            await sched.submit(spec("x", project=ref), account)
+            await sched.admission.submit(spec("x", project=ref), account)
         assert refusal(exc) == ("not_found", [("spec.project", "R-TEN-2")])
         assert ref in exc.value.reply.error.message
 
-    job = await sched.submit(spec("before", project="acme/research"), "bob")
+    job = await sched.admission.submit(spec("before", project="acme/research"), "bob")
     await sched.projects.remove_member("acme", "research", "bob")
     with pytest.raises(Refused):
-        await sched.submit(spec("after", project="acme/research"), "bob")
+        await sched.admission.submit(spec("after", project="acme/research"), "bob")
     # what bob ran there stays his to see
-    assert (await sched.get(job["id"], "bob"))["creator"] == "bob"
-    assert await sched.db.jobs.count_documents({}) == 1
+    assert (await sched.queries.get(job["id"], "bob"))["creator"] == "bob"
+    assert await sched.state.db.jobs.count_documents({}) == 1
 
 
 async def test_a_plain_project_name_is_the_senders_own_created_on_first_use(
     sched: Scheduler,
 ) -> None:
-    job = await sched.submit(spec("mine"), "bob")  # project "default"
-    also = await sched.submit(spec("mine-too", project="bob/default"), "bob")
+    job = await sched.admission.submit(spec("mine"), "bob")  # project "default"
+    also = await sched.admission.submit(spec("mine-too", project="bob/default"), "bob")
     assert (job["owner"], job["creator"], job["project"]) == ("bob", "bob", "default")
     assert (also["owner"], also["project"]) == ("bob", "default")
     assert [p["id"] for p in await sched.projects.list("bob")] == ["bob/default"]
@@ -142,13 +143,13 @@ async def test_a_plain_project_name_is_the_senders_own_created_on_first_use(
         await sched.projects.create("bob", "default")
     assert refusal(exc) == ("conflict", [("name", "R-TEN-1")])
     # another account's plain "default" is its own
-    other = await sched.submit(spec("theirs"), "carol")
+    other = await sched.admission.submit(spec("theirs"), "carol")
     assert other["owner"] == "carol"
-    assert await sched.db.projects.count_documents({}) == 2
+    assert await sched.state.db.projects.count_documents({}) == 2
     # a refused submission creates no project
     with pytest.raises(Refused):
-        await sched.submit(notebook("regional", project="fresh"), "carol")
-    assert await sched.db.projects.find_one({"_id": "carol/fresh"}) is None
+        await sched.admission.submit(notebook("regional", project="fresh"), "carol")
+    assert await sched.state.db.projects.find_one({"_id": "carol/fresh"}) is None
 
 
 async def test_membership_is_managed_by_the_owner_only(sched: Scheduler) -> None:
@@ -200,23 +201,23 @@ async def test_membership_is_managed_by_the_owner_only(sched: Scheduler) -> None
 
 
 async def test_regional_resources_need_the_project_owners_team_plan(sched: Scheduler) -> None:
-    await sched.node_changed(registered("lab-1", owner="acme", region="lab"))
+    await sched.lifecycle.node_changed(registered("lab-1", owner="acme", region="lab"))
     await sched.projects.create("acme", "research")
     await sched.projects.add_member("acme", "research", "bob")
 
     with pytest.raises(Refused) as exc:
-        await sched.submit(notebook("free"), "bob")
+        await sched.admission.submit(notebook("free"), "bob")
     assert refusal(exc) == ("invalid", [("spec.reservation", "R-TEN-3")])
     assert "plan free" in exc.value.reply.error.message
     datastore = {"type": "regional_datastore", "path": "/d", "datastore": "nas", "region": "lab"}
     with pytest.raises(Refused) as exc:
-        await sched.submit(spec("data", type="inference", input_data=datastore), "nobody")
+        await sched.admission.submit(spec("data", type="inference", input_data=datastore), "nobody")
     assert refusal(exc) == ("invalid", [("spec.input_data.datastore", "R-TEN-3")])
-    assert await sched.db.jobs.count_documents({}) == 0
+    assert await sched.state.db.jobs.count_documents({}) == 0
 
     # the owner's plan counts: acme's team project takes bob's regional job
-    ok = await sched.submit(notebook("team"), "acme")
-    federated = await sched.submit(notebook("fed", project="acme/research"), "bob")
+    ok = await sched.admission.submit(notebook("team"), "acme")
+    federated = await sched.admission.submit(notebook("fed", project="acme/research"), "bob")
     assert ok["owner"] == "acme" and federated["owner"] == "acme"
 
     # a plan change reaches the scheduler as an event; an older event changes nothing
@@ -225,7 +226,7 @@ async def test_regional_resources_need_the_project_owners_team_plan(sched: Sched
     assert await sched.projects.plan_of("bob") == Plan.team
     # bob has no node in lab: the plan passes, R-RES-1 speaks
     with pytest.raises(Refused) as exc:
-        await sched.submit(notebook("bob-team", gpu_types=["A100 80GB"]), "bob")
+        await sched.admission.submit(notebook("bob-team", gpu_types=["A100 80GB"]), "bob")
     assert refusal(exc) == ("invalid", [("spec.region", "R-RES-1")])
 
 
@@ -241,9 +242,9 @@ async def test_submissions_to_a_new_project_arriving_together_create_it_once(
 
     monkeypatch.setattr(sched.projects, "_create_once", counted)
     jobs = await asyncio.gather(
-        *(sched.submit(spec(f"j{i}", project="new"), "bob") for i in range(20))
+        *(sched.admission.submit(spec(f"j{i}", project="new"), "bob") for i in range(20))
     )
     assert {j["project"] for j in jobs} == {"new"}
     assert calls == ["bob/new"]
-    await sched.submit(spec("later", project="new"), "bob")
+    await sched.admission.submit(spec("later", project="new"), "bob")
     assert calls == ["bob/new"]  # known from then on

@@ -33,7 +33,8 @@ from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_node_agent.app import build_app as agent_app
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 from gpufleet_scheduler.app import build_app as scheduler_app
-from gpufleet_scheduler.service import UNREADABLE, SchedulerSettings
+from gpufleet_scheduler.commit import UNREADABLE
+from gpufleet_scheduler.settings import SchedulerSettings
 from gpufleet_store import Store
 from nats.aio.client import Client
 
@@ -182,9 +183,9 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
     minion = f"sec-{uuid.uuid4().hex[:8]}"
     key = Fernet.generate_key().decode()
     store = store_for("scheduler", mongo_server.url, db_prefix)
-    sched, _ = scheduler_app(
-        store, broker(server, "scheduler"), settings=SchedulerSettings(secret_key=key)
-    )
+    sched = scheduler_app(
+        Ports(broker(server, "scheduler"), store), SchedulerSettings(secret_key=key)
+    ).app
     state = tmp_path / "agent"
     agent = agent_app(
         Ports(
@@ -276,11 +277,10 @@ async def test_a_job_whose_secrets_do_not_decrypt_fails_and_the_queue_goes_on(
     and the next job is placed (the pass is not stopped by it)."""
     server = fresh_nats
     minion = f"sec-{uuid.uuid4().hex[:8]}"
-    first, _ = scheduler_app(
-        store_for("scheduler", mongo_server.url, db_prefix),
-        broker(server, "scheduler"),
-        settings=SchedulerSettings(secret_key=Fernet.generate_key().decode()),
-    )
+    first = scheduler_app(
+        Ports(broker(server, "scheduler"), store_for("scheduler", mongo_server.url, db_prefix)),
+        SchedulerSettings(secret_key=Fernet.generate_key().decode()),
+    ).app
     async with (
         connected(server, server.creds("operator")) as op_nc,
         connected(server, server.creds("user", "dev")) as user_nc,
@@ -290,11 +290,10 @@ async def test_a_job_whose_secrets_do_not_decrypt_fails_and_the_queue_goes_on(
             old = await user.submit(name="old", command=["true"], env={"TOKEN": VALUE})
             assert old["state"] == "queued"
         store = store_for("scheduler", mongo_server.url, db_prefix)
-        second, _ = scheduler_app(
-            store,
-            broker(server, "scheduler"),
-            settings=SchedulerSettings(secret_key=Fernet.generate_key().decode()),
-        )
+        second = scheduler_app(
+            Ports(broker(server, "scheduler"), store),
+            SchedulerSettings(secret_key=Fernet.generate_key().decode()),
+        ).app
         async with running(second):
             await publish(Operator(op_nc), registered(minion), source="test")
             failed = await wait_state(user, old["id"], "failed")

@@ -19,7 +19,7 @@ from gpufleet_devstack.identities import admin_request
 from gpufleet_provisioner.app import build_app as provisioner_app
 from gpufleet_provisioner.settings import ProvisionerSettings
 from gpufleet_scheduler.app import build_app as scheduler_app
-from gpufleet_scheduler.service import Scheduler
+from gpufleet_scheduler.scheduler import Scheduler
 from nats.aio.client import Client
 
 from .conftest import running, store_for
@@ -54,7 +54,8 @@ async def stack(
         Ports(make_broker("provisioner", pbus), pstore, bus=pbus),
         ProvisionerSettings(auth_dir=None),
     ).app
-    sched_app, sched = scheduler_app(sstore, make_broker("scheduler", sbus))
+    built = scheduler_app(Ports(make_broker("scheduler", sbus), sstore, bus=sbus))
+    sched_app, sched = built.app, built.core
     # accounts of this test alone (the server and its streams are the session's)
     names = {n: f"{n}-{db_prefix}" for n in ("acme", "bob", "carol")}
     users: dict[str, User] = {}

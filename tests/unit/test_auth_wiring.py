@@ -33,9 +33,17 @@ def _literal(address: str) -> str:
     return ".".join("acme" if t == "*" else t for t in address.split("."))
 
 
+class Documents(dict[str, dict[str, Any]]):
+    """Each service's AsyncAPI document, built when first asked for."""
+
+    def __missing__(self, name: str) -> dict[str, Any]:
+        self[name] = docs.asyncapi(docs._apps()[name]())
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def documents() -> dict[str, dict[str, Any]]:
-    return {name: docs.asyncapi(build()) for name, build in docs._apps().items()}
+    return Documents()
 
 
 @pytest.mark.parametrize("service", [*permissions.SERVICES, "node-agent"])

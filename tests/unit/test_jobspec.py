@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from gpufleet_contracts import field_errors
 from gpufleet_contracts.jobs import JobSpec, SubmitJob
-from gpufleet_scheduler import jobdoc
+from gpufleet_scheduler import jobrequest
 from pydantic import ValidationError
 
 BASE: dict[str, Any] = {"name": "hello", "gpu_types": ["RTX 3090"], "command": ["true"]}
@@ -231,13 +231,13 @@ def test_nested_schema_errors_name_the_nested_rule() -> None:
 def test_a_job_keeps_its_spec_without_defaults_and_reads_back_the_same(
     fields: dict[str, Any],
 ) -> None:
-    """The scheduler stores what differs from the defaults (jobdoc.stored_spec); env values
+    """The scheduler stores what differs from the defaults (jobrequest.stored_spec); env values
     are sealed apart from it (tests/unit/test_secrets.py)."""
     spec = ok(**fields)
-    stored = jobdoc.stored_spec(spec)
+    stored = jobrequest.stored_spec(spec)
     assert JobSpec.model_validate(stored) == spec.redacted()
-    assert jobdoc.full_spec(stored) == spec.redacted().model_dump(mode="json")
+    assert jobrequest.shown_spec(stored) == spec.redacted().model_dump(mode="json")
 
 
 def test_a_stored_spec_leaves_its_defaults_out() -> None:
-    assert jobdoc.stored_spec(ok(disk_size_gb=10)) == BASE  # 10 GB is the default
+    assert jobrequest.stored_spec(ok(disk_size_gb=10)) == BASE  # 10 GB is the default

@@ -21,7 +21,7 @@ from gpufleet_contracts import limits
 from gpufleet_contracts.jobs import JobQueued, JobSpec, StartWorker, SubmitJob
 from gpufleet_contracts.secrets import REDACTED
 from gpufleet_node_agent.workers import ENV_FILE, WorkerManager
-from gpufleet_scheduler import jobdoc
+from gpufleet_scheduler import jobdoc, jobrequest
 from gpufleet_store import SecretBox, SecretError
 
 pytestmark = pytest.mark.unit
@@ -123,15 +123,15 @@ def test_a_job_document_holds_the_names_and_the_values_only_sealed() -> None:
     doc = jobdoc.new_job("j1", spec(), "acme", datetime.now(UTC), None, box=b)
     assert VALUE.encode() not in bson.encode(doc)
     assert doc["spec"]["env"] == {"TOKEN": REDACTED, "MODE": REDACTED}
-    assert jobdoc.spec_of(doc, b) == spec()
+    assert jobrequest.spec_of(doc, b) == spec()
     with pytest.raises(SecretError):
-        jobdoc.spec_of(doc, box())
+        jobrequest.spec_of(doc, box())
 
 
 def test_a_job_without_env_has_nothing_sealed_and_needs_no_key() -> None:
     plain = JobSpec.model_validate(BASE)
     doc = jobdoc.new_job("j1", plain, "acme", datetime.now(UTC), None)
-    assert "env_sealed" not in doc and jobdoc.spec_of(doc, box()) == plain
+    assert "env_sealed" not in doc and jobrequest.spec_of(doc, box()) == plain
     with pytest.raises(ValueError, match="key"):
         jobdoc.new_job("j1", spec(), "acme", datetime.now(UTC), None)
 
@@ -143,7 +143,7 @@ def test_a_job_as_replies_show_it_has_no_value_not_even_one_stored_before() -> N
     older = {**doc, "spec": spec().model_dump(mode="json", exclude_defaults=True)}
     del older["env_sealed"]
     assert jobdoc.view(older)["spec"]["env"] == {"TOKEN": REDACTED, "MODE": REDACTED}
-    assert jobdoc.spec_of(older, box()).env["TOKEN"] == VALUE  # still runs as it was sent
+    assert jobrequest.spec_of(older, box()).env["TOKEN"] == VALUE  # still runs as it was sent
 
 
 # --- the node agent -----------------------------------------------------------------------

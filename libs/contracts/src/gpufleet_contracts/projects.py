@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, NamedTuple
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, Field
 from pydantic_core import PydanticCustomError
 
 from . import subjects
@@ -153,3 +153,18 @@ class ListProjects(Command):
     TYPE = "gpufleet.project.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_projects")
     limit: Int = Field(default=100, ge=1, le=1000)
+
+
+class ProjectView(BaseModel):
+    """A project as the acting account sees it: its owner sees the members (None for a member)."""
+
+    id: str
+    name: str
+    owner: str
+    role: str  # owner | member
+    members: list[str] | None = None
+    created_at: str | None = None
+
+
+class ProjectList(BaseModel):
+    projects: list[ProjectView]

@@ -132,5 +132,8 @@ def wildcard(template: str) -> str:
 # Every worker fact (placed, started, finished) on one subject tree: each service reads them
 # with one consumer, in stream order, dispatched by type (gpufleet_bus.runtime).
 WORKER_EVENTS = f"{EVENTS}.worker.>"
+# What nodes report of their workers (started, finished: `<fact>.<minion_id>`), without the
+# scheduler's own `placed`: the scheduler's one consumer of the worker stream.
+WORKER_REPORTS = f"{EVENTS}.worker.*.*"
 # Core NATS between scheduler instances: "these jobs/nodes changed" from one that does not lead.
 SCHEDULER_SYNC = internal("scheduler", "sync")

@@ -10,11 +10,12 @@ an unconnected broker: what the code subscribes to and publishes is what the doc
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from faststream import FastStream
 
@@ -24,7 +25,7 @@ DOCS = ROOT / "docs"
 
 def _apps() -> dict[str, Callable[[], FastStream]]:
     from gpufleet_billing.app import build_app as billing
-    from gpufleet_bus import make_broker
+    from gpufleet_bus import Ports, make_broker
     from gpufleet_datastore.app import build_app as datastore
     from gpufleet_device_fleet.app import build_app as device_fleet
     from gpufleet_provisioner.app import build_app as provisioner
@@ -33,6 +34,9 @@ def _apps() -> dict[str, Callable[[], FastStream]]:
 
     def svc(name: str, factory: Callable[..., Any]) -> Callable[[], FastStream]:
         def build() -> FastStream:
+            if next(iter(inspect.signature(factory).parameters)) == "ports":  # the new shape
+                service = factory(Ports(broker=make_broker(name), store=Store.connect(name)))
+                return cast(FastStream, service.app)
             built = factory(Store.connect(name), make_broker(name))
             app: FastStream = built[0] if isinstance(built, tuple) else built
             return app

@@ -1,10 +1,11 @@
-import asyncio
 import sys
 
-from gpufleet_bus import env_flag, make_broker
-from gpufleet_store import SecretBox, Store
+from gpufleet_bus import Ports, Service, env_flag, run_service
+from gpufleet_store import SecretBox
 
-from .app import SERVICE, build_app, settings_from_env
+from .app import SERVICE, build_app
+from .scheduler import Scheduler
+from .settings import SchedulerSettings
 
 NO_KEY = """gpufleet-scheduler: GPUFLEET_SECRET_KEY is not set.
 The scheduler stores job secrets (env values) encrypted with this Fernet key; make one with
@@ -14,8 +15,9 @@ For development only, GPUFLEET_EPHEMERAL_SECRET_KEY=1 runs with a key made at st
 of jobs stored before a restart then cannot be read, and such jobs fail."""
 
 
-def main() -> None:
-    settings = settings_from_env()
+def checked_settings() -> SchedulerSettings:
+    """The settings, or exit 2 without a usable secret key."""
+    settings = SchedulerSettings()
     if settings.secret_key is None and not env_flag("GPUFLEET_EPHEMERAL_SECRET_KEY"):
         print(NO_KEY, file=sys.stderr)
         sys.exit(2)
@@ -25,8 +27,16 @@ def main() -> None:
         except ValueError as exc:
             print(f"gpufleet-scheduler: {exc}", file=sys.stderr)
             sys.exit(2)
-    app, _ = build_app(Store.connect(SERVICE), make_broker(SERVICE), settings=settings)
-    asyncio.run(app.run())
+    return settings
+
+
+def main() -> None:
+    settings = checked_settings()
+
+    def build(ports: Ports) -> Service[Scheduler]:
+        return build_app(ports, settings)
+
+    run_service(SERVICE, build)
 
 
 if __name__ == "__main__":

@@ -30,15 +30,14 @@ import asyncio
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 import bson
 from bson.codec_options import CodecOptions
+from gpufleet_store import Doc
 from pymongo import ReturnDocument
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 
-Doc = dict[str, Any]
 COLLECTION = "checkpoints"
 COUNTER = "meta"
 PAGE_BYTES = 8 * 1024 * 1024

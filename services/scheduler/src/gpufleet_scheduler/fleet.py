@@ -10,14 +10,14 @@ written in the same transaction and holds the same).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
+
+from gpufleet_store import Doc
 
 from .index import PlacementIndex
 from .placement import NodeView, Placement
-
-Doc = dict[str, Any]
 
 
 def claim_id(node_id: str, gpu: int, share: int, shares: int) -> str:
@@ -61,6 +61,28 @@ class Fleet:
         for c in claims:
             self._mark(c["node_id"], c["gpu_index"], int(c.get("share", 0)), True)
         self.index = PlacementIndex([self.view(nid) for nid in self.base])
+
+    def node(self, node_id: str) -> NodeView | None:
+        """The node as registered (nothing claimed), if known."""
+        return self.base.get(node_id)
+
+    def nodes(self) -> list[NodeView]:
+        return list(self.base.values())
+
+    def reset_claims(self, node_ids: Iterable[str], claims: list[Doc]) -> None:
+        """The claims of these nodes are now `claims` (read again from the store)."""
+        ids = set(node_ids)
+        for nid in ids:
+            self.used.pop(nid, None)
+        for c in claims:
+            self._mark(c["node_id"], c["gpu_index"], int(c.get("share", 0)), True)
+        for nid in ids:
+            self._refresh(nid)
+
+    def clear_claims(self, node_id: str) -> None:
+        """Nothing is claimed on this node any more (it was lost or removed)."""
+        self.used.pop(node_id, None)
+        self._refresh(node_id)
 
     def upsert(self, node: NodeView) -> None:
         self.base[node.node_id] = node

@@ -1,12 +1,10 @@
 """The scheduler's job documents: how one is made, copied, shown, and what its parts mean.
 
 Pure functions on plain dicts (the documents of the `jobs` collection), no I/O: the service
-(service.py) reads and writes them in its transactions.
+(state.py and its parts) read and write them in its transactions.
 
-Secrets (R-JOB-7: every env value) are never stored in clear: a document's `spec` keeps the
-env names with "<secret>" for each value, and `env_sealed` the values, a Fernet token made
-with the scheduler's key (gpufleet_store.SecretBox). `spec_of` puts them back for the one
-message that carries them, the worker's StartWorker; `view` (every reply) shows the names.
+A job's request (its `spec`, `req` and sealed env values, R-JOB-7) is written and read by
+jobrequest.py alone; `view` (every reply) shows the env names with "<secret>" values.
 """
 
 from __future__ import annotations
@@ -18,13 +16,12 @@ from typing import Any, cast
 
 from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.jobs import JobSpec, JobState, WorkerState
-from gpufleet_contracts.secrets import redact_env
-from gpufleet_store import SecretBox, now_ms
+from gpufleet_store import Doc, SecretBox, now_ms
 
+from . import jobrequest
 from .jobstate import job_state
 
 log = logging.getLogger("gpufleet.scheduler")
-Doc = dict[str, Any]
 
 
 def new_job(
@@ -48,8 +45,7 @@ def new_job(
         "project": project,
         "owner": owner or account,  # the project's owner: who pays (R-TEN-1, R-BILL-1)
         "creator": account,  # != owner: a federated job (R-BILL-2)
-        "spec": stored_spec(spec),
-        "req": {**request_of(spec), "project": project},
+        **jobrequest.encode(spec, project, box),  # spec, req, env_sealed
         "state": JobState.queued.value,
         "history": [{"state": JobState.queued.value, "at": now, "reason": None}],
         "notes": [],
@@ -66,59 +62,7 @@ def new_job(
             for i in range(spec.workers)
         ],
     }
-    if spec.env:
-        if box is None:
-            raise ValueError("a job with env values needs the scheduler's key to store them")
-        doc["env_sealed"] = box.seal_json(spec.env)
     return doc
-
-
-def stored_spec(spec: JobSpec) -> Doc:
-    """The spec as a job document keeps it: what differs from the contract's defaults, with
-    every env value replaced by "<secret>" (the values are in `env_sealed`).
-
-    Read back with `spec_of`, it is the same spec (tests/unit/test_jobspec.py).
-    Defaults are most of a spec (a typical one is 544 BSON bytes, 99 without them), and
-    nx-27017's cost per stored job grows with its fields (benchmarks/scheduler). A contract
-    default therefore never changes meaning within a version (`gpufleet_contracts.base`).
-    """
-    return spec.redacted().model_dump(mode="json", exclude_defaults=True)
-
-
-def spec_of(job: Doc, box: SecretBox) -> JobSpec:
-    """A stored job's spec with its secrets opened (SecretError: this key cannot open them).
-    A job stored before secrets were sealed has its env in `spec` itself."""
-    stored = job["spec"]
-    sealed = job.get("env_sealed")
-    if sealed:
-        stored = {**stored, "env": box.open_json(sealed)}
-    return JobSpec.model_validate(stored)
-
-
-def full_spec(stored: Doc) -> Doc:
-    """A stored spec with its defaults, as `gpufleet job show` prints it: env values
-    "<secret>" (also those of a job stored before secrets were sealed)."""
-    spec = JobSpec.model_validate(stored).model_dump(mode="json")
-    spec["env"] = redact_env(spec.get("env") or {})
-    return spec
-
-
-def request_of(spec: JobSpec) -> Doc:
-    """What placement needs of a spec, as stored in the job (`req`) and in checkpoints."""
-    return {
-        "gpu_types": list(spec.gpu_types),
-        "gpu_count": spec.gpu_count,
-        "max_price": None if spec.max_price is None else str(spec.max_price),
-        "region": spec.pinned_region,
-        "fraction": None if spec.gpu_fraction is None else str(spec.gpu_fraction),
-        "project": spec.project,
-        "allow_burst": spec.allow_burst,
-        "type": spec.type.value,
-    }
-
-
-def dec(v: Any) -> Decimal | None:
-    return None if v is None else Decimal(str(v))
 
 
 def held_slots(w: Doc) -> list[tuple[int, int]]:
@@ -185,7 +129,8 @@ PLACEMENT_KEYS = (
 
 
 def view(job: Doc) -> Doc:
-    """A job as requests answer it (`gpufleet job show`): no internal fields."""
+    """A job as requests answer it (`gpufleet job show`, contracts' JobView): no internal
+    fields."""
     rates = {w.get("rate") for w in job["workers"] if w.get("rate")}
     return {
         "id": job["_id"],
@@ -197,7 +142,7 @@ def view(job: Doc) -> Doc:
         "queue_reason": job.get("queue_reason"),
         "queue_detail": job.get("queue_detail") or [],
         "rate": rates.pop() if len(rates) == 1 else (sorted(rates) or None),
-        "spec": full_spec(job["spec"]),
+        "spec": jobrequest.shown_spec(job["spec"]),
         "history": [
             {"state": h["state"], "at": iso(h["at"]), "reason": h.get("reason")}
             for h in job["history"]

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from typing import Any
 
 from gpufleet_contracts import subjects
+from gpufleet_store import Doc
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-Doc = dict[str, Any]
 
 
 def nodes_of(job: Doc) -> dict[str, set[str]]:

@@ -1,23 +1,20 @@
 """What placing one worker writes: the worker's placement fields, its events, its claims.
 
 Pure apart from queueing the events in the transaction's outbox (`emit`); the queue pass
-(service.py) calls it for each worker a pass placed.
+(commit.py) calls it for each worker a pass placed.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from gpufleet_bus import emit
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
-from gpufleet_store import Transaction
+from gpufleet_store import Doc, Transaction
 
 from . import jobdoc, mounts
 from .placement import Placement
-
-Doc = dict[str, Any]
 
 
 def place_worker(

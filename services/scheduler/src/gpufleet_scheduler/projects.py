@@ -14,18 +14,15 @@ Writes are transactions (`Store.transaction`): one at a time per process, which 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from gpufleet_contracts import FieldError
+from gpufleet_contracts.errors import Refused
 from gpufleet_contracts.identity import AccountChanged, Plan
 from gpufleet_contracts.projects import PROJECT_MEMBERS, parse_project, project_id
-from gpufleet_store import Store, Transaction, now_ms
+from gpufleet_store import Doc, Store, Transaction, now_ms
 from pymongo import ASCENDING, IndexModel
 
 from . import tenancy
-from .errors import Refused, refused
-
-Doc = dict[str, Any]
 
 INDEXES = {
     # No index on `members`: nx-27017 then stops matching `{members: x}` at all
@@ -34,6 +31,10 @@ INDEXES = {
     "projects": [IndexModel([("owner", ASCENDING), ("name", ASCENDING)])],
     "accounts": [],
 }
+
+
+def refused(code: str, message: str, *fields: FieldError) -> Refused:
+    return Refused(code, message, fields)
 
 
 def _not_found(ref: str, field: str = "project") -> Refused:
@@ -83,7 +84,7 @@ class Projects:
             return
         reply = tenancy.plan_refusal(owner, await self.plan_of(owner), uses)
         if reply is not None:
-            raise Refused(reply)
+            raise Refused(reply.error.code, reply.error.message, reply.error.fields)
 
     # --- a job's project -------------------------------------------------------------
 

@@ -14,15 +14,11 @@ shows to whom, and which parts of a spec use regional resources and so need a pl
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError
 from gpufleet_contracts.identity import Plan, plan_allows_regional
 from gpufleet_contracts.jobs import JobSpec
 from gpufleet_contracts.jobspec import StorageType
-from gpufleet_store import from_ms
-
-Doc = dict[str, Any]
+from gpufleet_store import Doc, from_ms
 
 PLAN_VALID = "plan team or enterprise (an operator changes it: gpufleet admin account plan)"
 

@@ -1,0 +1,100 @@
+"""Admission: a submitted job checked against the rules that need the fleet and the store
+(its project R-TEN-1, its owner's plan R-TEN-3, its region R-RES-1), then handed to the next
+placement pass, which stores it with its placement or its reason to wait (passes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+
+from gpufleet_contracts import FieldError
+from gpufleet_contracts.errors import Refused
+from gpufleet_contracts.jobs import JobSpec
+from gpufleet_store import Doc
+
+from . import jobdoc, projects, tenancy
+from .passes import Passes
+from .state import State
+from .submissions import Submission
+
+
+class Admission:
+    def __init__(self, state: State, passes: Passes, projects: projects.Projects) -> None:
+        self.state = state
+        self.passes = passes
+        self.projects = projects
+        self._pending: dict[str, asyncio.Future[bool]] = {}  # job id -> its submission
+
+    async def submit(
+        self, spec: JobSpec, account: str, wait: bool = True, request_id: str | None = None
+    ) -> Doc:
+        """Queue a job for `account` (its creator) in the project its spec names (R-TEN-1):
+        owned by that project's owner; returns its view (jobdoc.view). With `request_id`
+        (EnqueueJob) the id is derived from it, and a job already queued for the same account
+        and request is returned instead of a new one.
+
+        The job joins the next placement pass, which stores it in the same transaction as
+        its placement (or its reason to wait): one write per job. An instance that does not
+        lead stores it alone and tells the leader."""
+        st = self.state
+        job_id = "j" + uuid.uuid4().hex[:12]
+        if request_id is not None:
+            job_id = "j" + hashlib.sha256(f"{account}\n{request_id}".encode()).hexdigest()[:12]
+            pending = self._pending.get(job_id)
+            if pending is not None:  # the same request twice at once: one job
+                await asyncio.shield(pending)
+                return jobdoc.view(await st.find_job(job_id, account))
+            existing = await st.db.jobs.find_one({"_id": job_id})
+            if existing is not None:
+                return jobdoc.view(existing)
+        owner, project = await self.projects.resolve(spec.project, account)
+        await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
+        await self._check_region(spec)
+        if owner == account:  # created on first use; another's exists (resolve found it)
+            await self.projects.ensure(owner, project)
+        now = st.clock()
+        doc = jobdoc.new_job(
+            job_id, spec, account, now, request_id, owner=owner, project=project, box=st.box
+        )
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending[job_id] = fut
+        self.passes.add(Submission(doc, spec, fut))
+        try:
+            considered = await fut
+        finally:
+            self._pending.pop(job_id, None)
+        if wait and not considered:
+            await self.passes.request_pass()
+        cached = st.jobs.get(job_id) if st.loaded else None
+        if cached is not None:  # the leader knows it: no read needed
+            return jobdoc.view(cached)
+        return jobdoc.view(await st.find_job(job_id, account))
+
+    async def _check_region(self, spec: JobSpec) -> None:
+        """R-RES-1: refuse a pin to a region that has none of the job's GPU types."""
+        region = spec.pinned_region
+        if region is None:
+            return
+        nodes = self.state.db.nodes
+        live = {"gpu_model": {"$in": spec.gpu_types}, "state": {"$ne": "removed"}}
+        if await nodes.find_one({"region": region, **live}) is not None:
+            return
+        having = sorted({n["region"] async for n in nodes.find(live)})
+        types = " or ".join(spec.gpu_types)
+        raise Refused(
+            "invalid",
+            f"region {region} has no {types}: the job would never start",
+            [
+                FieldError(
+                    field="spec.region",
+                    rule="R-RES-1",
+                    message=f"region {region} has no {types} node",
+                    valid=(
+                        "a region with " + types + ": " + ", ".join(having)
+                        if having
+                        else f"no region has {types} yet"
+                    ),
+                )
+            ],
+        )

@@ -1,0 +1,306 @@
+"""The lifecycle of nodes and workers: nodes registered, changing state or lost; workers
+started and finished as their nodes report; jobs cancelled.
+
+Worker facts come from one consumer of the worker stream, in stream order (app.py): a
+worker's start is seen before its finish. A fact counts only when it arrived on the subject
+of the node its body names (the only one that node may publish) and that node is the one the
+placement named; applying one again changes nothing (the worker is past that point).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+
+from gpufleet_bus import emit, on_its_own_subject
+from gpufleet_contracts.jobs import (
+    JobState,
+    JobType,
+    StopWorker,
+    WorkerFinished,
+    WorkerStarted,
+    WorkerState,
+)
+from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
+from gpufleet_store import Doc, Transaction, now_ms
+from gpufleet_telemetry.instruments import METRICS
+
+from . import jobdoc
+from .fleet import node_view
+from .passes import Passes
+from .state import HOLDING, OPEN_STATES, State
+
+MAX_REQUEUES = 3  # a worker whose node is lost this many times fails instead
+
+
+class Lifecycle:
+    def __init__(self, state: State, passes: Passes) -> None:
+        self.state = state
+        self.passes = passes
+
+    # --- jobs -------------------------------------------------------------------------
+
+    async def cancel(self, job_id: str, account: str) -> Doc:
+        """Cancel a job (its owner or its creator): waiting workers stop, placed ones are
+        told to; returns its view."""
+        st = self.state
+        async with st.lock:
+            job = await st.find_job(job_id, account)
+            if JobState(job["state"]).terminal:
+                return jobdoc.view(job)
+            now = st.clock()
+
+            async def body(tx: Transaction) -> None:
+                for w in job["workers"]:
+                    if w["state"] == WorkerState.waiting.value:
+                        w["state"] = WorkerState.stopped.value
+                        w["reason"] = "cancelled while waiting"
+                    elif w["state"] in HOLDING:
+                        emit(tx, stop(job, w, "cancelled by user"))
+                job["cancel_requested"] = True
+                await st.save(tx, job, now, "cancelled by user")
+
+            await st.store.transaction(body)
+            await st.changed([job])
+            st.committed(job["rev"])
+        self.passes.request_pass()
+        return jobdoc.view(await st.find_job(job_id, account))
+
+    # --- nodes ------------------------------------------------------------------------
+
+    async def node_changed(self, evt: NodeRegistered | NodeStateChanged) -> None:
+        st = self.state
+        async with st.lock:
+            if isinstance(evt, NodeRegistered):
+                fields = _node_fields(evt)
+                await self._write_node(evt.node_id, fields, upsert=True)
+                if st.loaded:
+                    st.fleet.upsert(node_view({"_id": evt.node_id, **fields}))
+            else:
+                await self._write_node(
+                    evt.node_id, {"state": evt.state.value, "updated_ms": now_ms(evt.at)}
+                )
+                if st.loaded:
+                    st.fleet.set_state(evt.node_id, evt.state.value)
+                if evt.state.value in ("lost", "removed"):
+                    await self._node_gone(evt)
+            if not st.loaded and st.notify is not None:
+                with contextlib.suppress(Exception):
+                    await st.notify([], [evt.node_id])
+        await self.passes.request_pass()
+
+    async def _write_node(self, node_id: str, fields: Doc, upsert: bool = False) -> None:
+        st = self.state
+
+        async def body(tx: Transaction) -> int:
+            rev = await st.next_rev(tx)
+            await st.db.nodes.update_one(
+                {"_id": node_id},
+                {"$set": {**fields, "rev": rev}},
+                upsert=upsert,
+                session=tx.session,
+            )
+            return rev
+
+        st.committed(await st.store.transaction(body))
+
+    async def _node_gone(self, evt: NodeStateChanged) -> None:
+        """A lost (or removed) node's workers: requeued, or failed for notebooks.
+
+        Training, inference and endpoint workers go back to waiting (a new placement later,
+        from their checkpoints); a notebook's interactive state is gone with its node, so
+        it fails. A worker lost MAX_REQUEUES times fails too. Its claims are released, the
+        run is closed (WorkerFinished `failed`, "node lost": billing stops counting), the
+        job's notes record it, and a StopWorker goes to the node in case it comes back.
+        """
+        st = self.state
+        jobs = await st.db.jobs.find(
+            {"state": {"$in": OPEN_STATES}, "workers.node_id": evt.node_id}
+        ).to_list(None)
+        changed: list[Doc] = []
+        for job in jobs:
+            hit = [
+                w
+                for w in job["workers"]
+                if w.get("node_id") == evt.node_id and w["state"] in HOLDING
+            ]
+            if hit:
+                await self._lose_workers(job, hit, evt)
+                changed.append(job)
+        if st.loaded:
+            st.fleet.clear_claims(evt.node_id)
+        await st.changed(changed, [evt.node_id])
+
+    async def _lose_workers(self, job: Doc, hit: list[Doc], evt: NodeStateChanged) -> None:
+        st = self.state
+        job_type = st.request(job).type
+        now = st.clock()
+        reason = f"node {evt.minion_id} {evt.state.value}"
+
+        async def body(tx: Transaction) -> None:
+            for w in hit:
+                emit(tx, stop(job, w, reason))
+                started = w.get("started_at")
+                emit(
+                    tx,
+                    WorkerFinished(
+                        job_id=job["_id"],
+                        worker=w["index"],
+                        placement_id=w["placement_id"],
+                        minion_id=w["minion_id"],
+                        state=WorkerState.failed,
+                        reason=reason,
+                        started_at=started if isinstance(started, datetime) else None,
+                        ended_at=now,
+                    ),
+                )
+                await st.db.claims.delete_many(
+                    {"placement_id": w["placement_id"]}, session=tx.session
+                )
+                attempts = [*w.get("attempts", []), jobdoc.attempt(w, reason, now)]
+                requeue = job_type is not JobType.notebook and len(attempts) <= MAX_REQUEUES
+                for k in jobdoc.PLACEMENT_KEYS:
+                    w.pop(k, None)
+                w["attempts"] = attempts
+                if requeue:
+                    w["state"] = WorkerState.waiting.value
+                    note = f"worker {w['index']} requeued: {reason}"
+                else:
+                    w.update(state=WorkerState.failed.value, reason=reason, ended_at=now)
+                    note = f"worker {w['index']} failed: {reason}" + (
+                        " (notebooks are not restarted)"
+                        if job_type is JobType.notebook
+                        else f" ({MAX_REQUEUES} requeues used)"
+                    )
+                job.setdefault("notes", []).append({"at": now, "note": note})
+            await st.save(tx, job, now, reason)
+
+        await st.store.transaction(body)
+
+    # --- workers ----------------------------------------------------------------------
+
+    async def worker_started(
+        self, evt: WorkerStarted, received_at: datetime | None = None, subject: str | None = None
+    ) -> None:
+        """`received_at`: the stream's timestamp of the event; the node's `started_at` is kept
+        within [placed_at, received_at] (a job's shown run time; billing clamps the same).
+        `subject`: where it arrived (None: called in-process)."""
+        if subject is not None and not on_its_own_subject(subject, evt.minion_id):
+            return
+        st = self.state
+        async with st.lock:
+            job = await st.db.jobs.find_one({"_id": evt.job_id})
+            w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
+            if job is None or w is None or w["state"] != WorkerState.placed.value:
+                return  # unknown, superseded or already past this point: nothing to do
+            if not jobdoc.reported_by_its_node(w, evt.minion_id):
+                return
+            started = clamp_time(evt.started_at, w.get("placed_at"), received_at)
+            w["state"] = WorkerState.running.value
+            w["started_at"] = started
+
+            async def body(tx: Transaction) -> None:
+                await st.save(tx, job, started)
+
+            await st.store.transaction(body)
+            await st.changed([job])
+            st.committed(job["rev"])
+
+    async def worker_finished(
+        self, evt: WorkerFinished, received_at: datetime | None = None, subject: str | None = None
+    ) -> None:
+        """The node's times are clamped as in `worker_started`; the end to [start, received_at].
+        A worker that finished without a start seen (it failed to start) keeps the start the
+        node claims, if any."""
+        if subject is not None and not on_its_own_subject(subject, evt.minion_id):
+            return
+        st = self.state
+        async with st.lock:
+            job = await st.db.jobs.find_one({"_id": evt.job_id})
+            w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
+            if job is None or w is None or WorkerState(w["state"]).terminal:
+                return
+            if not jobdoc.reported_by_its_node(w, evt.minion_id):
+                return
+            claimed = evt.started_at
+            started = w.get("started_at") or (
+                clamp_time(claimed, w.get("placed_at"), received_at) if claimed else None
+            )
+            ended = clamp_time(evt.ended_at, started, received_at)
+            slots = jobdoc.held_slots(w)
+            w.update(
+                state=evt.state.value,
+                exit_code=evt.exit_code,
+                reason=evt.reason,
+                ended_at=ended,
+                started_at=started,
+                log_tail=evt.log_tail[-4000:],
+            )
+            reason = evt.reason or (
+                f"worker {evt.worker} exited with code {evt.exit_code}"
+                if evt.state is WorkerState.failed
+                else None
+            )
+
+            async def body(tx: Transaction) -> None:
+                await st.db.claims.delete_many(
+                    {"placement_id": evt.placement_id}, session=tx.session
+                )
+                await st.save(tx, job, ended, reason)
+
+            await st.store.transaction(body)
+            METRICS.worker_runs.add(1, {"state": evt.state.value})
+            node_id = w.get("node_id")
+            if st.loaded and node_id is not None and st.fleet.node(node_id) is not None:
+                st.fleet.release(node_id, slots)
+            await st.changed([job], [] if st.loaded else [str(node_id)])
+            st.committed(job["rev"])
+        await self.passes.request_pass()
+
+
+def stop(job: Doc, w: Doc, reason: str) -> StopWorker:
+    return StopWorker(
+        minion_id=w["minion_id"],
+        job_id=job["_id"],
+        worker=w["index"],
+        placement_id=w["placement_id"],
+        reason=reason,
+    )
+
+
+def _node_fields(evt: NodeRegistered) -> Doc:
+    """A registered node's document (fleet.node_view reads it)."""
+    models = {g.model for g in evt.gpus}
+    mems = [g.memory_mb for g in evt.gpus]
+    return {
+        "minion_id": evt.minion_id,
+        "region": evt.region,
+        "owner": evt.owner,
+        "state": evt.state.value,
+        "name": evt.name,
+        "gpu_model": models.pop() if len(models) == 1 else None,
+        "gpu_indices": [g.index for g in evt.gpus],
+        "gpu_memory_mb": min(mems) if mems else None,
+        "gpu_shares": evt.gpu_shares,
+        "price_per_gpu_hour": None
+        if evt.price_per_gpu_hour is None
+        else str(evt.price_per_gpu_hour),
+        "allow_public_jobs": evt.allow_public_jobs,
+        "simulated": evt.simulated,
+        "updated_ms": now_ms(evt.at),
+    }
+
+
+def clamp_time(at: datetime, lo: object, hi: datetime | None) -> datetime:
+    """A node's claimed time kept within [lo, hi]: not after `hi` (when its report was
+    received), not before `lo` (a stored time: the placement, or the start)."""
+    at = _aware(at)
+    if hi is not None:
+        at = min(at, _aware(hi))
+    if isinstance(lo, datetime):
+        at = max(at, _aware(lo))
+    return at
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
