@@ -212,7 +212,9 @@ class ServiceRuntime:
             subject = subjects.admin(self.service, verb)
             self._request("admin", subject, entry, False, "adm", f"{self.service}:admin:{verb}")
         for subject, entry in (direct or {}).items():
-            self._request("direct", subject, entry, False, "direct", f"{self.service}:{subject}")
+            # titles name AsyncAPI channels: the handler's name, not a subject with wildcards
+            name = (entry.handler if isinstance(entry, Request) else entry).__name__
+            self._request("direct", subject, entry, False, "direct", f"{self.service}:{name}")
         for durable, spec in (events or {}).items():
             self._events(
                 durable, spec if isinstance(spec, Events) else Events({_typed(spec): spec})
