@@ -30,7 +30,7 @@ fmt: setup
     uv run ruff check --fix .
 
 typecheck: setup
-    uv run mypy libs/*/src services/*/src cli/src
+    uv run mypy libs/*/src services/*/src cli/src devtools/*/src
 
 # Regenerate docs/asyncapi/*.json and docs/events.md from the services' apps.
 docs: setup

@@ -1,4 +1,4 @@
-"""`just up`'s child environments (libs/devstack): simulated GPUs are asked for explicitly."""
+"""`just up`'s child environments (devtools/devstack): simulated GPUs are asked for explicitly."""
 
 from __future__ import annotations
 
