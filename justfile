@@ -18,7 +18,8 @@ test *args: setup check
 test-layer layer *args: setup
     uv run pytest -m {{layer}} {{args}}
 
-# Lint, strict type checking and the AsyncAPI/event-catalogue freshness check.
+# Lint, strict type checking and the freshness check of the generated docs (AsyncAPI, event
+# catalogue, permissions, rule index).
 check: lint typecheck docs-check
 
 lint: setup
@@ -32,7 +33,8 @@ fmt: setup
 typecheck: setup
     uv run mypy libs/*/src services/*/src cli/src devtools/*/src
 
-# Regenerate docs/asyncapi/*.json and docs/events.md from the services' apps.
+# Regenerate docs/asyncapi/*.json, docs/events.md and docs/permissions.md from the services'
+# apps, and docs/rules.md (the rule index) from the docstrings that cite a rule.
 docs: setup
     uv run python -m gpufleet_devstack.docs
 
