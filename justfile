@@ -18,8 +18,7 @@ test *args: setup check
 test-layer layer *args: setup
     uv run pytest -m {{layer}} {{args}}
 
-# Lint, strict type checking and the freshness check of the generated docs (AsyncAPI, event
-# catalogue, permissions, rule index).
+# Lint, strict type checking and the generated docs' freshness (AsyncAPI, events, permissions, rules).
 check: lint typecheck docs-check
 
 lint: setup
@@ -33,8 +32,7 @@ fmt: setup
 typecheck: setup
     uv run mypy libs/*/src services/*/src cli/src devtools/*/src
 
-# Regenerate docs/asyncapi/*.json, docs/events.md and docs/permissions.md from the services'
-# apps, and docs/rules.md (the rule index) from the docstrings that cite a rule.
+# Regenerate docs/asyncapi/*.json, events.md, permissions.md from the apps; rules.md from the docstrings.
 docs: setup
     uv run python -m gpufleet_devstack.docs
 
