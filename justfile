@@ -18,7 +18,7 @@ test *args: setup check
 test-layer layer *args: setup
     uv run pytest -m {{layer}} {{args}}
 
-# Lint, strict type checking and the AsyncAPI/event-catalogue freshness check.
+# Lint, strict type checking and the generated docs' freshness (AsyncAPI, events, permissions, rules).
 check: lint typecheck docs-check
 
 lint: setup
@@ -30,9 +30,9 @@ fmt: setup
     uv run ruff check --fix .
 
 typecheck: setup
-    uv run mypy libs/*/src services/*/src cli/src
+    uv run mypy libs/*/src services/*/src cli/src devtools/*/src
 
-# Regenerate docs/asyncapi/*.json and docs/events.md from the services' apps.
+# Regenerate docs/asyncapi/*.json, events.md, permissions.md from the apps; rules.md from the docstrings.
 docs: setup
     uv run python -m gpufleet_devstack.docs
 

@@ -1,4 +1,4 @@
-"""The local NATS server's ports (libs/devstack): never the same port twice."""
+"""The local NATS server's ports (devtools/devstack): never the same port twice."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""`just up`'s child environments (libs/devstack): simulated GPUs are asked for explicitly."""
+"""`just up`'s child environments (devtools/devstack): simulated GPUs are asked for explicitly."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet_devstack.up import SERVICES, ServiceSpec, child_env
+from gpufleet_devstack.children import SERVICES, ServiceSpec, child_env
 
 AGENT = next(s for s in SERVICES if s.name == "node-agent")
 STACK = {"GPUFLEET_NATS_URL": "nats://127.0.0.1:4333"}

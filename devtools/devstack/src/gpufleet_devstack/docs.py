@@ -1,10 +1,12 @@
-"""Generates the AsyncAPI documents and the event catalogue under docs/.
+"""Generates what docs/ derives from the code: the AsyncAPI documents, the event catalogue,
+the permissions table and the rule index.
 
-    uv run python -m gpufleet_devstack.docs          # write docs/asyncapi/*.json, docs/events.md
+    uv run python -m gpufleet_devstack.docs          # write docs/asyncapi/*.json, docs/*.md
     uv run python -m gpufleet_devstack.docs --check  # exit 1 if what is committed is stale
 
 Each service's document comes from its own FastStream app, built by its composition root with
 an unconnected broker: what the code subscribes to and publishes is what the document says.
+The rule index (docs/rules.md) is gpufleet_devstack.rules.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from faststream import FastStream
+
+from gpufleet_devstack import rules
 
 ROOT = Path(__file__).resolve().parents[4]
 DOCS = ROOT / "docs"
@@ -179,7 +183,10 @@ def _all_messages(base: type[Any]) -> list[type[Any]]:
     return out
 
 
-def render() -> dict[Path, str]:
+def render(*, check: bool = False) -> dict[Path, str]:
+    """Every generated file and its text. For `check`, the rule index keeps the titles it
+    has (they are PRODUCT.md's, which is not part of the repository): only its citations
+    are checked."""
     docs = {name: asyncapi(build()) for name, build in _apps().items()}
     files = {
         DOCS / "asyncapi" / f"{name}.json": json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -189,6 +196,9 @@ def render() -> dict[Path, str]:
     from gpufleet_auth.permissions import markdown
 
     files[DOCS / "permissions.md"] = markdown()
+    index = DOCS / "rules.md"
+    previous = index.read_text() if index.exists() else None
+    files[index] = rules.render(ROOT, previous, read_product=not check)
     return files
 
 
@@ -196,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if docs/ is stale")
     args = parser.parse_args(argv)
-    files = render()
+    files = render(check=args.check)
     stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:

@@ -1,0 +1,60 @@
+"""The child processes `just up` (and the e2e tests) start, and each one's environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One child process of `just up`."""
+
+    name: str  # log file name, and `health` subject part unless `health` says otherwise
+    module: str  # run as `python -m <module>`
+    health: str | None  # answers subjects.rpc(<health>, "health"); None: no health RPC
+    env: Mapping[str, str] = field(default_factory=dict)  # extra env; {run_dir} is expanded
+    defaults: Mapping[str, str] = field(default_factory=dict)  # extra env, unless already set
+
+
+NODE_NAME: Final = "local-node-1"
+
+# Started in this order, stopped in the reverse order.
+SERVICES: Final[tuple[ServiceSpec, ...]] = (
+    ServiceSpec("provisioner", "gpufleet_provisioner", health="provisioner"),
+    ServiceSpec("scheduler", "gpufleet_scheduler", health="scheduler"),
+    ServiceSpec("billing", "gpufleet_billing", health="billing"),
+    ServiceSpec("device-fleet", "gpufleet_device_fleet", health="device-fleet"),
+    ServiceSpec("datastore", "gpufleet_datastore", health="datastore"),
+    ServiceSpec(
+        "node-agent",
+        "gpufleet_node_agent",
+        health=None,
+        env={
+            "GPUFLEET_MINION_ID": NODE_NAME,
+            "GPUFLEET_NODE_NAME": NODE_NAME,
+            "GPUFLEET_REGION": "local",
+            "GPUFLEET_AGENT_STATE_DIR": "{run_dir}/agent",
+        },
+        # R-NODE-6: simulated GPUs only on request. `just up` asks for them (the same node on
+        # every laptop); GPUFLEET_SIMULATED_GPUS=0 just up reads the real GPUs through NVML.
+        defaults={"GPUFLEET_SIMULATED_GPUS": "1"},
+    ),
+)
+
+
+def child_env(
+    spec: ServiceSpec, base: Mapping[str, str], stack: Mapping[str, str], run_dir: Path
+) -> dict[str, str]:
+    """A child's environment: `base` (ours), the spec's defaults where `base` has none, the
+    stack's endpoints, then the spec's own settings."""
+    env = dict(base)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in spec.defaults.items():
+        env.setdefault(key, value.format(run_dir=run_dir))
+    env.update(stack)
+    for key, value in spec.env.items():
+        env[key] = value.format(run_dir=run_dir)
+    return env

@@ -1,0 +1,176 @@
+"""Starting, supervising and stopping the processes of `just up`: nats-server, the embedded
+MongoDB, the GCP emulator when asked for, then every service and the node agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from gpufleet_devstack import identities
+from gpufleet_devstack.children import NODE_NAME, SERVICES, ServiceSpec, child_env
+from gpufleet_devstack.config import find_repo_root
+from gpufleet_devstack.console import Out, rel
+from gpufleet_devstack.mongo import EmbeddedMongo
+from gpufleet_devstack.nats import NatsServer
+from gpufleet_devstack.processes import ServiceProcess, log_tail
+
+RESTART_BACKOFF: Final = 1.0
+MAX_RESTARTS_PER_MINUTE: Final = 5
+SUPERVISE_INTERVAL: Final = 0.5
+
+
+@dataclass
+class Supervised:
+    spec: ServiceSpec
+    process: ServiceProcess
+    restarts: deque[float] = field(default_factory=deque)  # monotonic times, last minute
+    restart_at: float | None = None  # a restart is due at this time
+    gave_up: bool = False
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in log_tail(path, 5).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+class Stack:
+    """Everything `just up` started, so it can be stopped in reverse order."""
+
+    def __init__(self, out: Out, run_dir: Path, nats_port: int, mongo_port: int) -> None:
+        self.out = out
+        self.run_dir = run_dir
+        self.log_dir = run_dir / "logs"
+        self.nats = NatsServer(run_dir / "nats", port=nats_port, log_file=self.log_dir / "nats.log")
+        self.mongo = EmbeddedMongo(
+            run_dir / "mongo",
+            port=mongo_port,
+            log_file=self.log_dir / "mongo.log",
+            pid_file=run_dir / "mongo.pid",
+        )
+        self.children: list[Supervised] = []
+        self.stopping = False
+        self.gcp: Any = None  # the GCP emulator (gpufleet_gcp_emulator.testing.EmulatorProcess)
+        self.gcp_env: dict[str, str] = {}
+        self.node_env: dict[str, dict[str, str]] = {}  # the node agent's join token
+
+    def service_env(self, spec: ServiceSpec) -> dict[str, str]:
+        stack = {
+            "GPUFLEET_NATS_URL": self.nats.url,
+            "GPUFLEET_MONGO_URL": self.mongo.url,
+            **self.gcp_env,
+            **identities.service_env(self.nats, spec.name),
+            **self.node_env.get(spec.name, {}),
+        }
+        if os.environ.get("GPUFLEET_SECRET_KEY"):  # one of the developer's: theirs wins
+            stack.pop("GPUFLEET_SECRET_KEY", None)
+        return child_env(spec, os.environ, stack, self.run_dir)
+
+    def start_servers(self) -> None:
+        self.out.step(f"starting nats-server on {self.nats.url} (data: {rel(self.nats.store_dir)})")
+        # The stack's secret key (provisioner and scheduler); a GCP key sealed by an earlier
+        # `just up --gcp` with .run/gcp-secret.key stays readable.
+        identities.secret_key(self.nats, adopt=self.run_dir / "gcp-secret.key")
+        self.nats.start()
+        asyncio.run(identities.apply_streams(self.nats))
+        self.out.ok(
+            "nats-server up, JetStream enabled and encrypted at rest "
+            f"(log: {rel(self.nats.log_file)})"
+        )
+        self.out.step(f"starting embedded MongoDB (nx-27017) on {self.mongo.url}")
+        self.mongo.start()
+        self.out.ok(
+            f"MongoDB up, data in {rel(self.mongo.data_dir)} (log: {rel(self.mongo.log_file)})"
+        )
+
+    def start_gcp(self) -> None:
+        """The GCP emulator and its endpoints for the services (the key that seals the GCP
+        service-account key is the stack's, `identities.secret_key`); its instances boot
+        simulated node agents on this stack's NATS."""
+        from gpufleet_gcp_emulator.testing import EmulatorProcess
+
+        self.out.step("starting the Google Cloud emulator (Compute, Pub/Sub, Logging)")
+        self.gcp = EmulatorProcess(
+            self.log_dir / "gcp-emulator.log",
+            nats_url=self.nats.url,
+            agent_dir=self.run_dir / "gcp-agents",
+        ).start()
+        self.gcp_env = {
+            **self.gcp.env(),
+            "GPUFLEET_BURST_IDLE_S": os.environ.get("GPUFLEET_BURST_IDLE_S", "60"),
+        }
+        self.out.ok(f"GCP emulator up: Compute {self.gcp.compute}, gRPC {self.gcp.grpc}")
+
+    def start_services(self) -> None:
+        (self.run_dir / "agent").mkdir(parents=True, exist_ok=True)
+        for spec in SERVICES:
+            if spec.name == "node-agent":
+                # A node enrols like a real one: a join token from the provisioner.
+                self.node_env[spec.name] = asyncio.run(
+                    identities.prepare_node(self.nats, NODE_NAME, self.run_dir / "agent")
+                )
+            proc = ServiceProcess(
+                spec.name,
+                [sys.executable, "-m", spec.module],
+                self.service_env(spec),
+                self.log_dir / f"{spec.name}.log",
+                cwd=find_repo_root(),
+            )
+            proc.start()
+            self.children.append(Supervised(spec, proc))
+            self.out.step(f"started {spec.name} (pid {proc.pid}, log {rel(proc.log_file)})")
+
+    def supervise_once(self) -> None:
+        """Restart children that died on their own: after RESTART_BACKOFF seconds, and at
+        most MAX_RESTARTS_PER_MINUTE times a minute, after which we give up on the child.
+        Never blocks, so one crashing child does not delay the others."""
+        now = time.monotonic()
+        for child in self.children:
+            if self.stopping or child.gave_up or child.process.alive:
+                continue
+            proc = child.process
+            if child.restart_at is None:
+                while child.restarts and now - child.restarts[0] > 60:
+                    child.restarts.popleft()
+                reason = f"exited with code {proc.returncode}: {_last_line(proc.log_file)}"
+                if len(child.restarts) >= MAX_RESTARTS_PER_MINUTE:
+                    child.gave_up = True
+                    self.out.error(
+                        f"{proc.name} {reason}\n  restarted {MAX_RESTARTS_PER_MINUTE} times "
+                        f"in a minute; giving up on it (log: {rel(proc.log_file)})"
+                    )
+                    continue
+                if child.restarts:
+                    self.out.warn(
+                        f"{proc.name} exited again (code {proc.returncode}); restart "
+                        f"{len(child.restarts) + 1}/{MAX_RESTARTS_PER_MINUTE} this minute"
+                    )
+                else:
+                    self.out.warn(f"{proc.name} {reason}\n  restarting in {RESTART_BACKOFF:.0f}s")
+                child.restart_at = now + RESTART_BACKOFF
+            elif now >= child.restart_at:
+                child.restart_at = None
+                child.restarts.append(now)
+                proc.start()
+
+    def stop_all(self) -> None:
+        self.stopping = True
+        for child in reversed(self.children):
+            if child.process.alive:
+                self.out.step(f"stopping {child.spec.name}")
+            child.process.stop()
+        if self.gcp is not None:
+            self.out.step("stopping the GCP emulator (and its instances' agents)")
+            self.gcp.stop()
+            self.gcp = None
+        if self.mongo.running:
+            self.out.step("stopping MongoDB")
+        self.mongo.stop()
+        if self.nats.running:
+            self.out.step("stopping nats-server")
+        self.nats.stop()
