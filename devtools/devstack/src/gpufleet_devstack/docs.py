@@ -12,14 +12,14 @@ The rule index (docs/rules.md) is gpufleet_devstack.rules.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from faststream import FastStream
+from gpufleet_bus import Service, Wired
 
 from gpufleet_devstack import rules
 
@@ -27,44 +27,42 @@ ROOT = Path(__file__).resolve().parents[4]
 DOCS = ROOT / "docs"
 
 
-def _apps() -> dict[str, Callable[[], FastStream]]:
+def _services() -> dict[str, Callable[[], Service[Any]]]:
+    """Each service built as its `__main__` builds it (run_service), with brokers that are
+    never connected: what the code wires is what the documents say."""
     from gpufleet_billing.app import build_app as billing
     from gpufleet_bus import Ports, make_broker
     from gpufleet_datastore.app import build_app as datastore
     from gpufleet_device_fleet.app import build_app as device_fleet
+    from gpufleet_node_agent.app import build_app as node_agent
+    from gpufleet_node_agent.settings import AgentSettings
     from gpufleet_provisioner.app import build_app as provisioner
     from gpufleet_scheduler.app import build_app as scheduler
     from gpufleet_store import Store
 
-    def svc(name: str, factory: Callable[..., Any]) -> Callable[[], FastStream]:
-        def build() -> FastStream:
-            if next(iter(inspect.signature(factory).parameters)) == "ports":  # the new shape
-                service = factory(Ports(broker=make_broker(name), store=Store.connect(name)))
-                return cast(FastStream, service.app)
-            built = factory(Store.connect(name), make_broker(name))
-            app: FastStream = built[0] if isinstance(built, tuple) else built
-            return app
+    def svc(name: str, build: Callable[[Ports], Service[Any]]) -> Callable[[], Service[Any]]:
+        return lambda: build(Ports(broker=make_broker(name), store=Store.connect(name)))
 
-        return build
+    def agent() -> Service[Any]:
+        # A placeholder minion id: each agent subscribes to its own node's command subjects.
+        settings = AgentSettings(minion_id="MINION_ID")  # no inventory is read here
+        return node_agent(Ports(broker=make_broker("node-agent")), settings)
 
-    apps = {
+    return {
         "scheduler": svc("scheduler", scheduler),
         "provisioner": svc("provisioner", provisioner),
         "billing": svc("billing", billing),
         "device-fleet": svc("device-fleet", device_fleet),
         "datastore": svc("datastore", datastore),
+        "node-agent": agent,
     }
 
-    def node_agent() -> FastStream:
-        from gpufleet_node_agent.app import build_app as agent
-        from gpufleet_node_agent.settings import AgentSettings
 
-        # A placeholder minion id: each agent subscribes to its own node's command subjects.
-        settings = AgentSettings(minion_id="MINION_ID")  # no inventory is read here
-        return agent(settings, make_broker("node-agent"))[0]
+def _apps() -> dict[str, Callable[[], FastStream]]:
+    def app_of(build: Callable[[], Service[Any]]) -> Callable[[], FastStream]:
+        return lambda: build().app
 
-    apps["node-agent"] = node_agent
-    return apps
+    return {name: app_of(build) for name, build in _services().items()}
 
 
 def asyncapi(app: FastStream) -> dict[str, Any]:
@@ -92,8 +90,11 @@ def _one_server(data: dict[str, Any]) -> dict[str, Any]:
     return folded
 
 
-def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
-    """docs/events.md: one row per subject, who publishes and who subscribes."""
+def event_catalogue(
+    docs: dict[str, dict[str, Any]], handlers: dict[str, list[Wired]] | None = None
+) -> str:
+    """docs/events.md: one row per subject, who publishes, who subscribes and the function
+    that handles it (`module:function`, from each service's wiring table)."""
     from gpufleet_auth.permissions import who_may
     from gpufleet_bus.streams import stream_for
     from gpufleet_contracts import Message, subjects
@@ -109,6 +110,14 @@ def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
             for m in channel.get("messages", {}).values():
                 ref = m.get("$ref", "")
                 row["messages"].add(ref.rsplit("/", 1)[-1])
+    for service, table in (handlers or {}).items():
+        for wired in table:
+            if wired.kind == "publish":
+                continue
+            address = _normalise(subjects.wildcard(wired.subject))
+            row = rows.setdefault(address, {"send": set(), "receive": set(), "messages": set()})
+            row["receive"].add(service)
+            row.setdefault("handlers", set()).add(f"`{wired.handler}`")
     types = {cls.SUBJECT: cls.TYPE for cls in _all_messages(Message) if cls.SUBJECT and cls.TYPE}
     lines = [
         "# Event catalogue",
@@ -130,8 +139,9 @@ def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
         "read it (subscribe, or for a stream's subject consume that stream). Everything else "
         "is refused before any gpufleet code runs.",
         "",
-        "| subject | CloudEvents type | published by | handled by | may publish | may read |",
-        "|---|---|---|---|---|---|",
+        "| subject | CloudEvents type | published by | handled by | handler | may publish "
+        "| may read |",
+        "|---|---|---|---|---|---|---|",
     ]
     for address in sorted(rows):
         row = rows[address]
@@ -140,6 +150,7 @@ def event_catalogue(docs: dict[str, dict[str, Any]]) -> str:
             f"| `{address}` | {('`' + types[address] + '`') if address in types else ''} | "
             f"{', '.join(sorted(row['send'])) or '(clients)'} | "
             f"{', '.join(sorted(row['receive'])) or '(other systems)'} | "
+            f"{'<br>'.join(sorted(row.get('handlers', ()))) or ''} | "
             f"{', '.join(may_pub) or '(nobody)'} | {', '.join(may_read) or '(nobody)'} |"
         )
     return "\n".join(lines) + "\n"
@@ -187,12 +198,14 @@ def render(*, check: bool = False) -> dict[Path, str]:
     """Every generated file and its text. For `check`, the rule index keeps the titles it
     has (they are PRODUCT.md's, which is not part of the repository): only its citations
     are checked."""
-    docs = {name: asyncapi(build()) for name, build in _apps().items()}
+    built = {name: build() for name, build in _services().items()}
+    docs = {name: asyncapi(service.app) for name, service in built.items()}
+    handlers = {name: service.runtime.table for name, service in built.items()}
     files = {
         DOCS / "asyncapi" / f"{name}.json": json.dumps(doc, indent=2, sort_keys=True) + "\n"
         for name, doc in docs.items()
     }
-    files[DOCS / "events.md"] = event_catalogue(docs)
+    files[DOCS / "events.md"] = event_catalogue(docs, handlers)
     from gpufleet_auth.permissions import markdown
 
     files[DOCS / "permissions.md"] = markdown()

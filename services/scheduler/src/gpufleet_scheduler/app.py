@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from faststream.nats import NatsBroker
 from gpufleet_bus import Delivery, Events, Every, Ports, Request, Service, ServiceRuntime, publish
 from gpufleet_contracts import subjects
 from gpufleet_contracts.identity import AccountChanged
@@ -70,6 +71,92 @@ INDEXES = {
 }
 
 
+class Handlers:
+    """The subjects' handlers: decode, call the scheduler, reply. Requests act for the
+    account of their subject (R-TEN-2)."""
+
+    def __init__(self, sched: Scheduler, broker: NatsBroker, source: str) -> None:
+        self.sched = sched
+        self.broker = broker
+        self.source = source
+
+    # --- requests (core NATS, an account's) ---
+
+    async def submit_job(self, body: SubmitJob, account: str) -> JobAccepted:
+        """Validate and queue a job; replies its id, its state and why it waits."""
+        return JobAccepted.model_validate(await self.sched.admission.submit(body.spec, account))
+
+    async def get_job(self, body: GetJob, account: str) -> JobView:
+        """A job, its state and why it waits."""
+        return JobView.model_validate(await self.sched.queries.get(body.job_id, account))
+
+    async def list_jobs(self, body: ListJobs, account: str) -> JobList:
+        return JobList.model_validate({"jobs": await self.sched.queries.list(account, body.limit)})
+
+    async def cancel_job(self, body: CancelJob, account: str) -> JobView:
+        """Cancel a job (its project's owner or its creator)."""
+        return JobView.model_validate(await self.sched.lifecycle.cancel(body.job_id, account))
+
+    async def job_logs(self, body: GetJobLogs, account: str) -> JobLogs:
+        return JobLogs.model_validate(
+            await self.sched.queries.logs(body.job_id, account, body.after, body.limit)
+        )
+
+    # --- projects (R-TEN-1) ---
+
+    async def create_project(self, body: CreateProject, account: str) -> ProjectView:
+        return ProjectView.model_validate(await self.sched.projects.create(account, body.name))
+
+    async def add_project_member(self, body: AddProjectMember, account: str) -> ProjectView:
+        return ProjectView.model_validate(
+            await self.sched.projects.add_member(account, body.project, body.account)
+        )
+
+    async def remove_project_member(self, body: RemoveProjectMember, account: str) -> ProjectView:
+        view = await self.sched.projects.remove_member(account, body.project, body.account)
+        return ProjectView.model_validate(view)
+
+    async def list_projects(self, body: ListProjects, account: str) -> ProjectList:
+        return ProjectList.model_validate(
+            {"projects": await self.sched.projects.list(account, body.limit)}
+        )
+
+    # --- events (JetStream, durable) ---
+
+    async def on_account_changed(self, body: AccountChanged) -> None:
+        """The provisioner owns accounts; the scheduler keeps their plans (R-TEN-3)."""
+        await self.sched.projects.account_changed(body)
+
+    async def on_node_registered(self, body: NodeRegistered) -> None:
+        await self.sched.lifecycle.node_changed(body)
+
+    async def on_node_state_changed(self, body: NodeStateChanged) -> None:
+        await self.sched.lifecycle.node_changed(body)
+
+    async def on_enqueue_job(self, body: EnqueueJob, delivery: Delivery) -> None:
+        """Another system's submission; invalid bodies never get here (dead-lettered).
+        gpufleet.v1.cmd.scheduler.<account>.enqueue_job: only that account may publish it."""
+        account = subjects.token_at(delivery.subject, 4) or ""
+        rejected = await self.sched.enqueue(body, account)
+        if rejected is not None:
+            msg_id = f"rejected:{account}:{body.request_id}"
+            await publish(self.broker, rejected, source=self.source, msg_id=msg_id)
+
+    # A worker fact counts only on the subject of the node its body names (the only one that
+    # node may publish) and when that node is the placement's (lifecycle.py).
+    async def on_worker_started(self, body: WorkerStarted, delivery: Delivery) -> None:
+        received = delivery.received_at or self.sched.state.clock()
+        await self.sched.lifecycle.worker_started(body, received, delivery.subject)
+
+    async def on_worker_finished(self, body: WorkerFinished, delivery: Delivery) -> None:
+        received = delivery.received_at or self.sched.state.clock()
+        await self.sched.lifecycle.worker_finished(body, received, delivery.subject)
+
+    async def on_sync(self, body: SchedulerSync) -> None:
+        """Another instance changed these jobs and nodes: the leader reads them again."""
+        await self.sched.sync(body)
+
+
 def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Service[Scheduler]:
     settings = settings or SchedulerSettings()
     broker, store = ports.broker, ports.db
@@ -94,107 +181,39 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
         jetstream=jetstream,
         inbox_prefix=rt.inbox_prefix,
     )
-    jobs, lifecycle, prj = sched.queries, sched.lifecycle, sched.projects
-
-    # --- requests (core NATS, an account's) ---
-
-    async def submit_job(body: SubmitJob, account: str) -> JobAccepted:
-        """Validate and queue a job; replies its id, its state and why it waits."""
-        return JobAccepted.model_validate(await sched.admission.submit(body.spec, account))
-
-    async def get_job(body: GetJob, account: str) -> JobView:
-        """A job, its state and why it waits."""
-        return JobView.model_validate(await jobs.get(body.job_id, account))
-
-    async def list_jobs(body: ListJobs, account: str) -> JobList:
-        return JobList.model_validate({"jobs": await jobs.list(account, body.limit)})
-
-    async def cancel_job(body: CancelJob, account: str) -> JobView:
-        """Cancel a job (its project's owner or its creator)."""
-        return JobView.model_validate(await lifecycle.cancel(body.job_id, account))
-
-    async def job_logs(body: GetJobLogs, account: str) -> JobLogs:
-        return JobLogs.model_validate(await jobs.logs(body.job_id, account, body.after, body.limit))
-
-    # --- projects (R-TEN-1) ---
-
-    async def create_project(body: CreateProject, account: str) -> ProjectView:
-        return ProjectView.model_validate(await prj.create(account, body.name))
-
-    async def add_project_member(body: AddProjectMember, account: str) -> ProjectView:
-        return ProjectView.model_validate(await prj.add_member(account, body.project, body.account))
-
-    async def remove_project_member(body: RemoveProjectMember, account: str) -> ProjectView:
-        view = await prj.remove_member(account, body.project, body.account)
-        return ProjectView.model_validate(view)
-
-    async def list_projects(body: ListProjects, account: str) -> ProjectList:
-        return ProjectList.model_validate({"projects": await prj.list(account, body.limit)})
-
-    # --- events (JetStream, durable) ---
-
-    async def on_account_changed(body: AccountChanged) -> None:
-        """The provisioner owns accounts; the scheduler keeps their plans (R-TEN-3)."""
-        await prj.account_changed(body)
-
-    async def on_node_registered(body: NodeRegistered) -> None:
-        await lifecycle.node_changed(body)
-
-    async def on_node_state_changed(body: NodeStateChanged) -> None:
-        await lifecycle.node_changed(body)
-
-    async def on_enqueue_job(body: EnqueueJob, delivery: Delivery) -> None:
-        """Another system's submission; invalid bodies never get here (dead-lettered).
-        gpufleet.v1.cmd.scheduler.<account>.enqueue_job: only that account may publish it."""
-        account = subjects.token_at(delivery.subject, 4) or ""
-        rejected = await sched.enqueue(body, account)
-        if rejected is not None:
-            msg_id = f"rejected:{account}:{body.request_id}"
-            await publish(broker, rejected, source=rt.source, msg_id=msg_id)
-
-    # A worker fact counts only on the subject of the node its body names (the only one that
-    # node may publish) and when that node is the placement's (lifecycle.py).
-    async def on_worker_started(body: WorkerStarted, delivery: Delivery) -> None:
-        received = delivery.received_at or ports.clock()
-        await lifecycle.worker_started(body, received, delivery.subject)
-
-    async def on_worker_finished(body: WorkerFinished, delivery: Delivery) -> None:
-        received = delivery.received_at or ports.clock()
-        await lifecycle.worker_finished(body, received, delivery.subject)
-
-    async def on_sync(body: SchedulerSync) -> None:
-        """Another instance changed these jobs and nodes: the leader reads them again."""
-        await sched.sync(body)
+    on = Handlers(sched, broker, rt.source)
 
     rt.wire(
         requests={
             # Submissions wait for their batch's transaction and placement pass: one at a
             # time would make every request pay a whole transaction (benchmarks/scheduler).
-            "submit_job": Request(submit_job, concurrency=SUBMIT_CONCURRENCY),
-            "get_job": get_job,
-            "list_jobs": list_jobs,
-            "cancel_job": cancel_job,
-            "job_logs": Request(job_logs, description=GetJobLogs.__doc__),
-            "create_project": Request(create_project, description=CreateProject.__doc__),
-            "add_project_member": Request(add_project_member, description=AddProjectMember.__doc__),
-            "remove_project_member": Request(
-                remove_project_member, description=RemoveProjectMember.__doc__
+            "submit_job": Request(on.submit_job, concurrency=SUBMIT_CONCURRENCY),
+            "get_job": on.get_job,
+            "list_jobs": on.list_jobs,
+            "cancel_job": on.cancel_job,
+            "job_logs": Request(on.job_logs, description=GetJobLogs.__doc__),
+            "create_project": Request(on.create_project, description=CreateProject.__doc__),
+            "add_project_member": Request(
+                on.add_project_member, description=AddProjectMember.__doc__
             ),
-            "list_projects": Request(list_projects, description=ListProjects.__doc__),
+            "remove_project_member": Request(
+                on.remove_project_member, description=RemoveProjectMember.__doc__
+            ),
+            "list_projects": Request(on.list_projects, description=ListProjects.__doc__),
         },
         events={
-            "account-changed": on_account_changed,
-            "node-registered": on_node_registered,
-            "node-state-changed": on_node_state_changed,
-            "enqueue-job": on_enqueue_job,
+            "account-changed": on.on_account_changed,
+            "node-registered": on.on_node_registered,
+            "node-state-changed": on.on_node_state_changed,
+            "enqueue-job": on.on_enqueue_job,
             # One consumer of what nodes report of their workers, in stream order: a start
             # is seen before its finish (the scheduler's own WorkerPlaced is not read back).
             "worker-events": Events(
-                {WorkerStarted: on_worker_started, WorkerFinished: on_worker_finished},
+                {WorkerStarted: on.on_worker_started, WorkerFinished: on.on_worker_finished},
                 subject=subjects.WORKER_REPORTS,
             ),
         },
-        signals={subjects.SCHEDULER_SYNC: on_sync},
+        signals={subjects.SCHEDULER_SYNC: on.on_sync},
         every=[
             # Renew the lease through a pass; a newly elected leader rebuilds its memory.
             Every(settings.lease_ttl_s / 3, sched.renew, "scheduler-lease", at_start=False),
