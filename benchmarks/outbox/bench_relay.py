@@ -11,7 +11,8 @@ the event loop; not the servers, which are other processes).
 `--old FILE` loads a second implementation of `gpufleet_bus.outbox` from FILE (a copy of
 the module from git history, e.g. `git show REV:libs/bus/src/gpufleet_bus/outbox.py >
 /tmp/outbox_old.py`) and alternates the two, old first, `--runs` times each, in the same
-process against the same servers; the summary gives each one's medians.
+process against the same servers; the summary gives each one's medians. `--compare
+NAME=FILE` (repeatable) adds more, named, in the order given, before the current one.
 
     uv run python benchmarks/outbox/bench_relay.py --old /tmp/outbox_old.py --runs 7
 """
@@ -24,6 +25,7 @@ import gc
 import importlib.util
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -47,10 +49,10 @@ TYPE = "gpufleet.bench.ticked.v1"
 SOURCE = "gpufleet/bench"
 
 
-def load_module(path: Path) -> ModuleType:
-    """A copy of outbox.py as `gpufleet_bus._outbox_bench_old` (its relative imports resolve
-    against the installed gpufleet_bus)."""
-    name = "gpufleet_bus._outbox_bench_old"
+def load_module(label: str, path: Path) -> ModuleType:
+    """A copy of outbox.py as `gpufleet_bus._outbox_bench_<label>` (its relative imports
+    resolve against the installed gpufleet_bus)."""
+    name = "gpufleet_bus._outbox_bench_" + re.sub(r"\W", "_", label)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -136,13 +138,20 @@ async def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="runs of each implementation")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each, first")
     ap.add_argument("--old", type=Path, help="a copy of outbox.py to alternate with")
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="another copy of outbox.py to alternate with, named (repeatable)",
+    )
     ap.add_argument("--no-auth", action="store_true", help="an open, unencrypted server")
     ap.add_argument("--json", type=Path, help="write every run and the summary here")
     a = ap.parse_args()
 
-    impls: list[tuple[str, ModuleType]] = []
-    if a.old is not None:
-        impls.append(("old", load_module(a.old)))
+    copies = [("old", a.old)] if a.old is not None else []
+    copies += [(n, Path(f)) for n, _, f in (c.partition("=") for c in a.compare)]
+    impls = [(name, load_module(name, path)) for name, path in copies]
     impls.append(("new", current_outbox))
 
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-outbox-"))
