@@ -17,15 +17,16 @@ of each, `js.publish_async` a future). Only nats-py's public API is used (`publi
 `subscribe`, `new_inbox`, `max_payload`), so nats-py has no upper bound here.
 
 Measured (benchmarks/outbox: 20,000 messages in transactions of 500, 2 cores, medians of
-alternating runs): the relay publishes ~9,000 messages/s on a quiet machine, bound by the
-server's acks more than by its own CPU, ~56 us a message; about 20 us of that is nats-py
-encoding, validating and cleaning the nine headers of each message. The HPUB command the
-relay used to build itself and hand to nats-py's private writer saved ~17 us a message and
-7-15 % of the rate, for a tie to one nats-py version's internals: it is gone. A PubAck is
-recognised without decoding its JSON, and a subject's stream is looked up once. When a
-transaction's messages were first packed in one document (from a document and a request a
-message): writing went from ~8,000 to ~38,000 messages/s, the relay from ~1,300 to ~10,000
-messages/s, and nx-27017 from ~11 s of CPU to ~0.2 s.
+alternating runs): the relay publishes ~7,000-9,000 messages/s when the machine is not
+busy, bound by the server's acks more than by its own CPU, ~55 us a message; about 20 us of
+that is nats-py encoding, validating and cleaning the nine headers of each message (most of
+it a `str.translate` of each value). The HPUB command the relay used to build itself and
+hand to nats-py's private writer saved those ~20 us and 7-26 % of the rate, for a tie to
+one nats-py version's internals: it is gone. A PubAck is recognised without decoding its
+JSON, and a subject's stream is looked up once. When a transaction's messages were first
+packed in one document (from a document and a request a message): writing went from
+~8,000 to ~38,000 messages/s, the relay from ~1,300 to ~10,000 messages/s, and nx-27017
+from ~11 s of CPU to ~0.2 s.
 
 A document whose every message is acknowledged is deleted (`keep=timedelta(0)`) or marked
 `published` (kept for `keep`, for inspection). Only the longest acknowledged prefix of a
