@@ -62,3 +62,7 @@ clean:
 # Scheduler benchmarks (not part of `just test`): placement engine, cost quality, end to end.
 bench-scheduler *args: setup
     uv run python benchmarks/scheduler/run.py {{args}}
+
+# Outbox relay benchmark (not part of `just test`): messages/s and CPU per message.
+bench-outbox *args: setup
+    uv run python benchmarks/outbox/bench_relay.py {{args}}

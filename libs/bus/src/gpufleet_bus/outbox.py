@@ -7,15 +7,26 @@ against about 56 us per message when many share one document and less still in o
 field; the relay reads and deletes a document at a time too.
 
 A round takes the oldest unpublished documents (up to 500, or about 5,000 messages) and
-publishes every message with core `nc.publish`, each with a reply subject under one wildcard
-inbox of this relay (`_INBOX.<nuid>.<n>`): JetStream's "async publish". The server answers
-each on its reply subject with a PubAck (`{"stream": .., "seq": ..}`) or an error; a subject
-nobody listens on is answered with a 503 status. The acks are counted per document, in one
-subscription callback, with no future or request per message: nats-py's `js.publish` cost
-about 70 us of CPU a message. 20,000 messages in transactions of 500 (measured, 2 cores):
-writing went from ~8,000 to ~38,000 messages/s, the relay from ~1,300 to ~10,000 messages/s
-and from ~150 to ~70 us of its own CPU a message (about half of that is nats-py encoding the
-nine headers), with nx-27017 from ~11 s of CPU to ~0.2 s.
+publishes every message with core `nc.publish(subject, payload, reply=.., headers=..)`, each
+with a reply subject under one wildcard inbox of this relay (`_INBOX.<nuid>.<n>`, one
+`nc.subscribe` per connection): JetStream's "async publish". The server answers each on its
+reply subject with a PubAck (`{"stream": .., "seq": ..}`) or an error; a subject nobody
+listens on is answered with a 503 status. The acks are counted per document, in one
+subscription callback, with no future or request per message (`js.publish` makes a request
+of each, `js.publish_async` a future). Only nats-py's public API is used (`publish`,
+`subscribe`, `new_inbox`, `max_payload`), so nats-py has no upper bound here.
+
+Measured (benchmarks/outbox: 20,000 messages in transactions of 500, 2 cores, medians of
+alternating runs): the relay publishes ~7,000-9,000 messages/s when the machine is not
+busy, bound by the server's acks more than by its own CPU, ~55 us a message; about 20 us of
+that is nats-py encoding, validating and cleaning the nine headers of each message (most of
+it a `str.translate` of each value). The HPUB command the relay used to build itself and
+hand to nats-py's private writer saved those ~20 us and 7-26 % of the rate, for a tie to
+one nats-py version's internals: it is gone. A PubAck is recognised without decoding its
+JSON, and a subject's stream is looked up once. When a transaction's messages were first
+packed in one document (from a document and a request a message): writing went from
+~8,000 to ~38,000 messages/s, the relay from ~1,300 to ~10,000 messages/s, and nx-27017
+from ~11 s of CPU to ~0.2 s.
 
 A document whose every message is acknowledged is deleted (`keep=timedelta(0)`) or marked
 `published` (kept for `keep`, for inspection). Only the longest acknowledged prefix of a
@@ -44,8 +55,9 @@ With `keep`, nx-27017 scans the whole outbox for `{published: false}` at every p
 
 A message that can never be published would block every message behind it, across restarts:
 one over the server's max_payload (headers and body together: the server would close the
-connection), a subject that is not one (empty, or with whitespace, which would break the
-protocol line), text that cannot be encoded. Such a message is dead-lettered instead
+connection; nats-py checks the body alone, so `_send` checks both first), a subject that is
+not one (empty, or with whitespace, which would break the protocol line), text that cannot
+be encoded. Such a message is dead-lettered instead
 (`PERMANENT`): a record on `gpufleet.v1.dlq.<service>` (the format of `deadletter.py`) names
 its subject, type, id, size and why, but not its body, which may hold secrets (a job's
 environment); its document is then done once the record is acknowledged, like any other
@@ -64,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -243,8 +256,8 @@ class OutboxRelay:
                     headers = env.headers()
                     flight.count += 1
                     reply = ""
-                    if stream := stream_for(subject):
-                        headers[Header.EXPECTED_STREAM.value] = stream  # as js.publish adds
+                    if stream := _stream_for(subject):
+                        headers[_EXPECTED_STREAM] = stream  # as js.publish adds
                         reply = f"{self._inbox}{self._next_token}"
                         self._waiting[reply] = flight
                         self._next_token += 1
@@ -325,8 +338,8 @@ class OutboxRelay:
         subject = self.dead_letter_subject
         headers = {"Nats-Msg-Id": record_id}
         reply = ""
-        if stream := stream_for(subject):
-            headers[Header.EXPECTED_STREAM.value] = stream
+        if stream := _stream_for(subject):
+            headers[_EXPECTED_STREAM] = stream
             reply = f"{self._inbox}{self._next_token}"
             self._next_token += 1
             self._waiting[reply] = flight
@@ -414,56 +427,60 @@ class OutboxRelay:
 async def _send(
     nc: Client, subject: str, payload: bytes, reply: str, headers: dict[str, str]
 ) -> None:
-    """`nc.publish(subject, payload, reply=reply, headers=headers)`, the same bytes on the
-    wire, with the HPUB command built here: nats-py validates and cleans each header value
-    with a per-character `str.translate`, 7 % of the scheduler's CPU at ~700 jobs/s for the
-    nine headers of every message. Our header names are constants and our values never hold
-    a line break (checked here, cheaply); the command goes to the client's pending buffer as
-    `nc.publish` sends it. While the client is not connected (or if nats-py's internals are
-    not what this expects) `nc.publish` does it, with its buffering rules.
+    """`nc.publish(subject, payload, reply=reply, headers=headers)`, after the checks that make
+    a message that can never be published fail here, before anything is sent:
 
-    Raises MaxPayloadError when headers and body together exceed the server's max_payload
-    (nats-py checks the body alone; the server closes a connection that sends more) and
-    BadSubjectError for a subject nats-py's publish would refuse (empty, or with whitespace),
-    before anything is sent."""
-    hdr = _NATS_HDR + "".join(f"{k}: {_clean(v)}\r\n" for k, v in headers.items()) + "\r\n"
-    head = hdr.encode()
-    total = len(head) + len(payload)
-    if total > nc.max_payload:
+    MaxPayloadError when headers and body together exceed the server's max_payload (nats-py
+    checks the body alone, and the server closes a connection that sends more);
+    BadSubjectError for a subject the protocol line cannot carry (empty, or with whitespace).
+    Text that cannot be encoded makes nats-py raise UnicodeEncodeError, before it sends.
+
+    A line break in a header value would end the header line: nats-py 2.16 turns it into a
+    space, earlier versions send it as it is, so it is done here for them (values never hold
+    one but for a bug: one `in` test on all the values together)."""
+    values = "".join(headers.values())
+    if "\r" in values or "\n" in values:
+        headers = {k: v.replace("\r", " ").replace("\n", " ") for k, v in headers.items()}
+        values = "".join(headers.values())
+    if _too_big(payload, headers, values, nc.max_payload):
         raise nats_errors.MaxPayloadError
     if not subject or _BAD_SUBJECT.search(subject):
         raise nats_errors.BadSubjectError
-    send = getattr(nc, "_send_command", None)
-    if send is None or not nc.is_connected:
-        await nc.publish(subject, payload, reply=reply, headers=headers)
-        return
-    await send(
-        b"".join(
-            (f"HPUB {subject} {reply} {len(head)} {total}\r\n".encode(), head, payload, b"\r\n")
-        )
-    )
-    nc.stats["out_msgs"] += 1
-    nc.stats["out_bytes"] += len(payload)
-    flush_queue = getattr(nc, "_flush_queue", None)
-    if flush_queue is not None and flush_queue.empty():
-        await nc._flush_pending()
+    await nc.publish(subject, payload, reply=reply, headers=headers)
 
 
-_NATS_HDR = "NATS/1.0\r\n"
-_BAD_SUBJECT = re.compile(r"[ \t\r\n]")  # what nats-py's publish refuses in a subject
+_EXPECTED_STREAM = Header.EXPECTED_STREAM.value
+_BAD_SUBJECT = re.compile(r"[ \t\r\n]")  # what nats-py 2.16's publish refuses in a subject
+# "NATS/1.0\r\n", then "key: value\r\n" per header, then "\r\n": nats-py's header block
+_HEADER_FRAME = len(b"NATS/1.0\r\n\r\n")
+_HEADER_LINE = len(b": \r\n")
 
 
-def _clean(value: str) -> str:
-    value = value.strip()
-    if "\r" in value or "\n" in value:
-        value = value.replace("\r", " ").replace("\n", " ")
-    return value
+def _too_big(payload: bytes, headers: dict[str, str], values: str, max_payload: int) -> bool:
+    """Whether headers and body together exceed the server's max_payload, as nats-py sends
+    them (keys and values stripped). `values` is every value, joined. Counted in characters
+    first, at most 4 bytes each in UTF-8: nearly every message is far below the limit and
+    needs no encoding here."""
+    fixed = len(payload) + _HEADER_FRAME + _HEADER_LINE * len(headers)
+    if fixed + 4 * (len(values) + sum(map(len, headers))) <= max_payload:
+        return False
+    exact = sum(len(k.strip().encode()) + len(v.strip().encode()) for k, v in headers.items())
+    return fixed + exact > max_payload
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_for(subject: str) -> str | None:
+    """`stream_for`, once per subject: a service publishes on few."""
+    return stream_for(subject)
 
 
 def _ack_error(msg: Msg) -> str | None:
     """Why JetStream did not store a message, or None for a PubAck (a duplicate included)."""
     if msg.headers and "Status" in msg.headers:  # 503: no stream holds the subject
         return f"status {msg.headers['Status']} {msg.headers.get('Description', '')}".strip()
+    data = msg.data
+    if data.startswith(b'{"stream":') and b'"error"' not in data:
+        return None  # a PubAck, as the server writes it: no JSON decoding per message
     try:
         ack = json.loads(msg.data)
     except ValueError:
