@@ -8,9 +8,15 @@ owned (and paid for) by the project's owner and created by the acting account (R
 
 from __future__ import annotations
 
-from typing import Annotated, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
 
 from . import subjects
@@ -164,6 +170,14 @@ class ProjectView(BaseModel):
     role: str  # owner | member
     members: list[str] | None = None
     created_at: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _members_for_owners(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A member's view has no `members` key at all (not even null): only the owner's."""
+        data: dict[str, Any] = handler(self)
+        if self.members is None:
+            data.pop("members", None)
+        return data
 
 
 class ProjectList(BaseModel):
