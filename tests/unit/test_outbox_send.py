@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gpufleet_bus.outbox import _ack_error, _send, _too_big
+from gpufleet_bus.outbox_wire import ack_error as _ack_error
+from gpufleet_bus.outbox_wire import send as _send
+from gpufleet_bus.outbox_wire import too_big as _too_big
 from nats import errors as nats_errors
 from nats.aio.msg import Msg
 

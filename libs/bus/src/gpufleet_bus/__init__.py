@@ -17,8 +17,9 @@ from .periodic import Every
 from .publish import emit, publish, publish_raw
 from .requests import Request
 from .runner import StartError, run_service
-from .runtime import Delivery, Events, Ports, Service, ServiceRuntime, Wired
+from .runtime import ServiceRuntime
 from .streams import STREAMS, ensure_streams, stream_for
+from .wiring import Delivery, Events, Ports, Service, Wired
 
 __all__ = [
     "MAX_DELIVER",

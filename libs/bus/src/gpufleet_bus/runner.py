@@ -15,7 +15,7 @@ from typing import Any
 from gpufleet_store import Store
 
 from .broker import BusSettings, make_broker
-from .runtime import Ports, Service
+from .wiring import Ports, Service
 
 Build = Callable[[Ports], Service[Any]]
 

@@ -38,9 +38,8 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from datetime import timedelta
+from typing import Any
 
 from faststream import AsyncAPI, FastStream
 from faststream.middlewares import AckPolicy
@@ -49,77 +48,20 @@ from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.deadletters import VERB as DEAD_LETTERS
 from gpufleet_contracts.deadletters import DeadLetters, ListDeadLetters
 from gpufleet_contracts.health import Health, HealthCheck
-from gpufleet_store import IndexSpec, Store, utcnow
+from gpufleet_store import IndexSpec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from .accounts import account_subject, received_at
-from .broker import VERSION, BusSettings, inbox_of
+from .broker import VERSION, inbox_of
 from .deadletter import UnknownMessageType, check_envelope
 from .dlq import read_dead_letters
 from .outbox import OutboxRelay
 from .periodic import Every
 from .requests import Handler, Request, Requests, model_of, qualname
 from .streams import ensure_streams, stream_for
+from .wiring import Delivery, EventHandler, Events, Ports, Service, T, Wired
 
 log = logging.getLogger("gpufleet.bus")
-T = TypeVar("T")
-Clock = Callable[[], datetime]
-EventHandler = Callable[..., Awaitable[object]]  # what it returns is ignored
-
-
-@dataclass(frozen=True)
-class Ports:
-    """What a service is built from: its bus connection, its database, its clock."""
-
-    broker: NatsBroker
-    store: Store | None = None
-    clock: Clock = utcnow
-    bus: BusSettings = field(default_factory=BusSettings)
-
-    @property
-    def db(self) -> Store:
-        if self.store is None:
-            raise RuntimeError("this service was built without a store")
-        return self.store
-
-
-@dataclass(frozen=True)
-class Service(Generic[T]):
-    """What a build function returns: the FastStream app to run and the service's core."""
-
-    app: FastStream
-    core: T
-    runtime: ServiceRuntime
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """Where and when an event arrived: the subject the server let through (who said it)
-    and when the stream stored it (None for a message that did not come through JetStream)."""
-
-    subject: str
-    received_at: datetime | None
-    id: str | None = None  # its CloudEvents id (`ce-id`, also its Nats-Msg-Id)
-
-
-@dataclass(frozen=True)
-class Events:
-    """One consumer dispatching by CloudEvents type (see the module's docstring)."""
-
-    handlers: Mapping[type[Message], EventHandler]
-    subject: str | None = None  # default: the one subject all the types share
-    consumer: ConsumerConfig | None = None  # an existing consumer made by someone allowed to
-    max_workers: int = 1
-
-
-@dataclass(frozen=True)
-class Wired:
-    """One row of a service's wiring, as the docs list it."""
-
-    kind: str  # request | admin | direct | event | signal | publish
-    subject: str
-    handler: str  # module:function ("" for what it publishes)
-    message: str  # the body's model
 
 
 class ServiceRuntime:
