@@ -102,7 +102,7 @@ def stored_spec(spec: JobSpec) -> Doc:
     """The spec as a job document keeps it: what differs from the contract's defaults, with
     every env value replaced by "<secret>" (the values are in `env_sealed`).
 
-    Read back with `spec_of`, it is the same spec (tests/unit/test_jobspec.py).
+    Read back with `spec_of`, it is the same spec (tests/unit/contracts/test_jobspec.py).
     Defaults are most of a spec (a typical one is 544 BSON bytes, 99 without them), and
     nx-27017's cost per stored job grows with its fields (benchmarks/scheduler). A contract
     default therefore never changes meaning within a version (`gpufleet_contracts.base`).

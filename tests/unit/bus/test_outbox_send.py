@@ -1,6 +1,6 @@
 """The outbox relay's checks before `nc.publish`, and its reading of JetStream's acks.
 
-`nc.publish` itself is nats-py's (tests/integration/test_outbox_*.py publish to a real
+`nc.publish` itself is nats-py's (tests/integration/bus/test_outbox_*.py publish to a real
 nats-server); here a stand-in records what would be published, to show that a message that
 can never be published is refused before anything is sent."""
 

@@ -24,8 +24,8 @@ from gpufleet_scheduler.settings import SchedulerSettings
 from gpufleet_store import Store
 from gpufleet_store.store import OUTBOX, outbox_messages
 
-from .conftest import store_for
-from .test_scheduler_fleet import registered
+from ..conftest import store_for
+from .test_fleet import registered
 
 
 def spec(name: str, gpus: int = 1) -> JobSpec:

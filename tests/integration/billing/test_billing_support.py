@@ -11,7 +11,7 @@ from gpufleet_contracts.devices import DeviceAdded, DeviceRemoved
 from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted, WorkerState
 from gpufleet_store import Store
 
-from .conftest import store_for
+from ..conftest import store_for
 
 T0 = datetime(2025, 6, 2, 10, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)

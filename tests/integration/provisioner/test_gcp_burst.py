@@ -26,7 +26,7 @@ from gpufleet_node_agent.enrol import enrol
 from gpufleet_provisioner.app import build_app
 from gpufleet_provisioner.settings import ProvisionerSettings
 
-from .conftest import (
+from ..conftest import (
     AccountClient,
     JsPublisher,
     admin_connect,

@@ -27,7 +27,7 @@ from gpufleet_scheduler.leadership import Deposed, Lease
 from gpufleet_scheduler.scheduler import Scheduler
 from gpufleet_scheduler.settings import SchedulerSettings
 
-from .conftest import (
+from ..conftest import (
     AccountClient,
     JsPublisher,
     as_identity,
@@ -36,7 +36,7 @@ from .conftest import (
     running,
     store_for,
 )
-from .test_bus import read_stream
+from ..bus.test_bus import read_stream
 
 
 def registered(

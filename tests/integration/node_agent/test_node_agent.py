@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
-from .conftest import JsPublisher
+from ..conftest import JsPublisher
 
 PY = sys.executable
 

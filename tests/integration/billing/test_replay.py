@@ -15,7 +15,7 @@ from gpufleet_contracts import Message, envelope_for, subjects
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 
-from .conftest import admin_connect, broker_for, running, store_for
+from ..conftest import admin_connect, broker_for, running, store_for
 from .test_billing_support import (
     HOUR,
     T0,

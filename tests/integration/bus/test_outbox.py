@@ -9,7 +9,7 @@ from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_store import Transaction
 from gpufleet_store.store import outbox_messages
 
-from .conftest import broker_for, running, store_for
+from ..conftest import broker_for, running, store_for
 from .test_bus import read_stream
 
 

@@ -14,7 +14,7 @@ from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import SubmitJob
 from gpufleet_devstack import NatsServer
 
-from .conftest import admin_connect, as_user, broker_for, running
+from ..conftest import admin_connect, as_user, broker_for, running
 from .test_bus import read_stream
 
 GOOD = {"spec": {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"]}}

@@ -13,7 +13,7 @@ from gpufleet_contracts.jobs import SubmitJob
 from gpufleet_devstack import NatsServer, wait_for_async
 from nats.js.api import DeliverPolicy
 
-from .conftest import admin_connect, as_user, broker_for, running
+from ..conftest import admin_connect, as_user, broker_for, running
 
 
 class Pinged(Event):

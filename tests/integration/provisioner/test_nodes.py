@@ -34,7 +34,7 @@ from gpufleet_provisioner.settings import ProvisionerSettings
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from .conftest import JsPublisher, running, store_for
+from ..conftest import JsPublisher, running, store_for
 
 
 def good_hw(**kw: Any) -> HardwareInventory:

@@ -20,8 +20,8 @@ from gpufleet_scheduler.scheduler import Scheduler
 from gpufleet_store import Store
 from gpufleet_store.store import OUTBOX, outbox_messages
 
-from .conftest import store_for
-from .test_scheduler_fleet import registered
+from ..conftest import store_for
+from .test_fleet import registered
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 

@@ -22,7 +22,7 @@ from gpufleet_scheduler.app import build_app as scheduler_app
 from gpufleet_scheduler.scheduler import Scheduler
 from nats.aio.client import Client
 
-from .conftest import running, store_for
+from ..conftest import running, store_for
 
 
 def service_bus(server: NatsServer, service: str) -> BusSettings:

@@ -17,7 +17,7 @@ from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_store import Store, Transaction
 from nats.js.api import StreamConfig
 
-from .conftest import admin_connect, broker_for, store_for
+from ..conftest import admin_connect, broker_for, store_for
 from .test_bus import read_stream
 
 pytestmark = pytest.mark.integration

@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from .conftest import running
+from ..conftest import running
 
 SPEC = {"name": "x", "gpu_types": ["RTX 3090"], "command": ["true"]}
 # A service's JWT (its permission list) makes its CONNECT line longer than nats-server's

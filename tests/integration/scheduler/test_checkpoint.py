@@ -16,8 +16,8 @@ from gpufleet_scheduler.scheduler import Scheduler
 from gpufleet_scheduler.settings import SchedulerSettings
 from gpufleet_store import utcnow
 
-from .conftest import broker_for, running, store_for
-from .test_scheduler_fleet import Sys, known, registered, state_changed
+from ..conftest import broker_for, running, store_for
+from .test_fleet import Sys, known, registered, state_changed
 
 
 def picture(s: Scheduler) -> dict[str, Any]:

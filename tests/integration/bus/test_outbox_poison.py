@@ -17,7 +17,7 @@ from gpufleet_contracts import subjects
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 from gpufleet_store import Store, Transaction
 
-from .conftest import broker_for, store_for
+from ..conftest import broker_for, store_for
 from .test_bus import read_stream
 
 pytestmark = pytest.mark.integration
