@@ -30,8 +30,8 @@ from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_scheduler.app import build_app as scheduler_app
 
-from .conftest import AccountClient, as_identity, as_user, broker_for, connect, running, store_for
 from .bus.test_bus import read_stream
+from .conftest import AccountClient, as_identity, as_user, broker_for, connect, running, store_for
 
 MINION = "m1"
 

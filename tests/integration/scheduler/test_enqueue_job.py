@@ -12,8 +12,8 @@ from gpufleet_contracts import Envelope, subjects
 from gpufleet_contracts.jobs import EnqueueJob, JobQueued, JobRejected, JobSpec
 from gpufleet_devstack import NatsServer, wait_for_async
 
-from ..conftest import connect
 from ..bus.test_bus import read_stream
+from ..conftest import connect
 from ..test_job_flow import system  # noqa: F401  (the in-process scheduler and billing)
 
 SPEC = {"name": "from-ci", "gpu_types": ["RTX 3090"], "max_price": "1.0", "command": ["true"]}

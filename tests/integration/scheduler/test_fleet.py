@@ -27,6 +27,7 @@ from gpufleet_scheduler.leadership import Deposed, Lease
 from gpufleet_scheduler.scheduler import Scheduler
 from gpufleet_scheduler.settings import SchedulerSettings
 
+from ..bus.test_bus import read_stream
 from ..conftest import (
     AccountClient,
     JsPublisher,
@@ -36,7 +37,6 @@ from ..conftest import (
     running,
     store_for,
 )
-from ..bus.test_bus import read_stream
 
 
 def registered(

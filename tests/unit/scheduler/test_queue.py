@@ -108,6 +108,7 @@ def test_a_pass_decides_what_the_linear_scan_decides_in_order() -> None:
     import random
 
     from gpufleet_scheduler.placement import Placement, place
+
     from .test_placement import random_fleet, random_request
 
     rng = random.Random(3)

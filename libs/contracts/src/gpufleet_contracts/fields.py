@@ -4,7 +4,8 @@ process can be given, and the caps of `limits.py`.
 - `Int`: pydantic's strict int. A JSON number without a fraction or a Python int; never a
   boolean (`true` is not 1), a string ("2") or a float (2.0). The CLI turns its integer flags
   into numbers before it validates (gpufleet_cli.spec.integer). Decimal fields (money, GPU
-  fractions) refuse booleans too: pydantic's Decimal does (tests/unit/contracts/test_input_validation.py).
+  fractions) refuse booleans too: pydantic's Decimal does
+  (tests/unit/contracts/test_input_validation.py).
 - `Name`: a name someone chose and others read, log, or turn into a path or a subject: no
   character of the Unicode categories Cc (controls: NUL, ESC, newline), Cf (format: U+202E
   right-to-left override, U+200B zero-width space), Cs (surrogates), Co (private use), Cn
