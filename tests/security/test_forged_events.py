@@ -177,7 +177,7 @@ async def test_worker_finished_on_the_evil_nodes_own_subject_is_ignored(
     subject = f"{subjects.EVENTS}.worker.finished.{EVIL_NODE}"
     async with Client(system.nats.url, evil_node) as attacker:
         ack = await attacker.js_send(subject, finished(victim, claimed))
-    for durable in ("scheduler-worker-finished", "billing-worker-finished"):
+    for durable in ("scheduler-worker-events", "billing-worker-events"):
         await wait_consumed(system, EVENTS, durable, ack.seq)
     await victim.assert_untouched()
 

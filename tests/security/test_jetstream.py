@@ -204,7 +204,7 @@ async def test_a_node_reads_only_its_own_commands(system: System, evil_node: Pat
 AIMED = [
     *(f"$JS.API.STREAM.PURGE.{s}" for s in ALL_STREAMS),
     *(f"$JS.API.STREAM.DELETE.{s}" for s in ALL_STREAMS),
-    f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_EVENTS}.billing-worker-finished",
+    f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_EVENTS}.billing-worker-events",
     f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_COMMANDS}.{node_consumer(VICTIM_NODE)}",
 ]
 
@@ -237,6 +237,6 @@ async def test_a_reply_subject_cannot_aim_a_service_at_the_jetstream_api(
     await asyncio.sleep(2)  # any answer would have been made by now
     after = await states(system)
     untouched(before, after)
-    assert "billing-worker-finished" in after[subjects.STREAM_EVENTS]["consumers"]
+    assert "billing-worker-events" in after[subjects.STREAM_EVENTS]["consumers"]
     assert node_consumer(VICTIM_NODE) in after[subjects.STREAM_COMMANDS]["consumers"]
     await victim.assert_untouched()

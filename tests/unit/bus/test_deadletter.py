@@ -178,7 +178,7 @@ def test_each_identity_may_do_what_its_dead_letter_path_does() -> None:
     [
         ("_INBOX.UKEY.abc.1", True),
         ("$JS.API.STREAM.PURGE.GPUFLEET_EVENTS", False),
-        ("$JS.API.CONSUMER.DELETE.GPUFLEET_EVENTS.billing-worker-finished", False),
+        ("$JS.API.CONSUMER.DELETE.GPUFLEET_EVENTS.billing-worker-events", False),
         ("gpufleet.v1.cmd.node.m1.start_worker", False),
     ],
 )
