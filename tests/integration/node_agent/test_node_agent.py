@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import pytest
 from gpufleet_bus import BusSettings, Ports, ensure_streams, make_broker, publish
 from gpufleet_bus.streams import ensure_node_consumer, node_consumer
 from gpufleet_contracts import envelope_for, subjects
@@ -38,7 +40,7 @@ PY = sys.executable
 
 @asynccontextmanager
 async def running_agent(
-    server: NatsServer, state_dir: Path, minion_id: str
+    server: NatsServer, state_dir: Path, minion_id: str, **settings: Any
 ) -> AsyncIterator[Agent]:
     """The agent app on a real broker, with an enrolled node's credential and the command
     consumer the provisioner would have made: start-up hooks, consumers, loops."""
@@ -48,6 +50,7 @@ async def running_agent(
         simulated_gpus=default_sim_inventory(),
         heartbeat_s=0.3,
         worker_poll_s=0.1,
+        **settings,
     )
     nc = await nats.connect(server.url, **server.admin())
     await ensure_streams(nc.jetstream())
@@ -219,3 +222,34 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
         assert len(await events_of(js, WorkerStarted, placement)) == 1
         logs = await read_stream(js, subjects.log(cmd.minion_id, cmd.job_id, 0))
         assert b"".join(m.data for m in logs) == b"begin\nend\n"
+
+
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+async def test_a_container_worker_survives_an_agent_restart(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The agent with GPUFLEET_WORKER_RUNTIME=podman: the job runs in a container as non-root,
+    and a restarted agent re-attaches to it and reports its end once."""
+    minion = f"it-{uuid.uuid4().hex[:8]}"
+    placement = uuid.uuid4().hex
+    state = tmp_path / "state"
+    code = "import os, time; print('uid', os.getuid(), flush=True); time.sleep(2); print('end')"
+    cmd = start_cmd(minion, ["python3", "-c", code], placement)
+    podman = {"worker_runtime": "podman", "worker_memory_mb": 256, "worker_cpus": 1}
+    async with client(nats_server) as nc:
+        js = nc.jetstream()
+        async with running_agent(nats_server, state, minion, **podman) as first:
+            await publish(JsPublisher(nc), cmd, source="gpufleet/scheduler")
+
+            async def running() -> bool:
+                return len(await events_of(js, WorkerStarted, placement)) == 1
+
+            await wait_for_async(running, timeout=120)  # the first run builds the base image
+            assert first.workers.running() == [f"{cmd.job_id}/0"]
+        async with running_agent(nats_server, state, minion, **podman) as second:
+            assert second.recovery is not None
+            assert second.recovery.reattached == [placement]
+            done = await wait_finished(js, placement)
+            assert (done.state, done.exit_code) == (WorkerState.finished, 0)
+            assert done.log_tail == "uid 10000\nend\n"
+        assert len(await events_of(js, WorkerFinished, placement)) == 1

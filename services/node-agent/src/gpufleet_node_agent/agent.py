@@ -17,13 +17,33 @@ from gpufleet_contracts.health import HealthCheck, NodeHealth
 from gpufleet_contracts.jobs import StartWorker, StopWorker
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
+from .baseimage import default_containers_conf
 from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
+from .podman import PodmanRuntime
+from .podman_args import PodmanConfig
+from .runtime import WorkerRuntime
 from .settings import AgentSettings, retired_settings
 from .workers import SOURCE, Recovery, WorkerManager
 
 log = logging.getLogger("gpufleet.node_agent")
 
 VERSION = "0.1.0"
+
+
+def worker_runtime(settings: AgentSettings) -> WorkerRuntime | None:
+    """The runtime `GPUFLEET_WORKER_RUNTIME` names; None: WorkerManager's default (process)."""
+    if settings.worker_runtime != "podman":
+        return None
+    config = PodmanConfig(
+        image=settings.worker_image,
+        uid=settings.worker_uid,
+        network=settings.worker_network,
+        memory_mb=settings.worker_memory_mb,
+        cpus=settings.worker_cpus,
+        pids=settings.worker_pids,
+        containers_conf=settings.podman_containers_conf or default_containers_conf(),
+    )
+    return PodmanRuntime(config, settings.minion_id)
 
 
 class Agent:
@@ -51,6 +71,7 @@ class Agent:
             self.publisher,
             log_chunk_bytes=settings.log_chunk_bytes,
             clock=clock,
+            runtime=worker_runtime(settings),
         )
         self.registered = asyncio.Event()
         self._host = HostSampler()
@@ -72,6 +93,10 @@ class Agent:
         level = logging.WARNING if inv.simulated or not inv.gpus else logging.INFO
         log.log(level, "node agent %s: %s", self.minion_id, inv.describe())
         self.workers.gpu_indices = {g.index for g in inv.gpus}
+        if isinstance(self.workers.runtime, PodmanRuntime):
+            self.workers.runtime.real_gpus = not inv.simulated
+            self.workers.runtime.node_gpus = len(inv.gpus)
+        log.info("worker runtime: %s", self.workers.runtime.name)
         found = self.recovery = self.workers.recover()
         if found.finished or found.reattached or found.lost:
             log.info(

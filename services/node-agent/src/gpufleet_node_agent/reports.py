@@ -107,7 +107,9 @@ class Reports:
             state = WorkerState.finished
         else:
             state = WorkerState.failed
-            if exit_data.get("signal"):
+            if reason:  # the runtime's (podman: "out of memory")
+                pass
+            elif exit_data.get("signal"):
                 reason = f"killed by signal {exit_data.get('signal_name') or exit_data['signal']}"
             else:
                 reason = f"exited with code {code}"

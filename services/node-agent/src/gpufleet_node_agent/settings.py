@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -81,6 +82,19 @@ class AgentSettings(BaseSettings):
     # overrides the path). The token, or a file holding it.
     join_token: str | None = Field(default=None, repr=False)
     join_token_file: Path | None = None
+    # How workers run (runtime.py). `process`: bare host processes under a supervisor, as the
+    # agent's user (an operator's own jobs on their own nodes; benchmarks). `podman`: each
+    # worker in its own container (podman.py, podman_args.py; README "Container runtime").
+    worker_runtime: Literal["process", "podman"] = "process"
+    worker_image: str = "gpufleet/base:bookworm"  # built from Debian packages when missing
+    worker_uid: int = Field(default=10000, ge=1)  # non-root user (and group) in containers
+    worker_network: str = "none"  # podman --network; `none`: no route anywhere
+    worker_memory_mb: int | None = Field(default=None, ge=16)  # None: the GPUs' share
+    worker_cpus: float | None = Field(default=None, gt=0)  # None: the GPUs' share
+    worker_pids: int = Field(default=4096, ge=16)
+    # The containers.conf podman runs with (CONTAINERS_CONF); None: deploy/podman/ of the
+    # source checkout, when there is one.
+    podman_containers_conf: Path | None = None
 
     def token(self) -> str | None:
         if self.join_token:

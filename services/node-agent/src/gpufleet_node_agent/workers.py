@@ -25,12 +25,9 @@ alive) and reports.py (the WorkerStarted, log chunks and WorkerFinished it publi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Collection
@@ -43,30 +40,16 @@ from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
 
-from .files import (
-    read_int,
-    read_json,
-    write_json_atomic,
-    write_secret_json,
-    write_text_atomic,
-)
+from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
 from .reports import Reports
-from .workdir import (
-    SPAWNED,
-    SUPERVISOR_MODULE,
-    Worker,
-    dir_name,
-    pid_alive,
-    reap_spawned,
-    runs_in,
-    supervisor_alive,
-)
+from .runtime import ProcessRuntime, WorkerRuntime
+from .workdir import Worker, dir_name
 
 log = logging.getLogger("gpufleet.node_agent.workers")
 
 SOURCE = "gpufleet/node-agent"
-LOST_AT_RESTART = "worker lost: its supervisor was gone when the agent restarted"
-LOST_AT_RUNTIME = "worker lost: its supervisor ended without recording the worker's end"
+LOST_AT_RESTART = ProcessRuntime.lost_at_restart
+LOST_AT_RUNTIME = ProcessRuntime.lost_at_runtime
 ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
 SECRET_FILES = frozenset({ENV_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
@@ -93,6 +76,7 @@ class WorkerManager(Reports):
         clock: Callable[[], datetime] = utcnow,
         python: str = sys.executable,
         source: str = SOURCE,
+        runtime: WorkerRuntime | None = None,
     ) -> None:
         self.root = state_dir / "workers"
         self.minion_id = minion_id
@@ -102,6 +86,8 @@ class WorkerManager(Reports):
         self.clock = clock
         self.python = python
         self.source = source
+        # How workers run (runtime.py): bare supervised processes unless told otherwise.
+        self.runtime: WorkerRuntime = runtime or ProcessRuntime(python)
         self._active: dict[str, Worker] = {}
 
     # --- queries --------------------------------------------------------------------
@@ -115,11 +101,11 @@ class WorkerManager(Reports):
         return dict(self._active)
 
     def running(self) -> list[str]:
-        """`<job_id>/<worker>` of the workers whose supervisor has not recorded an end."""
+        """`<job_id>/<worker>` of the workers handed to the runtime that have not ended."""
         return sorted(
             w.key
             for w in self._active.values()
-            if w.file("supervisor.pid").exists() and not w.file("exit.json").exists()
+            if self.runtime.launched(w) and not w.file("exit.json").exists()
         )
 
     # --- commands -------------------------------------------------------------------
@@ -184,27 +170,13 @@ class WorkerManager(Reports):
         if "exit.json" in files:
             log.warning("refused %s: %s", w.key, files["exit.json"]["error"])
             return False
-        try:
-            w.proc = subprocess.Popen(
-                [self.python, "-m", SUPERVISOR_MODULE, str(d)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # detached: survives the agent
-                close_fds=True,
-            )
-        except OSError as exc:
+        error = self.runtime.launch(w)
+        if error is not None:
             write_json_atomic(
                 w.file("exit.json"),
-                {
-                    "exit_code": None,
-                    "ended_at": self.clock().isoformat(),
-                    "error": f"cannot start the supervisor: {exc}",
-                },
+                {"exit_code": None, "ended_at": self.clock().isoformat(), "error": error},
             )
             return False
-        SPAWNED.append(w.proc)
-        write_text_atomic(w.file("supervisor.pid"), f"{w.proc.pid}\n")
         log.info(
             "started worker %s (placement %s, GPUs %s)", w.key, w.placement_id, cmd.gpu_indices
         )
@@ -243,10 +215,8 @@ class WorkerManager(Reports):
             return  # already over
         if not w.file("stop_requested").exists():
             write_text_atomic(w.file("stop_requested"), reason)
-        pid = read_int(w.file("supervisor.pid"))
-        if pid is not None and supervisor_alive(pid, w.dir):
-            os.kill(pid, signal.SIGTERM)
-            log.info("stopping worker %s: %s", w.key, reason)
+        log.info("stopping worker %s: %s", w.key, reason)
+        self.runtime.request_stop(w)
 
     # --- restart --------------------------------------------------------------------
 
@@ -270,24 +240,18 @@ class WorkerManager(Reports):
                 continue
             w = Worker(placement_id, d, str(spec["job_id"]), int(spec["worker"]))
             self._active[placement_id] = w
-            pid = read_int(w.file("supervisor.pid"))
             if w.file("exit.json").exists():
                 found.finished.append(placement_id)
-            elif pid is not None and supervisor_alive(pid, d):
+            elif self.runtime.reattach(w):
                 found.reattached.append(placement_id)
             elif not w.file("exit.json").exists():  # it may have ended just now
-                self._mark_gone(w, LOST_AT_RESTART)
+                self._mark_gone(w, self.runtime.lost_at_restart)
                 found.lost.append(placement_id)
         return found
 
     def _mark_gone(self, w: Worker, reason: str) -> None:
-        """The supervisor is gone without exit.json: record the end ourselves."""
-        started = read_json(w.file("started.json")) or {}
-        pid = started.get("pid")
-        if isinstance(pid, int) and pid_alive(pid) and runs_in(pid, w.dir):
-            # An orphaned command would hold GPUs the scheduler is about to reuse.
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+        """The runtime lost the worker without exit.json: record the end ourselves."""
+        self.runtime.kill_orphan(w)
         now = self.clock().isoformat()
         if w.file("stop_requested").exists():
             data: dict[str, Any] = {"exit_code": None, "ended_at": now, "stopped": True}
@@ -305,23 +269,21 @@ class WorkerManager(Reports):
             await asyncio.sleep(interval)
 
     async def poll_once(self) -> None:
-        reap_spawned()
-        for w in list(self._active.values()):
+        workers = list(self._active.values())
+        try:
+            await self.runtime.poll(workers)
+        except Exception as exc:  # podman failing, say: the files say what is known
+            log.warning("worker runtime %s: %s", self.runtime.name, exc)
+        for w in workers:
             try:
                 await self._watch(w)
             except Exception as exc:  # NATS down, say: try again next round
                 log.warning("worker %s: will retry reporting: %s", w.key, exc)
 
-    def _supervisor_running(self, w: Worker) -> bool:
-        if w.proc is not None:
-            return w.proc.poll() is None  # also reaps it
-        pid = read_int(w.file("supervisor.pid"))
-        return pid is not None and supervisor_alive(pid, w.dir)
-
     async def _watch(self, w: Worker) -> None:
         ended = w.file("exit.json").exists()
-        if not ended and not self._supervisor_running(w) and not w.file("exit.json").exists():
-            self._mark_gone(w, LOST_AT_RUNTIME)
+        if not ended and not self.runtime.alive(w) and not w.file("exit.json").exists():
+            self._mark_gone(w, self.runtime.lost_at_runtime)
             ended = True
         started = read_json(w.file("started.json"))
         if started is not None and not w.file("reported_started").exists():

@@ -1,0 +1,363 @@
+"""The podman runtime: each worker in its own container, through the podman CLI.
+
+conmon, not the agent, is the container's parent, so a worker outlives an agent restart.
+Beside the files of the supervisor protocol, a podman worker's directory has:
+
+    container.json   {name, image}: written before `podman run`; a worker with it and no
+                     container (and no exit.json) was lost
+    container.log    conmon's log (k8s-file format), converted into `log`
+    container.log.offset  bytes of container.log already converted
+
+Per watch round (`poll`): the workers StartWorker handed over are launched (the base image
+built first, once per node), one `podman ps` lists this node's containers (by label), a
+running one with a stop request is stopped, an ended one is inspected (exit code, out of
+memory), its end written to exit.json, and it is removed. A worker whose container is gone
+without an end is reported lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .baseimage import ensure_image, podman_env
+from .files import read_int, read_json, write_json_atomic, write_text_atomic
+from .podman_args import (
+    LABEL,
+    LOG_FILE,
+    ContainerSpec,
+    PodmanConfig,
+    container_name,
+    container_spec,
+    ml_binds,
+    run_argv,
+    share_limits,
+)
+from .workdir import Worker
+
+log = logging.getLogger("gpufleet.node_agent.podman")
+
+MARKER = "container.json"
+ENV_FILE = "podman.env"
+OOM = "out of memory"
+OOM_EVIDENCE = "oom"  # conmon writes it in its working directory on an OOM kill
+ALIVE_STATES = frozenset({"running", "paused", "stopping", "removing", "initialized"})
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def convert_k8s_log(raw: bytes) -> tuple[bytes, int]:
+    """conmon's k8s-file lines (`<time> <stream> <F|P> <text>`) to the plain bytes the
+    command wrote; and how many bytes of `raw` that used (complete lines only)."""
+    end = raw.rfind(b"\n") + 1
+    out = bytearray()
+    for line in raw[:end].splitlines():
+        parts = line.split(b" ", 3)
+        if len(parts) < 3:
+            continue
+        out += parts[3] if len(parts) == 4 else b""
+        if parts[2] != b"P":  # P: a partial line, continued by the next record
+            out += b"\n"
+    return bytes(out), end
+
+
+class PodmanRuntime:
+    name = "podman"
+    lost_at_restart = "worker lost: its container was gone when the agent restarted"
+    lost_at_runtime = "worker lost: its container is gone (its runtime state was removed)"
+
+    def __init__(self, config: PodmanConfig, minion_id: str, *, real_gpus: bool = False) -> None:
+        self.config = config
+        self.minion_id = minion_id
+        self.real_gpus = real_gpus  # the agent sets these two from the inventory
+        self.node_gpus = 0
+        self.env = podman_env(config.containers_conf)
+        self._pending: dict[str, Worker] = {}
+        self._listing: dict[str, dict[str, Any]] | None = None  # by name; None: unknown
+        self._listed_at = 0.0
+        self._stopping: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._image_ok = False
+        self._image_task: asyncio.Task[str | None] | None = None
+
+    @staticmethod
+    def container_of(w: Worker) -> str:
+        return container_name(w.job_id, w.worker, w.placement_id)
+
+    # --- the port's quick half ----------------------------------------------------------
+
+    def launch(self, w: Worker) -> str | None:
+        self._pending[w.placement_id] = w  # launched by the next poll
+        return None
+
+    def launched(self, w: Worker) -> bool:
+        return w.placement_id in self._pending or w.file(MARKER).exists()
+
+    def alive(self, w: Worker) -> bool:
+        if w.placement_id in self._pending or self._listing is None:
+            return True
+        return self.container_of(w) in self._listing
+
+    def request_stop(self, w: Worker) -> None:
+        """Nothing now: the next poll stops a running container with `stop_requested`."""
+
+    def reattach(self, w: Worker) -> bool:
+        if not w.file(MARKER).exists():  # accepted, never launched: launch it now
+            self._pending[w.placement_id] = w
+            return True
+        listing = self._list_sync()
+        return listing is None or self.container_of(w) in listing
+
+    def kill_orphan(self, w: Worker) -> None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [self.config.podman, "rm", "--force", self.container_of(w)],
+                env=self.env,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+
+    # --- podman calls -----------------------------------------------------------------
+
+    async def _podman(
+        self, *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> tuple[int, bytes, bytes]:
+        proc = await asyncio.create_subprocess_exec(
+            self.config.podman,
+            *args,
+            env=dict(env or self.env),
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        return proc.returncode or 0, out, err
+
+    def _ps_args(self) -> list[str]:
+        return ["ps", "--all", "--filter", f"label={LABEL}.minion={self.minion_id}"]
+
+    @staticmethod
+    def _by_name(out: bytes) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for c in json.loads(out or b"[]") or []:
+            for name in c.get("Names") or []:
+                found[str(name)] = c
+        return found
+
+    async def _list(self) -> dict[str, dict[str, Any]] | None:
+        rc, out, err = await self._podman(*self._ps_args(), "--format", "json")
+        if rc != 0:
+            log.warning("podman ps failed (%d): %s", rc, err.decode(errors="replace").strip())
+            return None
+        return self._by_name(out)
+
+    def _list_sync(self) -> dict[str, dict[str, Any]] | None:
+        """One listing for all of a restart's reattach() calls."""
+        if time.monotonic() - self._listed_at < 2.0:
+            return self._listing
+        try:
+            res = subprocess.run(
+                [self.config.podman, *self._ps_args(), "--format", "json"],
+                env=self.env,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("podman ps failed: %s", exc)
+            return None
+        self._listing = self._by_name(res.stdout) if res.returncode == 0 else None
+        self._listed_at = time.monotonic()
+        return self._listing
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- the watch round --------------------------------------------------------------
+
+    async def poll(self, workers: Sequence[Worker]) -> None:
+        await self._launch_pending()
+        if not workers and not self._stopping:
+            return
+        listing = await self._list()
+        self._listing, self._listed_at = listing, time.monotonic()
+        if listing is None:
+            return
+        ours = {self.container_of(w): w for w in workers}
+        for name, c in listing.items():
+            w = ours.get(name)
+            state = str(c.get("State") or "").lower()
+            if w is None:
+                if state not in ALIVE_STATES and name not in self._stopping:
+                    self._spawn(self._podman("rm", "--force", name))  # an old, ended one
+                continue
+            self.convert_log(w)
+            if w.file("exit.json").exists():
+                self._spawn(self._podman("rm", "--force", name))
+            elif state in ALIVE_STATES:
+                if w.file("stop_requested").exists() and name not in self._stopping:
+                    self._stopping.add(name)
+                    self._spawn(self._stop(name))
+            else:
+                await self._record_end(w, name, state)
+
+    async def _stop(self, name: str) -> None:
+        try:
+            await self._podman("stop", "--time", str(self.config.stop_grace_s), name)
+        finally:
+            self._stopping.discard(name)
+
+    def convert_log(self, w: Worker) -> None:
+        """Append what conmon logged since the last call to `log` (shipped by reports.py)."""
+        path = w.file(LOG_FILE)
+        offset = read_int(w.file(f"{LOG_FILE}.offset")) or 0
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                raw = f.read(4 * 1024 * 1024)
+        except OSError:
+            return
+        data, used = convert_k8s_log(raw)
+        if not used:
+            return
+        with w.file("log").open("ab") as out:
+            out.write(data)
+        write_text_atomic(w.file(f"{LOG_FILE}.offset"), str(offset + used))
+
+    async def _record_end(self, w: Worker, name: str, state: str) -> None:
+        rc, out, _ = await self._podman("inspect", "--type", "container", name)
+        info = (json.loads(out or b"[]") or [{}])[0] if rc == 0 else {}
+        st = info.get("State") or {}
+        self.convert_log(w)
+        code = st.get("ExitCode")
+        fields: dict[str, Any] = {"ended_at": _now(), "container": name}
+        if state == "created":  # never started
+            fields.update(exit_code=None, error=st.get("Error") or "the container never started")
+        else:
+            fields["exit_code"] = code if isinstance(code, int) else None
+        if w.file("stop_requested").exists():
+            fields["stopped"] = True
+        elif st.get("OOMKilled") or w.file(OOM_EVIDENCE).exists():
+            # On these hybrid cgroups podman's inspect says OOMKilled: false; conmon's file
+            # in its working directory (the worker's) is what shows the kernel's OOM kill.
+            fields.update(reason=OOM, oom_killed=True)
+        elif st.get("Error"):
+            fields["error"] = str(st["Error"])
+        write_json_atomic(w.file("exit.json"), fields)
+        await self._podman("rm", "--force", name)
+
+    # --- launching ----------------------------------------------------------------------
+
+    async def _launch_pending(self) -> None:
+        if not self._pending:
+            return
+        if not self._image_ok:
+            if self._image_task is None:
+                log.info("making sure image %s is here (built once per node)", self.config.image)
+                self._image_task = asyncio.ensure_future(
+                    ensure_image(self.config.image, self.env, self.config.podman)
+                )
+            if not self._image_task.done():
+                return  # building: the workers wait
+            error, self._image_task = self._image_task.result(), None
+            if error is not None:
+                for w in self._take_pending():
+                    self._fail(w, error)
+                return
+            self._image_ok = True
+        for w in self._take_pending():
+            await self.start_container(w)
+
+    def _take_pending(self) -> list[Worker]:
+        taken = list(self._pending.values())
+        self._pending.clear()
+        return taken
+
+    def _fail(self, w: Worker, error: str) -> None:
+        write_json_atomic(
+            w.file("exit.json"), {"exit_code": None, "ended_at": _now(), "error": error}
+        )
+        log.warning("worker %s not started: %s", w.key, error)
+
+    def _prepare_dirs(self, w: Worker) -> None:
+        for b in ml_binds(w.dir):
+            b.host.mkdir(parents=True, exist_ok=True)
+            if not b.read_only and os.geteuid() == 0:
+                os.chown(b.host, self.config.uid, self.config.uid)
+
+    async def start_container(self, w: Worker) -> None:
+        spec = read_json(w.file("spec.json"))
+        env_path = w.file("env.json")
+        job_env = {str(k): str(v) for k, v in (read_json(env_path) or {}).items()}
+        if w.file("exit.json").exists():
+            return
+        if w.file("stop_requested").exists():
+            write_json_atomic(
+                w.file("exit.json"), {"exit_code": None, "ended_at": _now(), "stopped": True}
+            )
+            env_path.unlink(missing_ok=True)
+            return
+        if spec is None or not spec.get("command"):
+            self._fail(w, "spec.json is missing or has no command")
+            return
+        self._prepare_dirs(w)
+        gpus = len(spec.get("gpu_indices") or [])
+        c = container_spec(
+            spec,
+            w.dir,
+            self.minion_id,
+            self.config,
+            job_env=job_env,
+            real_gpus=self.real_gpus,
+            limits=share_limits(self.config, self.node_gpus, gpus),
+        )
+        write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
+        try:
+            rc, _, err = await self._run(c, w)
+        finally:
+            env_path.unlink(missing_ok=True)  # the values now live only in the container
+        if rc != 0:
+            await self._podman("rm", "--force", c.name)
+            self._fail(
+                w, f"podman run failed ({rc}): {err.decode(errors='replace').strip()[-500:]}"
+            )
+            return
+        write_json_atomic(
+            w.file("started.json"), {"pid": None, "started_at": _now(), "container": c.name}
+        )
+        log.info("started container %s for worker %s", c.name, w.key)
+
+    async def _run(self, c: ContainerSpec, w: Worker) -> tuple[int, bytes, bytes]:
+        env = dict(self.env)
+        env.update({k: c.env[k] for k in c.by_name})
+        env_file = w.file(ENV_FILE) if c.in_file else None
+        if env_file is not None:
+            bad = [k for k in c.in_file if "\n" in c.env[k]]
+            if bad:
+                return 1, b"", f"env {bad}: a multi-line value under a name podman reads".encode()
+            fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.writelines(f"{k}={c.env[k]}\n" for k in c.in_file)
+        try:
+            # conmon, started by `podman run`, keeps its working directory: where it writes
+            # an `oom` file when the kernel kills the container for memory (OOM_EVIDENCE).
+            argv = run_argv(c, self.config.podman, env_file)[1:]
+            return await self._podman(*argv, env=env, cwd=w.dir)
+        finally:
+            if env_file is not None:
+                env_file.unlink(missing_ok=True)

@@ -1,0 +1,288 @@
+"""A worker's container, as plain data: from its spec.json to the exact `podman run` argv.
+
+No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.md):
+
+- its image's filesystem, and four directories of its own, bound from its worker directory:
+  `/opt/ml/input` and `/opt/ml/models` read-only, `/opt/ml/checkpoint` and `/opt/ml/output`
+  (ML_OUTPUT_PATH, its working directory) writable; nothing else of the host;
+- a non-root user (`--user`), no capabilities, no new privileges;
+- memory (swap included), CPU and pids limits;
+- the network the operator chose (`none` by default: no route to the control plane);
+- its own GPUs' device nodes and the control devices, when the GPUs are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
+
+# The R-JOB-3/4 directories: (target in the container, read-only).
+ML_DIRS = (
+    ("/opt/ml/input", True),
+    ("/opt/ml/models", True),
+    ("/opt/ml/checkpoint", False),
+    ("/opt/ml/output", False),
+)
+OUTPUT = "/opt/ml/output"
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+LABEL = "gpufleet"  # label prefix: gpufleet.minion, gpufleet.placement, ...
+LOG_FILE = "container.log"  # conmon's k8s-file log, converted into `log` by the agent
+
+# Names podman itself reads from its environment: a job's value for one of them cannot be
+# handed over by name (`--env NAME`), it goes in a 0600 env file instead.
+_PODMAN_NAMES = frozenset(
+    {"PATH", "HOME", "TMPDIR", "TZ", "NOTIFY_SOCKET", "GODEBUG", "GOMAXPROCS", "GOGC"}
+)
+_PODMAN_PREFIXES = (
+    "CONTAINERS_",
+    "CONTAINER_",
+    "XDG_",
+    "STORAGE_",
+    "BUILDAH_",
+    "PODMAN_",
+    "CONMON_",
+    "DOCKER_",
+    "REGISTRY_",
+    "LISTEN_",
+    "SSL_CERT_",
+    "LD_",
+    "_CONTAINERS_",
+)
+
+
+def podman_reads(name: str) -> bool:
+    upper = name.upper()
+    return (
+        upper in _PODMAN_NAMES
+        or upper.startswith(_PODMAN_PREFIXES)
+        or upper.endswith("_PROXY")
+        or upper == "NO_PROXY"
+    )
+
+
+def container_name(job_id: str, worker: int, placement_id: str) -> str:
+    """`gpufleet-<job>-<worker>-<8 hex of the placement>`: readable in `podman ps`, unique per
+    placement (a re-placed worker gets a new container)."""
+    job = re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)[:48].strip("-.") or "job"
+    digest = hashlib.sha256(placement_id.encode()).hexdigest()[:8]
+    return f"gpufleet-{job}-{int(worker)}-{digest}"
+
+
+@dataclass(frozen=True)
+class Bind:
+    host: Path
+    target: str
+    read_only: bool
+
+    def arg(self) -> str:
+        return f"{self.host}:{self.target}:{'ro' if self.read_only else 'rw'}"
+
+
+@dataclass(frozen=True)
+class PodmanConfig:
+    """The node's choices for every worker container (AgentSettings, `GPUFLEET_WORKER_*`)."""
+
+    image: str = "gpufleet/base:bookworm"
+    uid: int = 10000  # the non-root user a worker runs as (gid the same)
+    network: str = "none"
+    memory_mb: int | None = None  # per worker; None: its GPUs' share of the node's
+    cpus: float | None = None  # per worker; None: its GPUs' share of the node's
+    pids: int = 4096
+    stop_grace_s: int = 10
+    containers_conf: Path | None = None
+    podman: str = "podman"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    command: list[str]
+    labels: dict[str, str]
+    env: dict[str, str]  # gpufleet's values and the job's, all given to the container
+    binds: list[Bind]
+    devices: list[str]
+    log_path: Path
+    user: str
+    network: str
+    memory_mb: int
+    cpus: float
+    pids: int
+    workdir: str = OUTPUT
+    by_name: list[str] = field(default_factory=list)  # job env names passed by name
+    in_file: list[str] = field(default_factory=list)  # job env names passed in the env file
+
+
+def ml_binds(worker_dir: Path) -> list[Bind]:
+    """The worker's own directories: <worker_dir>/mnt/opt/ml/..., and output/ (as the bare
+    runtime's ML_OUTPUT_PATH) at /opt/ml/output."""
+    out = []
+    for target, read_only in ML_DIRS:
+        host = worker_dir / "output" if target == OUTPUT else worker_dir / MOUNTS_DIR / target[1:]
+        out.append(Bind(host, target, read_only))
+    return out
+
+
+def mount_env(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Each mount's variable, as the path inside the container (ML_DATA_PATH=/opt/ml/...)."""
+    env = {}
+    for m in spec.get("mounts") or []:
+        target = str(m.get("target") or "")
+        if m.get("kind") == "output" or not m.get("env") or not target.startswith("/"):
+            continue
+        env[str(m["env"])] = str(PurePosixPath("/", *[p for p in target.split("/") if p]))
+    return env
+
+
+def gpu_devices(indices: Sequence[int], real: bool) -> list[str]:
+    """Its own GPUs' device nodes plus the control devices; none for simulated GPUs.
+    (`/dev/nvidia<N>` is the device of minor number N, which is NVML's index on the machines
+    this was written for; CDI is the way to be exact, see the README.)"""
+    if not real or not indices:
+        return []
+    return [f"/dev/nvidia{int(i)}" for i in indices] + list(CONTROL_DEVICES)
+
+
+def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
+    """gpufleet's variables, which the job's env cannot override (as in `worker_env`)."""
+    indices = [int(i) for i in spec.get("gpu_indices") or []]
+    # Real GPUs: the container has only its own device nodes, which CUDA numbers from 0.
+    visible = range(len(indices)) if real_gpus else indices
+    env = {
+        "JOB_NAME": str(spec.get("job_name") or ""),
+        "JOB_ID": str(spec["job_id"]),
+        "WORKER_NUMBER": str(spec["worker"]),
+        "ML_OUTPUT_PATH": OUTPUT,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    env.update(mount_env(spec))
+    env.update(share_env(spec))
+    if spec.get("output_archive"):
+        env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
+    return env
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int
+    cpus: float
+
+
+def share_limits(
+    config: PodmanConfig,
+    node_gpus: int,
+    worker_gpus: int,
+    *,
+    node_memory_mb: int | None = None,
+    node_cpus: int | None = None,
+) -> Limits:
+    """A worker's memory and CPUs: the configured ones, or else the share of the node's that
+    its GPUs are of the node's GPUs (one share at least; the whole node without GPUs)."""
+    if node_memory_mb is None:
+        node_memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    node_cpus = node_cpus or os.cpu_count() or 1
+    share = max(1, worker_gpus) / node_gpus if node_gpus > 0 else 1.0
+    share = min(share, 1.0)
+    memory = config.memory_mb or max(256, int(node_memory_mb * share))
+    cpus = config.cpus or max(1.0, round(node_cpus * share, 2))
+    return Limits(memory, cpus)
+
+
+def container_spec(
+    spec: Mapping[str, Any],
+    worker_dir: Path,
+    minion_id: str,
+    config: PodmanConfig,
+    *,
+    job_env: Mapping[str, str] | None = None,
+    real_gpus: bool = False,
+    limits: Limits | None = None,
+) -> ContainerSpec:
+    """The container of the worker whose spec.json is `spec` (job env values apart)."""
+    ours = container_env(spec, real_gpus)
+    job = {k: v for k, v in (job_env or {}).items() if k not in ours and k not in GPUFLEET_VARS}
+    defaults = {"HOME": "/tmp"}  # the worker's user has no home in the image
+    env = {**defaults, **job, **ours}
+    placement = str(spec["placement_id"])
+    limits = limits or Limits(config.memory_mb or 4096, config.cpus or 1.0)
+    labels = {
+        f"{LABEL}.minion": minion_id,
+        f"{LABEL}.placement": placement,
+        f"{LABEL}.job": str(spec["job_id"]),
+        f"{LABEL}.worker": str(spec["worker"]),
+        f"{LABEL}.dir": str(worker_dir),
+    }
+    in_file = sorted(k for k in job if podman_reads(k))
+    by_name = sorted(k for k in job if not podman_reads(k))
+    return ContainerSpec(
+        name=container_name(str(spec["job_id"]), int(spec["worker"]), placement),
+        image=config.image,
+        command=[str(a) for a in spec["command"]],
+        labels=labels,
+        env=env,
+        binds=ml_binds(worker_dir),
+        devices=gpu_devices([int(i) for i in spec.get("gpu_indices") or []], real_gpus),
+        log_path=worker_dir / LOG_FILE,
+        user=f"{config.uid}:{config.uid}",
+        network=config.network,
+        memory_mb=limits.memory_mb,
+        cpus=limits.cpus,
+        pids=config.pids,
+        by_name=by_name,
+        in_file=in_file,
+    )
+
+
+def run_argv(c: ContainerSpec, podman: str = "podman", env_file: Path | None = None) -> list[str]:
+    """`podman run -d ...` for `c`. Env values of the job are never in the argv: names whose
+    value podman takes from its own environment (`--env NAME`), and `env_file` for names
+    podman reads itself. gpufleet's own variables are given with their values."""
+    # --init: catatonit is PID 1, so the command gets SIGTERM on a stop (a PID 1 without a
+    # handler ignores it) and its orphans are reaped.
+    argv = [podman, "run", "--detach", "--init", "--name", c.name]
+    for k, v in c.labels.items():
+        argv += ["--label", f"{k}={v}"]
+    argv += [
+        "--user",
+        c.user,
+        "--workdir",
+        c.workdir,
+        "--network",
+        c.network,
+        "--memory",
+        f"{c.memory_mb}m",
+        "--memory-swap",
+        f"{c.memory_mb}m",  # the same: no swap beyond the limit
+        "--cpus",
+        f"{c.cpus:g}",
+        "--pids-limit",
+        str(c.pids),
+        "--security-opt",
+        "no-new-privileges",
+        "--cap-drop",
+        "ALL",
+        "--log-driver",
+        "k8s-file",
+        "--log-opt",
+        f"path={c.log_path}",
+    ]
+    for b in c.binds:
+        argv += ["--volume", b.arg()]
+    for d in c.devices:
+        argv += ["--device", d]
+    if env_file is not None and c.in_file:
+        argv += ["--env-file", str(env_file)]
+    for name in c.by_name:
+        argv += ["--env", name]
+    ours = {k: v for k, v in c.env.items() if k not in c.by_name and k not in c.in_file}
+    for k, v in ours.items():
+        argv += ["--env", f"{k}={v}"]
+    return [*argv, c.image, *c.command]

@@ -1,0 +1,282 @@
+"""The podman worker runtime against real podman: isolation, limits, stop, restart.
+
+Skipped only where podman is not installed (`just setup` installs it). The first run builds
+the base image from Debian packages (about a minute); later runs find it in podman's store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpufleet_contracts.jobs import Mount, StartWorker, WorkerFinished, WorkerStarted, WorkerState
+from gpufleet_node_agent.baseimage import (
+    BASE_IMAGE,
+    default_containers_conf,
+    ensure_image,
+    podman_env,
+)
+from gpufleet_node_agent.podman import PodmanRuntime
+from gpufleet_node_agent.podman_args import PodmanConfig
+from gpufleet_node_agent.workers import WorkerManager
+
+pytestmark = pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+
+CONF = default_containers_conf()
+
+
+class Broker:
+    """Records publishes, dropping a repeated Nats-Msg-Id as JetStream does."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, str]]] = []
+
+    async def publish(
+        self, message: bytes, subject: str, headers: dict[str, str] | None = None, **_: Any
+    ) -> None:
+        assert headers is not None
+        if all(h["Nats-Msg-Id"] != headers["Nats-Msg-Id"] for _, _, h in self.sent):
+            self.sent.append((subject, message, headers))
+
+    def events(self, cls: type[Any]) -> list[Any]:
+        return [cls.from_bytes(m) for _, m, h in self.sent if h["ce-type"] == cls.TYPE]
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    error = asyncio.run(ensure_image(BASE_IMAGE, podman_env(CONF)))
+    assert error is None, error
+    return BASE_IMAGE
+
+
+@pytest.fixture
+def minion() -> Iterator[str]:
+    mid = f"pt-{uuid.uuid4().hex[:8]}"
+    yield mid
+    # whatever a failed test left of this node's containers
+    ids = subprocess.run(
+        ["podman", "ps", "-aq", "--filter", f"label=gpufleet.minion={mid}"],
+        env=podman_env(CONF),
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if ids:
+        subprocess.run(
+            ["podman", "rm", "-f", *ids], env=podman_env(CONF), capture_output=True, check=False
+        )
+
+
+def manager(state: Path, minion: str, image: str, **config: Any) -> WorkerManager:
+    settings: dict[str, Any] = {"memory_mb": 256, "cpus": 1, "stop_grace_s": 2, **config}
+    runtime = PodmanRuntime(PodmanConfig(image=image, containers_conf=CONF, **settings), minion)
+    runtime.node_gpus = 2
+    return WorkerManager(state, minion, Broker(), gpu_indices=[0, 1], runtime=runtime)  # type: ignore[arg-type]
+
+
+def start(minion: str, code: str, placement: str | None = None, **kw: Any) -> StartWorker:
+    placement = placement or uuid.uuid4().hex
+    fields: dict[str, Any] = {
+        "minion_id": minion,
+        "job_id": f"job-{placement[:6]}",
+        "job_name": "it",
+        "worker": 0,
+        "command": ["python3", "-c", code],
+        "gpu_indices": [1],
+        "placement_id": placement,
+        **kw,
+    }
+    return StartWorker(**fields)
+
+
+async def until_finished(m: WorkerManager, placement: str, within: float = 60) -> WorkerFinished:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        await m.poll_once()
+        done = [e for e in m.broker.events(WorkerFinished) if e.placement_id == placement]  # type: ignore[attr-defined]
+        if done:
+            return done[0]  # type: ignore[no-any-return]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"worker {placement} did not finish in {within}s")
+
+
+async def until_started(m: WorkerManager, placement: str, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        await m.poll_once()
+        if any(e.placement_id == placement for e in m.broker.events(WorkerStarted)):  # type: ignore[attr-defined]
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"worker {placement} did not start in {within}s")
+
+
+PROBE = """
+import json, os, socket
+def readable(p):
+    try:
+        open(p).read(); return True
+    except OSError:
+        return False
+def writable(p):
+    try:
+        open(p, 'w').write('x'); return True
+    except OSError:
+        return False
+def connects(port):
+    s = socket.socket(); s.settimeout(1)
+    try:
+        s.connect(('127.0.0.1', port)); return True
+    except OSError:
+        return False
+print(json.dumps({
+    'uid': os.getuid(), 'gid': os.getgid(), 'cwd': os.getcwd(),
+    'host_secret': readable(%(secret)r), 'state_dir': os.path.exists(%(state)r),
+    'other_worker': os.path.exists(%(other)r), 'etc_shadow': readable('/etc/shadow'),
+    'token': os.environ.get('API_TOKEN'), 'path': os.environ.get('PATH'),
+    'ml_output': os.environ.get('ML_OUTPUT_PATH'), 'data': os.environ.get('ML_DATA_PATH'),
+    'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), 'job_id': os.environ.get('JOB_ID'),
+    'output_writable': writable('/opt/ml/output/out.txt'),
+    'input_writable': writable('/opt/ml/input/x'), 'nats': connects(4222),
+    'ml': sorted(os.listdir('/opt/ml')),
+}))
+"""
+
+
+async def test_a_worker_is_isolated_and_gets_its_env(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    state = tmp_path / "state"
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("the host's")
+    (state).mkdir()
+    (state / "node.creds").write_text("the node's credential")
+    m = manager(state, minion, image)
+    other = start(minion, "import time; time.sleep(30)")
+    assert m.start(other)
+    code = PROBE % {
+        "secret": str(secret),
+        "state": str(state),
+        "other": str(m.worker_dir(other.placement_id)),
+    }
+    mounts = [
+        Mount(target="/opt/ml/input/data", kind="dataset", source="dataset:d", env="ML_DATA_PATH")
+    ]
+    cmd = start(
+        minion,
+        code,
+        env={"API_TOKEN": "line one\nline two", "PATH": "/usr/bin:/bin"},
+        mounts=mounts,
+    )
+    assert m.start(cmd)
+    t0 = time.monotonic()
+    done = await until_finished(m, cmd.placement_id)
+    print(f"container job end to end: {time.monotonic() - t0:.2f}s")
+    assert (done.state, done.exit_code) == (WorkerState.finished, 0), done.log_tail
+    seen = json.loads(done.log_tail)
+    assert seen == {
+        "uid": 10000,
+        "gid": 10000,
+        "cwd": "/opt/ml/output",
+        "host_secret": False,
+        "state_dir": False,
+        "other_worker": False,
+        "etc_shadow": False,
+        "token": "line one\nline two",
+        "path": "/usr/bin:/bin",
+        "ml_output": "/opt/ml/output",
+        "data": "/opt/ml/input/data",
+        "cuda": "1",  # simulated GPUs: the placement's indices, as the bare runtime gives
+        "job_id": cmd.job_id,
+        "output_writable": True,
+        "input_writable": False,
+        "nats": False,
+        "ml": ["checkpoint", "input", "models", "output"],
+    }
+    wd = m.worker_dir(cmd.placement_id)
+    assert (wd / "output" / "out.txt").read_text() == "x"
+    assert (wd / "output" / "out.txt").stat().st_uid == 10000
+    # the env values are nowhere on disk, nor in the stored spec
+    assert not (wd / "env.json").exists() and not (wd / "podman.env").exists()
+    assert "line one" not in (wd / "spec.json").read_text()
+    m.stop(other.job_id, 0, other.placement_id, "test over")
+    stopped = await until_finished(m, other.placement_id)
+    assert (stopped.state, stopped.reason) == (WorkerState.stopped, "test over")
+
+
+async def test_a_memory_hog_is_reported_out_of_memory(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    m = manager(tmp_path / "state", minion, image, memory_mb=64)
+    code = "print('allocating', flush=True); x = bytearray(512 * 2**20); print('survived')"
+    cmd = start(minion, code)
+    m.start(cmd)
+    done = await until_finished(m, cmd.placement_id)
+    assert (done.state, done.reason, done.exit_code) == (WorkerState.failed, "out of memory", 137)
+    assert done.log_tail == "allocating\n"
+
+
+async def test_a_running_container_is_reattached_after_a_restart(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    state = tmp_path / "state"
+    first = manager(state, minion, image)
+    cmd = start(minion, "import time; print('begin', flush=True); time.sleep(3); print('end')")
+    first.start(cmd)
+    await until_started(first, cmd.placement_id)
+    assert first.running() == [f"{cmd.job_id}/0"]
+    # the agent is gone (its manager dropped), the container is not
+    second = manager(state, minion, image)
+    found = second.recover()
+    assert (found.reattached, found.lost) == ([cmd.placement_id], [])
+    done = await until_finished(second, cmd.placement_id)
+    assert (done.state, done.exit_code) == (WorkerState.finished, 0)
+    assert done.log_tail == "begin\nend\n"
+    for _ in range(3):
+        await second.poll_once()
+    assert len(second.broker.events(WorkerFinished)) == 1  # type: ignore[attr-defined]
+
+
+async def test_a_container_whose_state_is_gone_is_reported_lost(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    state = tmp_path / "state"
+    m = manager(state, minion, image)
+    running, later = (
+        start(minion, "import time; time.sleep(60)"),
+        start(minion, "import time; time.sleep(60)"),
+    )
+    m.start(running)
+    m.start(later)
+    await until_started(m, running.placement_id)
+    await until_started(m, later.placement_id)
+    env = podman_env(CONF)
+    # removed behind the agent's back while it runs ...
+    await asyncio.to_thread(
+        subprocess.run,
+        ["podman", "rm", "-f", PodmanRuntime.container_of(m.active[running.placement_id])],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    done = await until_finished(m, running.placement_id)
+    assert (done.state, done.reason) == (WorkerState.failed, PodmanRuntime.lost_at_runtime)
+    # ... and while it was away
+    await asyncio.to_thread(
+        subprocess.run,
+        ["podman", "rm", "-f", PodmanRuntime.container_of(m.active[later.placement_id])],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    again = manager(state, minion, image)
+    assert again.recover().lost == [later.placement_id]
+    gone = await until_finished(again, later.placement_id)
+    assert (gone.state, gone.reason) == (WorkerState.failed, PodmanRuntime.lost_at_restart)

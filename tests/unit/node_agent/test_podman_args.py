@@ -1,0 +1,144 @@
+"""Node agent: a worker's container as plain data (podman_args), and conmon's log format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpufleet_node_agent.podman import convert_k8s_log
+from gpufleet_node_agent.podman_args import (
+    PodmanConfig,
+    container_name,
+    container_spec,
+    podman_reads,
+    run_argv,
+    share_limits,
+)
+
+WD = Path("/state/workers/pl-1")
+
+
+def spec(**kw: Any) -> dict[str, Any]:
+    return {
+        "placement_id": "pl-1",
+        "job_id": "job-1",
+        "job_name": "demo",
+        "worker": 0,
+        "command": ["python3", "train.py", "--epochs", "3"],
+        "gpu_indices": [1, 3],
+        "mounts": [
+            {
+                "target": "/opt/ml/input/data",
+                "kind": "dataset",
+                "source": "d",
+                "env": "ML_DATA_PATH",
+            },
+            {"target": "/opt/ml/output", "kind": "output", "source": "o", "env": "ML_OUTPUT_PATH"},
+        ],
+        **kw,
+    }
+
+
+CONFIG = PodmanConfig(memory_mb=2048, cpus=1.5, pids=512)
+
+
+def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
+    c = container_spec(
+        spec(),
+        WD,
+        "m1",
+        CONFIG,
+        job_env={"API_TOKEN": "s3cret", "PATH": "/opt/bin:/usr/bin", "JOB_ID": "forged"},
+        real_gpus=True,
+    )
+    name = container_name("job-1", 0, "pl-1")
+    assert run_argv(c, "podman", WD / "podman.env") == [
+        "podman", "run", "--detach", "--init", "--name", name,
+        "--label", "gpufleet.minion=m1",
+        "--label", "gpufleet.placement=pl-1",
+        "--label", "gpufleet.job=job-1",
+        "--label", "gpufleet.worker=0",
+        "--label", f"gpufleet.dir={WD}",
+        "--user", "10000:10000",
+        "--workdir", "/opt/ml/output",
+        "--network", "none",
+        "--memory", "2048m",
+        "--memory-swap", "2048m",
+        "--cpus", "1.5",
+        "--pids-limit", "512",
+        "--security-opt", "no-new-privileges",
+        "--cap-drop", "ALL",
+        "--log-driver", "k8s-file",
+        "--log-opt", f"path={WD}/container.log",
+        "--volume", f"{WD}/mnt/opt/ml/input:/opt/ml/input:ro",
+        "--volume", f"{WD}/mnt/opt/ml/models:/opt/ml/models:ro",
+        "--volume", f"{WD}/mnt/opt/ml/checkpoint:/opt/ml/checkpoint:rw",
+        "--volume", f"{WD}/output:/opt/ml/output:rw",
+        "--device", "/dev/nvidia1",
+        "--device", "/dev/nvidia3",
+        "--device", "/dev/nvidiactl",
+        "--device", "/dev/nvidia-uvm",
+        "--device", "/dev/nvidia-uvm-tools",
+        "--env-file", f"{WD}/podman.env",
+        "--env", "API_TOKEN",  # its value comes from podman's environment, never the argv
+        "--env", "HOME=/tmp",
+        "--env", "JOB_NAME=demo",
+        "--env", "JOB_ID=job-1",  # the job's own JOB_ID is dropped
+        "--env", "WORKER_NUMBER=0",
+        "--env", "ML_OUTPUT_PATH=/opt/ml/output",
+        "--env", "CUDA_VISIBLE_DEVICES=0,1",  # its two device nodes, as CUDA numbers them
+        "--env", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "--env", "ML_DATA_PATH=/opt/ml/input/data",
+        "gpufleet/base:bookworm",
+        "python3", "train.py", "--epochs", "3",
+    ]  # fmt: skip
+    assert (c.by_name, c.in_file) == (["API_TOKEN"], ["PATH"])  # PATH: in the 0600 env file
+    assert "s3cret" not in " ".join(run_argv(c))
+
+
+def test_simulated_gpus_give_no_devices_and_keep_the_placement_indices() -> None:
+    c = container_spec(spec(gpu_fraction="0.5", gpu_memory_limit_mb=12000), WD, "m1", CONFIG)
+    argv = run_argv(c)
+    assert "--device" not in argv and "--env-file" not in argv
+    assert "CUDA_VISIBLE_DEVICES=1,3" in argv
+    assert "GPU_MEMORY_LIMIT_MB=12000" in argv and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in argv
+
+
+def test_a_container_is_named_per_placement_and_safely() -> None:
+    assert container_name("job 1/ä", 2, "pl-1") == container_name("job 1/ä", 2, "pl-1")
+    assert container_name("job-1", 0, "pl-1") != container_name("job-1", 0, "pl-2")
+    assert container_name("job 1/ä", 2, "pl-1").startswith("gpufleet-job-1-2-")
+
+
+def test_limits_default_to_the_share_of_the_node_its_gpus_are() -> None:
+    unset = PodmanConfig()
+    half = share_limits(unset, 4, 2, node_memory_mb=64000, node_cpus=16)
+    assert (half.memory_mb, half.cpus) == (32000, 8.0)
+    cpu_only = share_limits(unset, 4, 0, node_memory_mb=64000, node_cpus=16)
+    assert (cpu_only.memory_mb, cpu_only.cpus) == (16000, 4.0)  # one share
+    no_gpus = share_limits(unset, 0, 0, node_memory_mb=8000, node_cpus=2)
+    assert (no_gpus.memory_mb, no_gpus.cpus) == (8000, 2.0)
+    assert share_limits(CONFIG, 4, 1, node_memory_mb=64000, node_cpus=16).memory_mb == 2048
+
+
+def test_names_podman_reads_itself_are_recognised() -> None:
+    assert all(map(podman_reads, ["PATH", "HOME", "CONTAINERS_CONF", "https_proxy", "TMPDIR"]))
+    assert not any(
+        map(
+            podman_reads,
+            ["API_TOKEN", "HF_TOKEN", "WANDB_API_KEY", "MY_PATH", "GOOGLE_CREDENTIALS"],
+        )
+    )
+
+
+def test_conmon_log_lines_become_the_bytes_the_command_wrote() -> None:
+    raw = (
+        b"2026-01-01T00:00:00.1+00:00 stdout F hello\n"
+        b"2026-01-01T00:00:00.2+00:00 stderr P par\n"
+        b"2026-01-01T00:00:00.3+00:00 stderr F tial\n"
+        b"2026-01-01T00:00:00.4+00:00 stdout F \n"
+        b"2026-01-01T00:00:00.5+00:00 stdout F not yet compl"
+    )
+    data, used = convert_k8s_log(raw)
+    assert data == b"hello\npartial\n\n"
+    assert raw[used:] == b"2026-01-01T00:00:00.5+00:00 stdout F not yet compl"
