@@ -16,6 +16,7 @@ from . import limits, subjects
 from .base import Command, Event
 from .errors import ErrorBody
 from .fields import Argv, Cap, EnvValue, Int, Name
+from .images import RegistryAuth
 from .jobviews import HistoryEntry as HistoryEntry
 from .jobviews import JobAccepted as JobAccepted
 from .jobviews import JobList as JobList
@@ -112,6 +113,10 @@ class StartWorker(Command):
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
     gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
     disk_size_gb: Int = 10
+    # R-JOB-7: the job's customer image (None: the node's base image), and the credential it
+    # is pulled with (gpufleet_contracts.images), sealed in the outbox like `env`.
+    image: str | None = None
+    registry_auth: RegistryAuth | None = Field(default=None, repr=False)
 
 
 class StopWorker(Command):

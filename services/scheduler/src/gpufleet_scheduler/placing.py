@@ -10,6 +10,7 @@ import uuid
 from datetime import datetime
 
 from gpufleet_bus import emit
+from gpufleet_contracts.images import split_registry_auth
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
 from gpufleet_store import Doc, Transaction
 
@@ -77,6 +78,9 @@ def place_worker(
     )
     mp = mounts.plan(spec, w["index"])
     memory = jobdoc.share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
+    # R-JOB-7: an attached registry key's values leave the worker's env for the pull alone.
+    image = spec.environment.image
+    env, registry_auth = split_registry_auth(spec.env, spec.environment.keys, image)
     emit(
         tx,
         StartWorker(
@@ -85,7 +89,7 @@ def place_worker(
             job_name=job["name"],
             worker=w["index"],
             command=spec.command_for(w["index"]),
-            env=spec.env,
+            env=env,
             gpu_indices=list(d.gpu_indices),
             placement_id=placement_id,
             mounts=list(mp.mounts),
@@ -94,8 +98,11 @@ def place_worker(
             gpu_fraction=fraction,
             gpu_memory_limit_mb=memory,
             disk_size_gb=spec.disk_size_gb,
+            image=image,
+            registry_auth=registry_auth,
         ),
-        sealed=bool(spec.env),  # the env values: stored encrypted until the relay sends it
+        # the env values and the registry credential: stored encrypted until the relay sends it
+        sealed=bool(spec.env),
     )
     return [
         {
