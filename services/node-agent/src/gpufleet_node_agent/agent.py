@@ -42,6 +42,9 @@ def worker_runtime(settings: AgentSettings) -> WorkerRuntime | None:
         cpus=settings.worker_cpus,
         pids=settings.worker_pids,
         containers_conf=settings.podman_containers_conf or default_containers_conf(),
+        insecure_registries=tuple(
+            r.strip() for r in settings.worker_insecure_registries.split(",") if r.strip()
+        ),
     )
     return PodmanRuntime(config, settings.minion_id)
 

@@ -9,8 +9,9 @@ Beside the files of the supervisor protocol, a podman worker's directory has:
     container.log.offset  bytes of container.log already converted
 
 Per watch round (`poll`): the workers StartWorker handed over are launched (the base image
-built first, once per node), one `podman ps` lists this node's containers (by label), a
-running one with a stop request is stopped, an ended one is inspected (exit code, out of
+built first, once per node; a job's own image pulled first, in the background: images.py),
+one `podman ps` lists this node's containers (by label), a running one with a stop request
+is stopped, an ended one is inspected (exit code, out of
 memory), its end written to exit.json, and it is removed. A worker whose container is gone
 without an end is reported lost.
 """
@@ -31,6 +32,7 @@ from typing import Any
 
 from .baseimage import ensure_image, podman_env
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
+from .images import REGISTRY_FILE, pull_image
 from .podman_args import (
     LABEL,
     LOG_FILE,
@@ -74,6 +76,7 @@ def convert_k8s_log(raw: bytes) -> tuple[bytes, int]:
 
 class PodmanRuntime:
     name = "podman"
+    pulls_images = True
     lost_at_restart = "worker lost: its container was gone when the agent restarted"
     lost_at_runtime = "worker lost: its container is gone (its runtime state was removed)"
 
@@ -84,6 +87,7 @@ class PodmanRuntime:
         self.node_gpus = 0
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}
+        self._pulling: set[str] = set()  # placements whose image is being pulled
         self._listing: dict[str, dict[str, Any]] | None = None  # by name; None: unknown
         self._listed_at = 0.0
         self._stopping: set[str] = set()
@@ -101,11 +105,14 @@ class PodmanRuntime:
         self._pending[w.placement_id] = w  # launched by the next poll
         return None
 
+    def _launching(self, w: Worker) -> bool:
+        return w.placement_id in self._pending or w.placement_id in self._pulling
+
     def launched(self, w: Worker) -> bool:
-        return w.placement_id in self._pending or w.file(MARKER).exists()
+        return self._launching(w) or w.file(MARKER).exists()
 
     def alive(self, w: Worker) -> bool:
-        if w.placement_id in self._pending or self._listing is None:
+        if self._launching(w) or self._listing is None:
             return True
         return self.container_of(w) in self._listing
 
@@ -281,7 +288,38 @@ class PodmanRuntime:
                 return
             self._image_ok = True
         for w in self._take_pending():
+            image = (read_json(w.file("spec.json")) or {}).get("image")
+            if image:
+                self._pulling.add(w.placement_id)
+                self._spawn(self._pull_then_start(w, str(image)))
+            else:
+                await self.start_container(w)
+
+    async def _pull_then_start(self, w: Worker, image: str) -> None:
+        """The job's own image, pulled (and checked against its disk), then its container."""
+        try:
+            if w.file("exit.json").exists() or w.file("stop_requested").exists():
+                w.file(REGISTRY_FILE).unlink(missing_ok=True)
+                await self.start_container(w)  # records the stop
+                return
+            disk = (read_json(w.file("spec.json")) or {}).get("disk_size_gb")
+            log.info("pulling image %s for worker %s", image, w.key)
+            error = await pull_image(
+                self._podman,
+                w.dir,
+                image,
+                int(disk) if isinstance(disk, int) else 10,
+                self.config.insecure_registries,
+            )
+            if error is not None:
+                w.file("env.json").unlink(missing_ok=True)
+                self._fail(w, error)
+                return
             await self.start_container(w)
+        except Exception as exc:  # podman gone, say: the worker fails, saying so
+            self._fail(w, f"cannot pull image {image}: {exc}")
+        finally:
+            self._pulling.discard(w.placement_id)
 
     def _take_pending(self) -> list[Worker]:
         taken = list(self._pending.values())

@@ -2,7 +2,8 @@
 
 No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.md):
 
-- its image's filesystem, and four directories of its own, bound from its worker directory:
+- its image's filesystem (the job's own image, pulled by images.py, else the node's base
+  image), and four directories of its own, bound from its worker directory:
   `/opt/ml/input` and `/opt/ml/models` read-only, `/opt/ml/checkpoint` and `/opt/ml/output`
   (ML_OUTPUT_PATH, its working directory) writable; nothing else of the host;
 - a non-root user (`--user`), no capabilities, no new privileges;
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
 
 # The R-JOB-3/4 directories: (target in the container, read-only).
@@ -98,6 +100,7 @@ class PodmanConfig:
     stop_grace_s: int = 10
     containers_conf: Path | None = None
     podman: str = "podman"
+    insecure_registries: tuple[str, ...] = ()  # host[:port] pulled without TLS checks
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,7 @@ def container_spec(
     by_name = sorted(k for k in job if not podman_reads(k))
     return ContainerSpec(
         name=container_name(str(spec["job_id"]), int(spec["worker"]), placement),
-        image=config.image,
+        image=qualified(str(spec["image"])) if spec.get("image") else config.image,
         command=[str(a) for a in spec["command"]],
         labels=labels,
         env=env,

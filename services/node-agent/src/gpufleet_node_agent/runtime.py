@@ -37,6 +37,7 @@ class WorkerRuntime(Protocol):
     block on the runtime: slow work (podman calls) happens in `poll`, once per round."""
 
     name: str
+    pulls_images: bool  # runs a job's own image (StartWorker.image), pulling it first
     lost_at_restart: str  # the reason of a worker `reattach` could not find
     lost_at_runtime: str  # the reason of a worker `alive` stopped seeing without exit.json
 
@@ -69,6 +70,7 @@ class ProcessRuntime:
     jobs on their own nodes, and for benchmarks."""
 
     name = "process"
+    pulls_images = False  # a job's image is not used: the command runs on the host
     lost_at_restart = "worker lost: its supervisor was gone when the agent restarted"
     lost_at_runtime = "worker lost: its supervisor ended without recording the worker's end"
 

@@ -92,6 +92,9 @@ class AgentSettings(BaseSettings):
     worker_memory_mb: int | None = Field(default=None, ge=16)  # None: the GPUs' share
     worker_cpus: float | None = Field(default=None, gt=0)  # None: the GPUs' share
     worker_pids: int = Field(default=4096, ge=16)
+    # Registries (host[:port]) a job's image is pulled from without TLS checks: only ones
+    # the operator runs on a trusted network, e.g. `just up`'s local registry. Comma-separated.
+    worker_insecure_registries: str = ""
     # The containers.conf podman runs with (CONTAINERS_CONF); None: deploy/podman/ of the
     # source checkout, when there is one.
     podman_containers_conf: Path | None = None

@@ -7,6 +7,8 @@ supervisor writes (see `supervise`), the agent keeps:
                         directory appears)
     env.json            the job's env values (secrets, R-JOB-7), 0600; the supervisor reads
                         it and deletes it before the command starts (`supervise`)
+    registry.json       the credential its image is pulled with (R-JOB-7), 0600; for a
+                        runtime that pulls images, which deletes it after the pull (images.py)
     stop_requested      the reason of a StopWorker, when one came
     log.offset          bytes of `log` already published
     log.pending         end of the log chunk being published (re-sent as is after a crash)
@@ -41,6 +43,7 @@ from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
 
 from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
+from .images import REGISTRY_FILE
 from .reports import Reports
 from .runtime import ProcessRuntime, WorkerRuntime
 from .workdir import Worker, dir_name
@@ -51,7 +54,7 @@ SOURCE = "gpufleet/node-agent"
 LOST_AT_RESTART = ProcessRuntime.lost_at_restart
 LOST_AT_RUNTIME = ProcessRuntime.lost_at_runtime
 ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
-SECRET_FILES = frozenset({ENV_FILE})
+SECRET_FILES = frozenset({ENV_FILE, REGISTRY_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
 
 
@@ -149,10 +152,15 @@ class WorkerManager(Reports):
             "output_upload": cmd.output_upload,
             "gpu_fraction": None if cmd.gpu_fraction is None else str(cmd.gpu_fraction),
             "gpu_memory_limit_mb": cmd.gpu_memory_limit_mb,
+            # R-JOB-7: the job's own image (its credential apart), and the disk it must fit
+            "image": cmd.image,
+            "disk_size_gb": cmd.disk_size_gb,
         }
         files: dict[str, dict[str, Any]] = {"spec.json": spec}
         if cmd.env:
             files[ENV_FILE] = dict(cmd.env)
+        if cmd.registry_auth is not None and cmd.image and self.runtime.pulls_images:
+            files[REGISTRY_FILE] = cmd.registry_auth.model_dump()
         unknown = sorted(set(cmd.gpu_indices) - (self.gpu_indices or set()))
         if self.gpu_indices is not None and unknown:
             files["exit.json"] = {
