@@ -40,7 +40,7 @@ docs-check: setup
     uv run python -m gpufleet_devstack.docs --check
 
 # Install what the project needs: uv (from PyPI), the workspace, nats-server, and podman, runc
-# and mmdebstrap for the node agent's container runtime (Debian).
+# and mmdebstrap for the node agent's container runtime, docker-registry for images (Debian).
 setup:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -52,6 +52,7 @@ setup:
     uv sync --quiet --all-packages --group dev
     uv run python -c "from gpufleet_devstack import ensure_nats_server as e; e()"
     uv run python -c "from gpufleet_devstack.podman import ensure_podman as e; e()"
+    uv run python -c "from gpufleet_devstack.registry import ensure_registry as e; e()"
 
 # The compose stack's keys, TLS certificates and credentials (deploy/secrets/, git-ignored).
 compose-secrets: setup

@@ -19,6 +19,7 @@ from gpufleet_devstack.console import Out, rel
 from gpufleet_devstack.mongo import EmbeddedMongo
 from gpufleet_devstack.nats import NatsServer
 from gpufleet_devstack.processes import ServiceProcess, log_tail
+from gpufleet_devstack.registry import LocalRegistry, find_registry
 
 RESTART_BACKOFF: Final = 1.0
 MAX_RESTARTS_PER_MINUTE: Final = 5
@@ -58,12 +59,19 @@ class Stack:
         self.gcp: Any = None  # the GCP emulator (gpufleet_gcp_emulator.testing.EmulatorProcess)
         self.gcp_env: dict[str, str] = {}
         self.node_env: dict[str, dict[str, str]] = {}  # the node agent's join token
+        # The local image registry (customer images, R-JOB-7), when docker-registry is here.
+        self.registry: LocalRegistry | None = None
 
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         stack = {
             "GPUFLEET_NATS_URL": self.nats.url,
             "GPUFLEET_MONGO_URL": self.mongo.url,
             **self.gcp_env,
+            **(
+                {"GPUFLEET_WORKER_INSECURE_REGISTRIES": self.registry.address}
+                if self.registry is not None
+                else {}
+            ),
             **identities.service_env(self.nats, spec.name),
             **self.node_env.get(spec.name, {}),
         }
@@ -87,6 +95,12 @@ class Stack:
         self.out.ok(
             f"MongoDB up, data in {rel(self.mongo.data_dir)} (log: {rel(self.mongo.log_file)})"
         )
+        if find_registry() is None:
+            self.out.step("no local image registry: docker-registry is not installed")
+            return
+        self.registry = LocalRegistry(self.run_dir / "registry")
+        self.registry.start()
+        self.out.ok(f"image registry (docker-registry) up on {self.registry.address}")
 
     def start_gcp(self) -> None:
         """The GCP emulator and its endpoints for the services (the key that seals the GCP
@@ -168,6 +182,8 @@ class Stack:
             self.out.step("stopping the GCP emulator (and its instances' agents)")
             self.gcp.stop()
             self.gcp = None
+        if self.registry is not None:
+            self.registry.stop()
         if self.mongo.running:
             self.out.step("stopping MongoDB")
         self.mongo.stop()

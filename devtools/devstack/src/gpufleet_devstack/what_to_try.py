@@ -31,6 +31,16 @@ def print_what_to_try(stack: Stack) -> None:
             if stack.gcp is not None
             else ()
         ),
+        *(
+            (
+                f"# a customer image: the local registry {stack.registry.address} (plain "
+                "HTTP), run with GPUFLEET_WORKER_RUNTIME=podman",
+                f"podman tag localhost/gpufleet/base:bookworm {stack.registry.address}/me/app:1"
+                f" && podman push --tls-verify=false {stack.registry.address}/me/app:1",
+            )
+            if stack.registry is not None
+            else ()
+        ),
     ):
         out.plain(f"  {line}")
     out.plain("")
