@@ -112,6 +112,12 @@ class StartWorker(Command):
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
     gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
     disk_size_gb: Int = 10
+    # Whose job it is (R-TEN-1): its project's owner and its creator, from the job document.
+    # The agent runs a job outside a container only when both are the node's owner and its
+    # operator opted in (services/node-agent/README.md, "Runtime policy"); None (a command
+    # from before these fields) counts as another account's.
+    owner: str | None = None
+    creator: str | None = None
 
 
 class StopWorker(Command):

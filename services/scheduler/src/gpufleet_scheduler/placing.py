@@ -94,6 +94,8 @@ def place_worker(
             gpu_fraction=fraction,
             gpu_memory_limit_mb=memory,
             disk_size_gb=spec.disk_size_gb,
+            owner=job["owner"],
+            creator=job["creator"],
         ),
         sealed=bool(spec.env),  # the env values: stored encrypted until the relay sends it
     )
