@@ -215,7 +215,6 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
 
             await wait_for_async(running, timeout=20)
             assert first.workers.running() == [f"{cmd.job_id}/0"]
-            assert (state / "workers" / placement / "container.json").exists()
         # the agent is gone; its worker is not
         async with running_agent(nats_server, state, minion) as second:
             assert second.recovery is not None
@@ -254,6 +253,7 @@ async def test_a_container_worker_survives_an_agent_restart(
 
             await wait_for_async(running, timeout=120)  # the first run builds the base image
             assert first.workers.running() == [f"{cmd.job_id}/0"]
+            assert (state / "workers" / placement / "container.json").exists()
             assert (state / "workers" / placement / "container.json").exists()
         async with running_agent(nats_server, state, minion, **podman) as second:
             assert second.recovery is not None
