@@ -24,6 +24,9 @@ from gpufleet_devstack.up import NODE_NAME, SERVICES
 CLI = [str(Path(sys.executable).parent / "gpufleet")]
 
 
+BARE_OWN_JOBS = {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"}
+
+
 class System:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -58,6 +61,10 @@ class System:
             env.update(identities.service_env(self.nats, spec.name))
             if spec.name == "node-agent":
                 env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
+                # Every e2e job is the node owner's (`local`): bare processes, on the
+                # operator's opt-in, keep the suite fast. Another account's job would run in
+                # a container (tests/integration/node_agent/test_node_agent.py).
+                env.update(BARE_OWN_JOBS)
                 state = Path(env["GPUFLEET_AGENT_STATE_DIR"])
                 env.update(asyncio.run(identities.prepare_node(self.nats, NODE_NAME, state)))
             proc = ServiceProcess(

@@ -16,7 +16,7 @@ from cryptography.fernet import Fernet
 from gpufleet_gcp_emulator.testing import EmulatorProcess
 from gpufleet_gcp_emulator.testing import service_account_key as emulated_key
 
-from .conftest import System
+from .conftest import BARE_OWN_JOBS, System
 
 IDLE_S = 3
 
@@ -35,6 +35,7 @@ class GcpSystem(System):
             agent_dir=root / "gcp-agents",
             delay_s=0.3,
             agent_heartbeat_s=1.0,
+            agent_env=BARE_OWN_JOBS,  # as the local node: the burst jobs are `local`'s
         )
 
     @property

@@ -198,6 +198,7 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
             simulated_gpus=default_sim_inventory(),
             heartbeat_s=0.3,
             worker_poll_s=0.1,
+            allow_bare_processes="own-jobs",  # the job is the node owner's (`local`)
         ),
     ).app
     async with (

@@ -43,14 +43,15 @@ async def running_agent(
     server: NatsServer, state_dir: Path, minion_id: str, **settings: Any
 ) -> AsyncIterator[Agent]:
     """The agent app on a real broker, with an enrolled node's credential and the command
-    consumer the provisioner would have made: start-up hooks, consumers, loops."""
+    consumer the provisioner would have made: start-up hooks, consumers, loops. The node's
+    owner (`local`) opted into bare processes for its own jobs (start_cmd's)."""
     settings = AgentSettings(
         minion_id=minion_id,
         agent_state_dir=state_dir,
         simulated_gpus=default_sim_inventory(),
         heartbeat_s=0.3,
         worker_poll_s=0.1,
-        **settings,
+        **{"account": "local", "allow_bare_processes": "own-jobs", **settings},
     )
     nc = await nats.connect(server.url, **server.admin())
     await ensure_streams(nc.jetstream())
@@ -111,8 +112,13 @@ async def consumer_caught_up(js: JetStreamContext, durable: str, seq: int) -> bo
     )
 
 
-def start_cmd(minion: str, command: list[str], placement: str) -> StartWorker:
+def start_cmd(
+    minion: str, command: list[str], placement: str, account: str = "local"
+) -> StartWorker:
+    """A job of `account` (by default the node's owner's)."""
     return StartWorker(
+        owner=account,
+        creator=account,
         minion_id=minion,
         job_id=f"job-{placement}",
         job_name="it",
@@ -228,14 +234,15 @@ async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_pat
 async def test_a_container_worker_survives_an_agent_restart(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    """The agent with GPUFLEET_WORKER_RUNTIME=podman: the job runs in a container as non-root,
-    and a restarted agent re-attaches to it and reports its end once."""
+    """Another account's job on a node whose operator allowed bare processes for its own
+    jobs: it runs in a container all the same (the runtime policy), as non-root, and a
+    restarted agent re-attaches to it and reports its end once."""
     minion = f"it-{uuid.uuid4().hex[:8]}"
     placement = uuid.uuid4().hex
     state = tmp_path / "state"
     code = "import os, time; print('uid', os.getuid(), flush=True); time.sleep(2); print('end')"
-    cmd = start_cmd(minion, ["python3", "-c", code], placement)
-    podman = {"worker_runtime": "podman", "worker_memory_mb": 256, "worker_cpus": 1}
+    cmd = start_cmd(minion, ["python3", "-c", code], placement, account="acme")
+    podman = {"worker_memory_mb": 256, "worker_cpus": 1}
     async with client(nats_server) as nc:
         js = nc.jetstream()
         async with running_agent(nats_server, state, minion, **podman) as first:
@@ -246,6 +253,8 @@ async def test_a_container_worker_survives_an_agent_restart(
 
             await wait_for_async(running, timeout=120)  # the first run builds the base image
             assert first.workers.running() == [f"{cmd.job_id}/0"]
+            assert (state / "workers" / placement / "container.json").exists()
+            assert (state / "workers" / placement / "container.json").exists()
         async with running_agent(nats_server, state, minion, **podman) as second:
             assert second.recovery is not None
             assert second.recovery.reattached == [placement]

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-__all__ = ["PODMAN_PACKAGES", "ensure_podman", "missing_podman_tools"]
+__all__ = ["PODMAN_PACKAGES", "ensure_podman", "missing_podman_tools", "node_runtime_env"]
 
 # crun, podman's default on Debian, fails on these hosts' hybrid cgroups; runc works.
 PODMAN_PACKAGES = ("podman", "runc", "mmdebstrap")
@@ -37,3 +37,21 @@ def ensure_podman(log: Callable[[str], None] = print) -> bool:
     if still:
         log(f"still missing {', '.join(still)}: {INSTALL_HINT}")
     return not still
+
+
+def node_runtime_env(log: Callable[[str], None] = print) -> dict[str, str]:
+    """The runtime settings of `just up`'s node agents: containers (the agent's default) when
+    podman can run them here; else the operator's opt-in to run the node owner's own jobs
+    (all of `just up`'s) as bare processes, said aloud. A developer's own
+    GPUFLEET_ALLOW_BARE_PROCESSES wins."""
+    if "GPUFLEET_ALLOW_BARE_PROCESSES" in os.environ:
+        return {}
+    missing = missing_podman_tools()
+    if not missing and os.geteuid() == 0:
+        return {}
+    why = f"{', '.join(missing)} missing" if missing else "not root (rootless podman is not done)"
+    log(
+        f"node agent: no containers here ({why}): the node owner's own jobs run as bare "
+        "processes (GPUFLEET_ALLOW_BARE_PROCESSES=own-jobs); another account's are refused"
+    )
+    return {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"}

@@ -18,6 +18,7 @@ from gpufleet_devstack.config import find_repo_root
 from gpufleet_devstack.console import Out, rel
 from gpufleet_devstack.mongo import EmbeddedMongo
 from gpufleet_devstack.nats import NatsServer
+from gpufleet_devstack.podman import node_runtime_env
 from gpufleet_devstack.processes import ServiceProcess, log_tail
 from gpufleet_devstack.registry import LocalRegistry, find_registry
 
@@ -61,6 +62,14 @@ class Stack:
         self.node_env: dict[str, dict[str, str]] = {}  # the node agent's join token
         # The local image registry (customer images, R-JOB-7), when docker-registry is here.
         self.registry: LocalRegistry | None = None
+        self._node_runtime: dict[str, str] | None = None
+
+    @property
+    def node_runtime(self) -> dict[str, str]:
+        """The node agents' runtime settings (containers, or bare own jobs without podman)."""
+        if self._node_runtime is None:
+            self._node_runtime = node_runtime_env(self.out.step)
+        return self._node_runtime
 
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         stack = {
@@ -113,6 +122,7 @@ class Stack:
             self.log_dir / "gcp-emulator.log",
             nats_url=self.nats.url,
             agent_dir=self.run_dir / "gcp-agents",
+            agent_env=self.node_runtime,  # its instances' agents: as the local node's
         ).start()
         self.gcp_env = {
             **self.gcp.env(),
@@ -125,9 +135,12 @@ class Stack:
         for spec in SERVICES:
             if spec.name == "node-agent":
                 # A node enrols like a real one: a join token from the provisioner.
-                self.node_env[spec.name] = asyncio.run(
-                    identities.prepare_node(self.nats, NODE_NAME, self.run_dir / "agent")
-                )
+                self.node_env[spec.name] = {
+                    **asyncio.run(
+                        identities.prepare_node(self.nats, NODE_NAME, self.run_dir / "agent")
+                    ),
+                    **self.node_runtime,
+                }
             proc = ServiceProcess(
                 spec.name,
                 [sys.executable, "-m", spec.module],

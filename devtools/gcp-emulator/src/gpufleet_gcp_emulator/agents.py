@@ -21,6 +21,10 @@ from .state import ACCELERATORS, InstanceRec
 log = logging.getLogger("gpufleet.gcp_emulator")
 
 
+# Node agent settings an instance's image carries, from the emulator's own environment.
+IMAGE_SETTINGS = ("GPUFLEET_ALLOW_BARE_PROCESSES",)
+
+
 class AgentLauncher:
     def __init__(self, nats_url: str, state_dir: Path, heartbeat_s: float = 1.0) -> None:
         self.nats_url = nats_url
@@ -71,6 +75,10 @@ class AgentLauncher:
             GPUFLEET_HEARTBEAT_S=str(self.heartbeat_s),
             PYTHONUNBUFFERED="1",
         )
+        # The instance image's runtime choice (containers unless the emulator was told).
+        for name in IMAGE_SETTINGS:
+            if name in os.environ:
+                env[name] = os.environ[name]
         # The startup script of a real image reads the join token from the metadata server.
         items = (rec.body.get("metadata") or {}).get("items") or []
         token = next((i.get("value") for i in items if i.get("key") == "gpufleet-join-token"), None)

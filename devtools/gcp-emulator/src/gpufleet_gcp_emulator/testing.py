@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,11 @@ class EmulatorProcess:
         agent_heartbeat_s: float = 1.0,
         compute_port: int = 0,
         grpc_port: int = 0,
+        agent_env: Mapping[str, str] | None = None,
     ) -> None:
         self.log_file = log_file
+        # Node agent settings of its instances' image (GPUFLEET_ALLOW_BARE_PROCESSES: agents.py)
+        self.agent_env = dict(agent_env or {})
         self.args = [
             sys.executable,
             "-m",
@@ -50,6 +54,7 @@ class EmulatorProcess:
     def start(self) -> EmulatorProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_NATS_URL"}
+        env.update(self.agent_env)
         self.proc = subprocess.Popen(
             self.args,
             stdout=subprocess.PIPE,

@@ -117,6 +117,12 @@ class StartWorker(Command):
     # is pulled with (gpufleet_contracts.images), sealed in the outbox like `env`.
     image: str | None = None
     registry_auth: RegistryAuth | None = Field(default=None, repr=False)
+    # Whose job it is (R-TEN-1): its project's owner and its creator, from the job document.
+    # The agent runs a job outside a container only when both are the node's owner and its
+    # operator opted in (services/node-agent/README.md, "Runtime policy"); None (a command
+    # from before these fields) counts as another account's.
+    owner: str | None = None
+    creator: str | None = None
 
 
 class StopWorker(Command):

@@ -1,11 +1,14 @@
 import functools
+import logging
 
-from gpufleet_auth import connect_options
+from gpufleet_auth import Creds, connect_options
 from gpufleet_bus import BusSettings, run_service
 
 from .app import SERVICE, build_app, dead_letter_service
 from .enrol import EnrolmentError, enrol
 from .settings import AgentSettings
+
+log = logging.getLogger("gpufleet.node_agent")
 
 
 async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
@@ -20,7 +23,22 @@ async def credential(settings: AgentSettings, bus: BusSettings) -> BusSettings:
             )
         tls = connect_options(None, bus.nats_ca)  # TLS only: the token carries the identity
         await enrol(bus.servers, token, settings.minion_id, path, tls=tls)
+    adopt_owner(settings, Creds.read(path).tag("account"))
     return bus.model_copy(update={"nats_creds": path})
+
+
+def adopt_owner(settings: AgentSettings, enrolled_for: str | None) -> None:
+    """The node's owner is the account its credential was issued for at enrolment (what the
+    provisioner registers it under, R-NODE-2), whatever GPUFLEET_ACCOUNT says: the runtime
+    policy runs only that account's jobs outside containers (policy.py)."""
+    if enrolled_for and enrolled_for != settings.account:
+        log.warning(
+            "GPUFLEET_ACCOUNT is %r but this node is enrolled for account %r: using %r",
+            settings.account,
+            enrolled_for,
+            enrolled_for,
+        )
+        settings.account = enrolled_for
 
 
 def main() -> None:

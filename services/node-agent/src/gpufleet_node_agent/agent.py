@@ -21,7 +21,8 @@ from .baseimage import default_containers_conf
 from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
 from .podman import PodmanRuntime
 from .podman_args import PodmanConfig
-from .runtime import WorkerRuntime
+from .policy import OWN_JOBS, RuntimePolicy, container_problem
+from .runtime import ProcessRuntime
 from .settings import AgentSettings, retired_settings
 from .workers import SOURCE, Recovery, WorkerManager
 
@@ -30,10 +31,8 @@ log = logging.getLogger("gpufleet.node_agent")
 VERSION = "0.1.0"
 
 
-def worker_runtime(settings: AgentSettings) -> WorkerRuntime | None:
-    """The runtime `GPUFLEET_WORKER_RUNTIME` names; None: WorkerManager's default (process)."""
-    if settings.worker_runtime != "podman":
-        return None
+def container_runtime(settings: AgentSettings) -> PodmanRuntime:
+    """The container runtime `GPUFLEET_WORKER_RUNTIME` names (podman, the only one yet)."""
     config = PodmanConfig(
         image=settings.worker_image,
         uid=settings.worker_uid,
@@ -47,6 +46,16 @@ def worker_runtime(settings: AgentSettings) -> WorkerRuntime | None:
         ),
     )
     return PodmanRuntime(config, settings.minion_id)
+
+
+def runtime_policy(settings: AgentSettings) -> RuntimePolicy:
+    """Containers for every job; bare processes for the node owner's own jobs only when the
+    operator opted in (policy.py). Whether podman works is checked at start-up (prepare)."""
+    return RuntimePolicy(
+        node_owner=settings.account,
+        allow_bare=settings.allow_bare_processes == OWN_JOBS,
+        container=settings.worker_runtime,
+    )
 
 
 class Agent:
@@ -74,7 +83,11 @@ class Agent:
             self.publisher,
             log_chunk_bytes=settings.log_chunk_bytes,
             clock=clock,
-            runtime=worker_runtime(settings),
+            runtime=container_runtime(settings),
+            # Bare processes: the owner's own jobs when allowed, and to re-attach workers a
+            # previous run started that way.
+            others=[ProcessRuntime()],
+            policy=runtime_policy(settings),
         )
         self.registered = asyncio.Event()
         self._host = HostSampler()
@@ -96,10 +109,15 @@ class Agent:
         level = logging.WARNING if inv.simulated or not inv.gpus else logging.INFO
         log.log(level, "node agent %s: %s", self.minion_id, inv.describe())
         self.workers.gpu_indices = {g.index for g in inv.gpus}
-        if isinstance(self.workers.runtime, PodmanRuntime):
-            self.workers.runtime.real_gpus = not inv.simulated
-            self.workers.runtime.node_gpus = len(inv.gpus)
-        log.info("worker runtime: %s", self.workers.runtime.name)
+        policy = self.workers.policy
+        for rt in self.workers.runtimes.values():
+            if isinstance(rt, PodmanRuntime):
+                rt.real_gpus = not inv.simulated
+                rt.node_gpus = len(inv.gpus)
+                if policy is not None:
+                    policy.container_error = container_problem(rt.config.podman, rt.env)
+        if policy is not None:
+            self._log_policy(policy)
         found = self.recovery = self.workers.recover()
         if found.finished or found.reattached or found.lost:
             log.info(
@@ -107,6 +125,21 @@ class Agent:
                 len(found.finished),
                 len(found.reattached),
                 len(found.lost),
+            )
+
+    def _log_policy(self, policy: RuntimePolicy) -> None:
+        bare = (
+            f"bare processes for jobs of {policy.node_owner} (GPUFLEET_ALLOW_BARE_PROCESSES)"
+            if policy.allow_bare
+            else "no bare processes"
+        )
+        if policy.container_error is None:
+            log.info("worker runtime: %s containers; %s", policy.container, bare)
+        else:
+            log.warning(
+                "worker runtime: NO containers (%s): every job that must run in one is refused; %s",
+                policy.container_error,
+                bare,
             )
 
     async def start(self) -> None:

@@ -82,10 +82,13 @@ class AgentSettings(BaseSettings):
     # overrides the path). The token, or a file holding it.
     join_token: str | None = Field(default=None, repr=False)
     join_token_file: Path | None = None
-    # How workers run (runtime.py). `process`: bare host processes under a supervisor, as the
-    # agent's user (an operator's own jobs on their own nodes; benchmarks). `podman`: each
-    # worker in its own container (podman.py, podman_args.py; README "Container runtime").
-    worker_runtime: Literal["process", "podman"] = "process"
+    # How workers run (policy.py; README "Runtime policy"). Every worker runs in a container
+    # of the container runtime (`podman`: podman.py, podman_args.py). `own-jobs`: the
+    # operator's explicit opt-in to run the jobs of this node's owner (owner and creator)
+    # as bare host processes under a supervisor, as the agent's user (runtime.py); another
+    # account's job never does.
+    worker_runtime: Literal["podman"] = "podman"
+    allow_bare_processes: Literal["no", "own-jobs"] = "no"
     worker_image: str = "gpufleet/base:bookworm"  # built from Debian packages when missing
     worker_uid: int = Field(default=10000, ge=1)  # non-root user (and group) in containers
     worker_network: str = "none"  # podman --network; `none`: no route anywhere
@@ -120,6 +123,23 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @field_validator("worker_runtime", mode="before")
+    @classmethod
+    def _no_bare_default(cls, value: object) -> object:
+        if str(value).strip().lower() == "process":
+            raise ValueError(
+                "`process` is no longer a worker runtime: every worker runs in a container; "
+                "to run this node owner's own jobs as bare processes, set "
+                "GPUFLEET_ALLOW_BARE_PROCESSES=own-jobs"
+            )
+        return value
+
+    @field_validator("allow_bare_processes", mode="before")
+    @classmethod
+    def _bare_choice(cls, value: object) -> object:
+        text = str(value).strip().lower()
+        return "no" if text in OFF else text
 
     @field_validator("simulated_gpus", mode="before")
     @classmethod

@@ -78,6 +78,7 @@ class Worker:
     dir: Path
     job_id: str
     worker: int
+    runtime: str = ""  # the name of the runtime that runs it (""): the manager's default)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours to reap
 
     @property

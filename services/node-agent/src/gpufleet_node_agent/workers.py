@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +44,7 @@ from gpufleet_contracts.jobs import StartWorker
 
 from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
 from .images import REGISTRY_FILE
+from .policy import PROCESS, RuntimePolicy
 from .reports import Reports
 from .runtime import ProcessRuntime, WorkerRuntime
 from .workdir import Worker, dir_name
@@ -80,6 +81,8 @@ class WorkerManager(Reports):
         python: str = sys.executable,
         source: str = SOURCE,
         runtime: WorkerRuntime | None = None,
+        others: Iterable[WorkerRuntime] = (),
+        policy: RuntimePolicy | None = None,
     ) -> None:
         self.root = state_dir / "workers"
         self.minion_id = minion_id
@@ -89,8 +92,13 @@ class WorkerManager(Reports):
         self.clock = clock
         self.python = python
         self.source = source
-        # How workers run (runtime.py): bare supervised processes unless told otherwise.
+        # How workers run (runtime.py): `runtime` unless `policy` (policy.py) chooses one of
+        # `others` for a worker; bare supervised processes unless told otherwise. A worker's
+        # runtime is kept in its spec.json, so a restart finds it with the same one.
         self.runtime: WorkerRuntime = runtime or ProcessRuntime(python)
+        self.runtimes: dict[str, WorkerRuntime] = {r.name: r for r in others}
+        self.runtimes[self.runtime.name] = self.runtime
+        self.policy = policy
         self._active: dict[str, Worker] = {}
 
     # --- queries --------------------------------------------------------------------
@@ -108,8 +116,21 @@ class WorkerManager(Reports):
         return sorted(
             w.key
             for w in self._active.values()
-            if self.runtime.launched(w) and not w.file("exit.json").exists()
+            if self.rt(w).launched(w) and not w.file("exit.json").exists()
         )
+
+    def rt(self, w: Worker) -> WorkerRuntime:
+        """The runtime of `w`."""
+        return self.runtimes.get(w.runtime) or self.runtime
+
+    @staticmethod
+    def runtime_named(spec: dict[str, Any], d: Path) -> str:
+        """The runtime a worker directory's spec names; before it did: podman's marker, or
+        else a bare process (the only runtime there was)."""
+        name = spec.get("runtime")
+        if isinstance(name, str) and name:
+            return name
+        return "podman" if (d / "container.json").exists() else PROCESS
 
     # --- commands -------------------------------------------------------------------
 
@@ -135,6 +156,8 @@ class WorkerManager(Reports):
 
     def start(self, cmd: StartWorker) -> bool:
         """Start the worker of `cmd` unless this placement was seen before. True if started."""
+        decision = None if self.policy is None else self.policy.choose(cmd)
+        runtime = self.runtime.name if decision is None else decision.runtime
         spec = {
             "placement_id": cmd.placement_id,
             "job_id": cmd.job_id,
@@ -155,6 +178,9 @@ class WorkerManager(Reports):
             # R-JOB-7: the job's own image (its credential apart), and the disk it must fit
             "image": cmd.image,
             "disk_size_gb": cmd.disk_size_gb,
+            "owner": cmd.owner,
+            "creator": cmd.creator,
+            "runtime": runtime or "",
         }
         files: dict[str, dict[str, Any]] = {"spec.json": spec}
         if cmd.env:
@@ -162,23 +188,25 @@ class WorkerManager(Reports):
         if cmd.registry_auth is not None and cmd.image and self.runtime.pulls_images:
             files[REGISTRY_FILE] = cmd.registry_auth.model_dump()
         unknown = sorted(set(cmd.gpu_indices) - (self.gpu_indices or set()))
+        refused = None if decision is None else decision.refused
         if self.gpu_indices is not None and unknown:
+            refused = f"GPU index {unknown} is not on this node (it has {sorted(self.gpu_indices)})"
+        if refused is not None:
             files["exit.json"] = {
                 "exit_code": None,
                 "ended_at": self.clock().isoformat(),
-                "error": f"GPU index {unknown} is not on this node "
-                f"(it has {sorted(self.gpu_indices)})",
+                "error": refused,
             }
         d = self._create(cmd.placement_id, files)
         if d is None:
             log.info("placement %s is known already; StartWorker ignored", cmd.placement_id)
             return False
-        w = Worker(cmd.placement_id, d, cmd.job_id, cmd.worker)
+        w = Worker(cmd.placement_id, d, cmd.job_id, cmd.worker, runtime or "")
         self._active[cmd.placement_id] = w
         if "exit.json" in files:
             log.warning("refused %s: %s", w.key, files["exit.json"]["error"])
             return False
-        error = self.runtime.launch(w)
+        error = self.rt(w).launch(w)
         if error is not None:
             write_json_atomic(
                 w.file("exit.json"),
@@ -186,7 +214,11 @@ class WorkerManager(Reports):
             )
             return False
         log.info(
-            "started worker %s (placement %s, GPUs %s)", w.key, w.placement_id, cmd.gpu_indices
+            "started worker %s (placement %s, GPUs %s, runtime %s)",
+            w.key,
+            w.placement_id,
+            cmd.gpu_indices,
+            self.rt(w).name,
         )
         return True
 
@@ -224,7 +256,7 @@ class WorkerManager(Reports):
         if not w.file("stop_requested").exists():
             write_text_atomic(w.file("stop_requested"), reason)
         log.info("stopping worker %s: %s", w.key, reason)
-        self.runtime.request_stop(w)
+        self.rt(w).request_stop(w)
 
     # --- restart --------------------------------------------------------------------
 
@@ -246,20 +278,21 @@ class WorkerManager(Reports):
             placement_id = str(spec["placement_id"])
             if placement_id in self._active:
                 continue
-            w = Worker(placement_id, d, str(spec["job_id"]), int(spec["worker"]))
+            runtime = self.runtime_named(spec, d)
+            w = Worker(placement_id, d, str(spec["job_id"]), int(spec["worker"]), runtime)
             self._active[placement_id] = w
             if w.file("exit.json").exists():
                 found.finished.append(placement_id)
-            elif self.runtime.reattach(w):
+            elif self.rt(w).reattach(w):
                 found.reattached.append(placement_id)
             elif not w.file("exit.json").exists():  # it may have ended just now
-                self._mark_gone(w, self.runtime.lost_at_restart)
+                self._mark_gone(w, self.rt(w).lost_at_restart)
                 found.lost.append(placement_id)
         return found
 
     def _mark_gone(self, w: Worker, reason: str) -> None:
         """The runtime lost the worker without exit.json: record the end ourselves."""
-        self.runtime.kill_orphan(w)
+        self.rt(w).kill_orphan(w)
         now = self.clock().isoformat()
         if w.file("stop_requested").exists():
             data: dict[str, Any] = {"exit_code": None, "ended_at": now, "stopped": True}
@@ -278,10 +311,11 @@ class WorkerManager(Reports):
 
     async def poll_once(self) -> None:
         workers = list(self._active.values())
-        try:
-            await self.runtime.poll(workers)
-        except Exception as exc:  # podman failing, say: the files say what is known
-            log.warning("worker runtime %s: %s", self.runtime.name, exc)
+        for rt in self.runtimes.values():
+            try:
+                await rt.poll([w for w in workers if self.rt(w) is rt])
+            except Exception as exc:  # podman failing, say: the files say what is known
+                log.warning("worker runtime %s: %s", rt.name, exc)
         for w in workers:
             try:
                 await self._watch(w)
@@ -290,8 +324,9 @@ class WorkerManager(Reports):
 
     async def _watch(self, w: Worker) -> None:
         ended = w.file("exit.json").exists()
-        if not ended and not self.runtime.alive(w) and not w.file("exit.json").exists():
-            self._mark_gone(w, self.runtime.lost_at_runtime)
+        rt = self.rt(w)
+        if not ended and not rt.alive(w) and not w.file("exit.json").exists():
+            self._mark_gone(w, rt.lost_at_runtime)
             ended = True
         started = read_json(w.file("started.json"))
         if started is not None and not w.file("reported_started").exists():

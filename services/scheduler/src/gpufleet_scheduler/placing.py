@@ -100,6 +100,8 @@ def place_worker(
             disk_size_gb=spec.disk_size_gb,
             image=image,
             registry_auth=registry_auth,
+            owner=job["owner"],
+            creator=job["creator"],
         ),
         # the env values and the registry credential: stored encrypted until the relay sends it
         sealed=bool(spec.env),
