@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpufleet_node_agent.podman import convert_k8s_log
 from gpufleet_node_agent.podman_args import (
     PodmanConfig,
     container_name,
     container_spec,
+    convert_k8s_log,
     podman_reads,
     run_argv,
     share_limits,
@@ -70,10 +70,13 @@ def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
         "--cap-drop", "ALL",
         "--log-driver", "k8s-file",
         "--log-opt", f"path={WD}/container.log",
+        "--read-only",  # the image's root: writes go to the quota filesystem (disk.py)
         "--volume", f"{WD}/mnt/opt/ml/input:/opt/ml/input:ro",
         "--volume", f"{WD}/mnt/opt/ml/models:/opt/ml/models:ro",
-        "--volume", f"{WD}/mnt/opt/ml/checkpoint:/opt/ml/checkpoint:rw",
-        "--volume", f"{WD}/output:/opt/ml/output:rw",
+        "--volume", f"{WD}/disk/output:/opt/ml/output:rw",
+        "--volume", f"{WD}/disk/checkpoint:/opt/ml/checkpoint:rw",
+        "--volume", f"{WD}/disk/tmp:/tmp:rw",
+        "--volume", f"{WD}/disk/var-tmp:/var/tmp:rw",
         "--device", "/dev/nvidia1",
         "--device", "/dev/nvidia3",
         "--device", "/dev/nvidiactl",
@@ -94,6 +97,18 @@ def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
     ]  # fmt: skip
     assert (c.by_name, c.in_file) == (["API_TOKEN"], ["PATH"])  # PATH: in the 0600 env file
     assert "s3cret" not in " ".join(run_argv(c))
+
+
+def test_without_the_disk_quota_the_root_is_writable_and_the_binds_on_the_host() -> None:
+    c = container_spec(spec(), WD, "m1", PodmanConfig(disk_quota=False))
+    argv = run_argv(c)
+    assert "--read-only" not in argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--volume"] == [
+        f"{WD}/mnt/opt/ml/input:/opt/ml/input:ro",
+        f"{WD}/mnt/opt/ml/models:/opt/ml/models:ro",
+        f"{WD}/mnt/opt/ml/checkpoint:/opt/ml/checkpoint:rw",
+        f"{WD}/output:/opt/ml/output:rw",
+    ]
 
 
 def test_simulated_gpus_give_no_devices_and_keep_the_placement_indices() -> None:

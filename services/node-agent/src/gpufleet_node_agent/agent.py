@@ -40,6 +40,7 @@ def container_runtime(settings: AgentSettings) -> PodmanRuntime:
         memory_mb=settings.worker_memory_mb,
         cpus=settings.worker_cpus,
         pids=settings.worker_pids,
+        disk_quota=settings.worker_disk_quota == "loop",
         containers_conf=settings.podman_containers_conf or default_containers_conf(),
         insecure_registries=tuple(
             r.strip() for r in settings.worker_insecure_registries.split(",") if r.strip()

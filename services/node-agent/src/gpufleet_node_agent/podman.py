@@ -13,7 +13,8 @@ built first, once per node; a job's own image pulled first, in the background: i
 one `podman ps` lists this node's containers (by label), a running one with a stop request
 is stopped, an ended one is inspected (exit code, out of
 memory), its end written to exit.json, and it is removed. A worker whose container is gone
-without an end is reported lost.
+without an end is reported lost. A worker's disk quota (disk.py) is set up before its
+container runs and released (its output kept) before its end is written.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import disk
 from .baseimage import ensure_image, podman_env
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .images import REGISTRY_FILE, pull_image
@@ -40,6 +42,7 @@ from .podman_args import (
     PodmanConfig,
     container_name,
     container_spec,
+    convert_k8s_log,
     ml_binds,
     run_argv,
     share_limits,
@@ -57,21 +60,6 @@ ALIVE_STATES = frozenset({"running", "paused", "stopping", "removing", "initiali
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
-
-
-def convert_k8s_log(raw: bytes) -> tuple[bytes, int]:
-    """conmon's k8s-file lines (`<time> <stream> <F|P> <text>`) to the plain bytes the
-    command wrote; and how many bytes of `raw` that used (complete lines only)."""
-    end = raw.rfind(b"\n") + 1
-    out = bytearray()
-    for line in raw[:end].splitlines():
-        parts = line.split(b" ", 3)
-        if len(parts) < 3:
-            continue
-        out += parts[3] if len(parts) == 4 else b""
-        if parts[2] != b"P":  # P: a partial line, continued by the next record
-            out += b"\n"
-    return bytes(out), end
 
 
 class PodmanRuntime:
@@ -135,6 +123,7 @@ class PodmanRuntime:
                 timeout=60,
                 check=False,
             )
+        disk.release(w.dir)
 
     # --- podman calls -----------------------------------------------------------------
 
@@ -215,13 +204,17 @@ class PodmanRuntime:
                 continue
             self.convert_log(w)
             if w.file("exit.json").exists():
-                self._spawn(self._podman("rm", "--force", name))
+                self._spawn(self._remove(w, name))
             elif state in ALIVE_STATES:
                 if w.file("stop_requested").exists() and name not in self._stopping:
                     self._stopping.add(name)
                     self._spawn(self._stop(name))
             else:
                 await self._record_end(w, name, state)
+
+    async def _remove(self, w: Worker, name: str) -> None:
+        await self._podman("rm", "--force", name)
+        await asyncio.to_thread(disk.release, w.dir)  # a crash left it, say
 
     async def _stop(self, name: str) -> None:
         try:
@@ -265,6 +258,9 @@ class PodmanRuntime:
             fields.update(reason=OOM, oom_killed=True)
         elif st.get("Error"):
             fields["error"] = str(st["Error"])
+        # Ended, so its filesystem is free: kept output first, then the end (a crash between
+        # the two releases it again, idempotently, before the end is written).
+        await asyncio.to_thread(disk.release, w.dir)
         write_json_atomic(w.file("exit.json"), fields)
         await self._podman("rm", "--force", name)
 
@@ -327,6 +323,7 @@ class PodmanRuntime:
         return taken
 
     def _fail(self, w: Worker, error: str) -> None:
+        disk.release(w.dir)  # never ran: nothing much to keep
         write_json_atomic(
             w.file("exit.json"), {"exit_code": None, "ended_at": _now(), "error": error}
         )
@@ -354,6 +351,13 @@ class PodmanRuntime:
             self._fail(w, "spec.json is missing or has no command")
             return
         self._prepare_dirs(w)
+        if self.config.disk_quota:
+            gb = spec.get("disk_size_gb")
+            error = await asyncio.to_thread(disk.setup, w.dir, gb, self.config.uid)
+            if error is not None:
+                env_path.unlink(missing_ok=True)
+                self._fail(w, error)
+                return
         gpus = len(spec.get("gpu_indices") or [])
         c = container_spec(
             spec,

@@ -8,6 +8,8 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
   (ML_OUTPUT_PATH, its working directory) writable; nothing else of the host;
 - a non-root user (`--user`), no capabilities, no new privileges;
 - memory (swap included), CPU and pids limits;
+- with the disk quota (disk.py, on by default): its image's root read-only, and its writable
+  directories (and /tmp, /var/tmp) on its own filesystem of `disk_size_gb`;
 - the network the operator chose (`none` by default: no route to the control plane);
 - its own GPUs' device nodes and the control devices, when the GPUs are real.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import disk
 from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
 
@@ -101,6 +104,7 @@ class PodmanConfig:
     containers_conf: Path | None = None
     podman: str = "podman"
     insecure_registries: tuple[str, ...] = ()  # host[:port] pulled without TLS checks
+    disk_quota: bool = True  # writable space only on a filesystem of disk_size_gb (disk.py)
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class ContainerSpec:
     cpus: float
     pids: int
     workdir: str = OUTPUT
+    read_only: bool = False  # the image's root filesystem (--read-only)
     by_name: list[str] = field(default_factory=list)  # job env names passed by name
     in_file: list[str] = field(default_factory=list)  # job env names passed in the env file
 
@@ -131,6 +136,14 @@ def ml_binds(worker_dir: Path) -> list[Bind]:
         host = worker_dir / "output" if target == OUTPUT else worker_dir / MOUNTS_DIR / target[1:]
         out.append(Bind(host, target, read_only))
     return out
+
+
+def quota_binds(worker_dir: Path) -> list[Bind]:
+    """With the disk quota: the read-only directories as `ml_binds`, the writable ones (and
+    /tmp, /var/tmp) from the worker's quota filesystem (disk.py)."""
+    on_disk = disk.binds(worker_dir)
+    ro = [b for b in ml_binds(worker_dir) if b.read_only]
+    return ro + [Bind(host, target, False) for target, host in on_disk.items()]
 
 
 def mount_env(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -231,7 +244,7 @@ def container_spec(
         command=[str(a) for a in spec["command"]],
         labels=labels,
         env=env,
-        binds=ml_binds(worker_dir),
+        binds=quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir),
         devices=gpu_devices([int(i) for i in spec.get("gpu_indices") or []], real_gpus),
         log_path=worker_dir / LOG_FILE,
         user=f"{config.uid}:{config.uid}",
@@ -239,6 +252,7 @@ def container_spec(
         memory_mb=limits.memory_mb,
         cpus=limits.cpus,
         pids=config.pids,
+        read_only=config.disk_quota,
         by_name=by_name,
         in_file=in_file,
     )
@@ -277,6 +291,8 @@ def run_argv(c: ContainerSpec, podman: str = "podman", env_file: Path | None = N
         "--log-opt",
         f"path={c.log_path}",
     ]
+    if c.read_only:
+        argv += ["--read-only"]  # writes go to the quota'd binds (or the memory's tmpfs)
     for b in c.binds:
         argv += ["--volume", b.arg()]
     for d in c.devices:
@@ -289,3 +305,18 @@ def run_argv(c: ContainerSpec, podman: str = "podman", env_file: Path | None = N
     for k, v in ours.items():
         argv += ["--env", f"{k}={v}"]
     return [*argv, c.image, *c.command]
+
+
+def convert_k8s_log(raw: bytes) -> tuple[bytes, int]:
+    """conmon's k8s-file lines (`<time> <stream> <F|P> <text>`) to the plain bytes the
+    command wrote; and how many bytes of `raw` that used (complete lines only)."""
+    end = raw.rfind(b"\n") + 1
+    out = bytearray()
+    for line in raw[:end].splitlines():
+        parts = line.split(b" ", 3)
+        if len(parts) < 3:
+            continue
+        out += parts[3] if len(parts) == 4 else b""
+        if parts[2] != b"P":  # P: a partial line, continued by the next record
+            out += b"\n"
+    return bytes(out), end

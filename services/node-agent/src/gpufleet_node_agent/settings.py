@@ -95,6 +95,9 @@ class AgentSettings(BaseSettings):
     worker_memory_mb: int | None = Field(default=None, ge=16)  # None: the GPUs' share
     worker_cpus: float | None = Field(default=None, gt=0)  # None: the GPUs' share
     worker_pids: int = Field(default=4096, ge=16)
+    # A container worker's writable space (README "Disk quota"): `loop`, its own loop-mounted
+    # ext4 of disk_size_gb and a read-only image root; `off`: unlimited, on the host's disk.
+    worker_disk_quota: Literal["loop", "off"] = "loop"
     # Registries (host[:port]) a job's image is pulled from without TLS checks: only ones
     # the operator runs on a trusted network, e.g. `just up`'s local registry. Comma-separated.
     worker_insecure_registries: str = ""

@@ -1,0 +1,174 @@
+"""A container worker's disk quota of `disk_size_gb` (issue 14), on a filesystem without
+project quotas (ext4 here, where podman's `--storage-opt size=` is refused).
+
+Each worker gets its own small filesystem: a sparse file `disk.img` of `disk_size_gb`
+(decimal GB, as podman counts image sizes) in its directory, formatted ext4 (no journal, no
+reserved blocks) and loop-mounted (nosuid, nodev) at `disk/`. The container's only writable
+places are on it: `disk/output` at /opt/ml/output, `disk/checkpoint` at /opt/ml/checkpoint,
+`disk/tmp` at /tmp (also HOME) and `disk/var-tmp` at /var/tmp; its image's root is mounted
+read-only (`--read-only`). A write beyond the quota fails in the job with ENOSPC; the host's
+filesystem only ever holds what the job wrote (the file is sparse), never more than the quota.
+
+When the worker has ended (its container gone), `release` copies what it left in output/ and
+checkpoint/ to the worker directory's own `output/` and `mnt/opt/ml/checkpoint/` (where the
+process runtime keeps them), then unmounts the filesystem and deletes the file. The mount is
+the host's, not the agent's: it outlives an agent restart, and a restarted agent releases it
+when the worker ends. Every step is idempotent (a crash midway is finished by the next call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .supervise import MOUNTS_DIR
+
+log = logging.getLogger("gpufleet.node_agent.disk")
+
+GB = 10**9  # decimal, as podman's image sizes (images.py)
+IMAGE = "disk.img"
+MOUNTPOINT = "disk"
+MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,noinit_itable"
+
+
+@dataclass(frozen=True)
+class QuotaDir:
+    name: str  # under the mount point
+    target: str  # in the container
+    mode: int
+    kept: str | None  # where `release` keeps its content, under the worker directory
+
+
+QUOTA_DIRS = (
+    QuotaDir("output", "/opt/ml/output", 0o755, "output"),
+    QuotaDir("checkpoint", "/opt/ml/checkpoint", 0o755, f"{MOUNTS_DIR}/opt/ml/checkpoint"),
+    QuotaDir("tmp", "/tmp", 0o1777, None),
+    QuotaDir("var-tmp", "/var/tmp", 0o1777, None),
+)
+
+
+def size_bytes(disk_size_gb: int) -> int:
+    """The backing file's size: `disk_size_gb` decimal GB (one at least)."""
+    return max(1, int(disk_size_gb)) * GB
+
+
+def tool(name: str) -> str:
+    """`name` on PATH, or in the sbin directories a non-login root PATH may lack."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    return found or name
+
+
+def mkfs_argv(image: Path) -> list[str]:
+    """ext4 without a journal (the data is scratch until the worker ends) or reserved
+    blocks (the job gets all of it); inode tables initialised lazily: the file stays sparse."""
+    return [
+        tool("mkfs.ext4"),
+        "-q",
+        "-F",
+        "-O",
+        "^has_journal",
+        "-m",
+        "0",
+        "-E",
+        "lazy_itable_init=1,nodiscard",
+        "-L",
+        "gpufleet-worker",
+        str(image),
+    ]
+
+
+def mount_argv(image: Path, mountpoint: Path) -> list[str]:
+    # noinit_itable: the kernel does not zero the inode tables in the background (a sparse
+    # file reads as zeros already), so a worker's disk costs the host only what it writes.
+    return [tool("mount"), "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)]
+
+
+def binds(worker_dir: Path) -> dict[str, Path]:
+    """The container's writable places on the quota filesystem: {target: host path}."""
+    return {q.target: worker_dir / MOUNTPOINT / q.name for q in QUOTA_DIRS}
+
+
+def _run(argv: list[str], timeout: float = 120) -> str | None:
+    try:
+        res = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{argv[0]}: {exc}"
+    if res.returncode != 0:
+        err = (res.stderr or res.stdout).decode(errors="replace").strip()[-300:]
+        return f"{os.path.basename(argv[0])} failed ({res.returncode}): {err}"
+    return None
+
+
+def setup(worker_dir: Path, disk_size_gb: object, uid: int) -> str | None:
+    """A fresh quota filesystem for a worker whose container has not run yet, mounted at
+    `disk/` with its directories owned by `uid`. None, or why not (the worker then fails).
+    `disk_size_gb` is its spec's (StartWorker's default, 10, when it has none)."""
+    if not isinstance(disk_size_gb, int) or isinstance(disk_size_gb, bool):
+        disk_size_gb = 10
+    _unmount(worker_dir / MOUNTPOINT)  # what a launch cut short left
+    image = worker_dir / IMAGE
+    image.unlink(missing_ok=True)
+    free = shutil.disk_usage(worker_dir).free
+    if free < size_bytes(disk_size_gb):  # sparse files overcommit; not beyond this at least
+        return f"the node's disk has {free / GB:.1f} GB free, less than disk_size_gb {disk_size_gb}"
+    mountpoint = worker_dir / MOUNTPOINT
+    mountpoint.mkdir(mode=0o755, exist_ok=True)
+    with image.open("wb") as f:
+        f.truncate(size_bytes(disk_size_gb))  # sparse
+    os.chmod(image, 0o600)
+    error = _run(mkfs_argv(image)) or _run(mount_argv(image, mountpoint))
+    if error is not None:
+        image.unlink(missing_ok=True)
+        return f"cannot set up the worker's disk of {disk_size_gb} GB: {error}"
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(mountpoint / "lost+found")
+    for q in QUOTA_DIRS:
+        d = mountpoint / q.name
+        d.mkdir(exist_ok=True)
+        os.chown(d, uid, uid)
+        os.chmod(d, q.mode)
+    return None
+
+
+def _unmount(mountpoint: Path) -> bool:
+    """Unmount (lazily when busy); True if it was mounted."""
+    if not os.path.ismount(mountpoint):
+        return False
+    error = _run([tool("umount"), str(mountpoint)], timeout=60)
+    if error is not None:
+        log.warning("%s: %s; detaching it lazily", mountpoint, error)
+        _run([tool("umount"), "--lazy", str(mountpoint)], timeout=60)
+    return True
+
+
+def in_use(worker_dir: Path) -> bool:
+    """Has the worker a quota filesystem (mounted, or its file left)?"""
+    return (worker_dir / IMAGE).exists() or os.path.ismount(worker_dir / MOUNTPOINT)
+
+
+def release(worker_dir: Path) -> None:
+    """The worker has ended and its container is gone: keep its output and checkpoint in
+    the worker directory, unmount its filesystem, delete the file. Quick when there is none."""
+    if not in_use(worker_dir):
+        return
+    mountpoint = worker_dir / MOUNTPOINT
+    if os.path.ismount(mountpoint):
+        for q in QUOTA_DIRS:
+            src = mountpoint / q.name
+            if q.kept is None or not src.is_dir():
+                continue
+            dst = worker_dir / q.kept
+            dst.mkdir(parents=True, exist_ok=True)
+            # -a: symlinks stay links (never followed), owners and modes kept
+            error = _run([tool("cp"), "-a", "--", f"{src}/.", f"{dst}/"], timeout=3600)
+            if error is not None:
+                log.warning("worker %s: keeping its %s: %s", worker_dir.name, q.name, error)
+        _unmount(mountpoint)
+    (worker_dir / IMAGE).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        mountpoint.rmdir()

@@ -1,0 +1,81 @@
+"""Node agent: a container worker's disk quota (disk.py) as plain data: sizes, argv, binds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpufleet_node_agent import disk
+
+WD = Path("/state/workers/pl-1")
+
+
+def test_the_backing_file_is_disk_size_gb_in_decimal_gb_as_image_sizes_are() -> None:
+    assert disk.size_bytes(10) == 10_000_000_000
+    assert disk.size_bytes(1) == 1_000_000_000
+    assert disk.size_bytes(0) == disk.GB  # one GB at least: an empty disk is no disk
+
+
+def test_mkfs_makes_a_journal_less_ext4_with_no_reserved_blocks_and_lazy_inode_tables() -> None:
+    argv = disk.mkfs_argv(WD / "disk.img")
+    assert argv[0].endswith("mkfs.ext4")
+    assert argv[1:] == [
+        "-q", "-F", "-O", "^has_journal", "-m", "0",
+        "-E", "lazy_itable_init=1,nodiscard", "-L", "gpufleet-worker", f"{WD}/disk.img",
+    ]  # fmt: skip
+
+
+def test_the_mount_is_a_loop_mount_without_setuid_devices_or_background_zeroing() -> None:
+    argv = disk.mount_argv(WD / "disk.img", WD / "disk")
+    assert argv[0].endswith("mount")
+    assert argv[1:] == [
+        "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable",
+        f"{WD}/disk.img", f"{WD}/disk",
+    ]  # fmt: skip
+
+
+def test_the_writable_places_of_a_container_are_all_on_its_quota_filesystem() -> None:
+    assert disk.binds(WD) == {
+        "/opt/ml/output": WD / "disk/output",
+        "/opt/ml/checkpoint": WD / "disk/checkpoint",
+        "/tmp": WD / "disk/tmp",
+        "/var/tmp": WD / "disk/var-tmp",
+    }
+    kept = {q.name: q.kept for q in disk.QUOTA_DIRS}
+    # output and checkpoint are kept where the process runtime keeps them; tmp is not
+    assert kept == {
+        "output": "output",
+        "checkpoint": "mnt/opt/ml/checkpoint",
+        "tmp": None,
+        "var-tmp": None,
+    }
+
+
+def test_release_is_quick_and_harmless_where_there_is_no_quota(tmp_path: Path) -> None:
+    (tmp_path / "output").mkdir()
+    disk.release(tmp_path)  # nothing mounted, no file: nothing to do
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["output"]
+
+
+@pytest.mark.parametrize("size", [None, "3", True])
+def test_a_spec_without_an_integer_disk_size_gets_startworkers_default(
+    size: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], timeout: float = 0) -> str | None:
+        seen.append(argv)
+        return "stop here"
+
+    monkeypatch.setattr(disk, "_run", run)
+    error = disk.setup(tmp_path, size, 10000)
+    assert error is not None and "of 10 GB" in error
+    assert not (tmp_path / "disk.img").exists()  # removed again on failure
+    assert seen[0][0].endswith("mkfs.ext4")
+
+
+def test_a_disk_bigger_than_the_nodes_free_space_is_refused(tmp_path: Path) -> None:
+    error = disk.setup(tmp_path, 10**9, 10000)  # an exabyte
+    assert error is not None and error.startswith("the node's disk has ")
+    assert error.endswith("GB free, less than disk_size_gb 1000000000")
+    assert not (tmp_path / "disk.img").exists()
