@@ -69,3 +69,7 @@ bench-scheduler *args: setup
 # Outbox relay benchmark (not part of `just test`): messages/s and CPU per message.
 bench-outbox *args: setup
     uv run python benchmarks/outbox/bench_relay.py {{args}}
+
+# Worker runtime benchmark (not part of `just test`): submit->running, containers vs bare processes.
+bench-runtime *args: setup
+    uv run python benchmarks/runtime/bench_runtime.py {{args}}
