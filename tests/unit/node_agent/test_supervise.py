@@ -173,3 +173,14 @@ def test_leftover_processes_of_the_job_are_killed(tmp_path: Path) -> None:
             or Path(f"/proc/{sleeper}/stat").read_text().split(")")[-1].split()[0] == "Z"
         )
     )
+
+
+def test_the_supervisor_starts_without_pydantic() -> None:
+    """One supervisor starts per bare-process worker: importing pydantic (through
+    gpufleet_auth and the contracts) cost it ~0.57 s of CPU a job (benchmarks/runtime)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, gpufleet_node_agent.supervise; print('pydantic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

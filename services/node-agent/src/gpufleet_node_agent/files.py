@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpufleet_auth import write_secret
-
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write `data` so that a reader sees the old file or the whole new one, never a part."""
@@ -22,6 +20,10 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def write_secret_json(path: Path, data: dict[str, Any]) -> None:
     """A JSON file readable by this user alone (0600) from its creation on."""
+    # Imported here: gpufleet_auth pulls in pydantic (~0.3 s of CPU), and the per-worker
+    # supervisor, which imports this module, never writes a secret.
+    from gpufleet_auth import write_secret
+
     write_secret(path, json.dumps(data))
 
 
