@@ -15,10 +15,8 @@ import pytest
 from gpufleet_contracts.jobs import WorkerState
 from gpufleet_node_agent import disk
 
-from . import test_podman_runtime as rt
-from .test_podman_runtime import manager, start, until_finished, until_started
-
-image, minion = rt.image, rt.minion  # the fixtures of the podman runtime's tests
+from .podman_support import until_finished, until_started
+from .test_podman_runtime import manager, start
 
 
 def _loop_devices() -> bool:

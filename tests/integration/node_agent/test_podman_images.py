@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +18,10 @@ from typing import Any
 
 import pytest
 from gpufleet_contracts.images import RegistryAuth
-from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerState
+from gpufleet_contracts.jobs import StartWorker, WorkerState
 from gpufleet_devstack.registry import LocalRegistry, find_registry
 from gpufleet_node_agent.baseimage import (
     BASE_IMAGE,
-    default_containers_conf,
     ensure_image,
     podman_env,
 )
@@ -32,29 +30,15 @@ from gpufleet_node_agent.podman import PodmanRuntime
 from gpufleet_node_agent.podman_args import PodmanConfig
 from gpufleet_node_agent.workers import WorkerManager
 
+from .podman_support import CONF, Broker, until_finished
+
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None or find_registry() is None,
     reason="podman or docker-registry is not installed (just setup installs them)",
 )
 
-CONF = default_containers_conf()
 USER, PASSWORD = "team", f"pw-{uuid.uuid4().hex}"
 MARKER = "from the customer image"
-
-
-class Broker:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, dict[str, str]]] = []
-
-    async def publish(
-        self, message: bytes, subject: str, headers: dict[str, str] | None = None, **_: Any
-    ) -> None:
-        assert headers is not None
-        if all(h["Nats-Msg-Id"] != headers["Nats-Msg-Id"] for _, _, h in self.sent):
-            self.sent.append((subject, message, headers))
-
-    def events(self, cls: type[Any]) -> list[Any]:
-        return [cls.from_bytes(m) for _, m, h in self.sent if h["ce-type"] == cls.TYPE]
 
 
 def podman(*args: str) -> None:
@@ -94,21 +78,6 @@ def marker_image(registry: LocalRegistry, tmp_path_factory: pytest.TempPathFacto
     return build_and_push(ctx, registry, "marker", {"marker": f"echo '{MARKER}' > marker"})
 
 
-@pytest.fixture
-def minion() -> Iterator[str]:
-    mid = f"pi-{uuid.uuid4().hex[:8]}"
-    yield mid
-    ids = subprocess.run(
-        ["podman", "ps", "-aq", "--filter", f"label=gpufleet.minion={mid}"],
-        env=podman_env(CONF),
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    if ids:
-        subprocess.run(["podman", "rm", "-f", *ids], env=podman_env(CONF), capture_output=True)
-
-
 def manager(state: Path, minion: str, registry: LocalRegistry) -> WorkerManager:
     config = PodmanConfig(
         image=BASE_IMAGE,
@@ -135,17 +104,6 @@ def start(minion: str, command: list[str], **kw: Any) -> StartWorker:
         placement_id=placement,
         **kw,
     )
-
-
-async def until_finished(m: WorkerManager, placement: str, within: float = 120) -> WorkerFinished:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        await m.poll_once()
-        done = [e for e in m.broker.events(WorkerFinished) if e.placement_id == placement]  # type: ignore[attr-defined]
-        if done:
-            return done[0]  # type: ignore[no-any-return]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"worker {placement} did not finish in {within}s")
 
 
 def no_credential_left(m: WorkerManager, cmd: StartWorker) -> None:

@@ -12,67 +12,21 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_contracts.jobs import Mount, StartWorker, WorkerFinished, WorkerStarted, WorkerState
+from gpufleet_contracts.jobs import Mount, StartWorker, WorkerFinished, WorkerState
 from gpufleet_node_agent.baseimage import (
-    BASE_IMAGE,
-    default_containers_conf,
-    ensure_image,
     podman_env,
 )
 from gpufleet_node_agent.podman import PodmanRuntime
 from gpufleet_node_agent.podman_args import PodmanConfig
 from gpufleet_node_agent.workers import WorkerManager
 
+from .podman_support import CONF, Broker, until_finished, until_started
+
 pytestmark = pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
-
-CONF = default_containers_conf()
-
-
-class Broker:
-    """Records publishes, dropping a repeated Nats-Msg-Id as JetStream does."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, dict[str, str]]] = []
-
-    async def publish(
-        self, message: bytes, subject: str, headers: dict[str, str] | None = None, **_: Any
-    ) -> None:
-        assert headers is not None
-        if all(h["Nats-Msg-Id"] != headers["Nats-Msg-Id"] for _, _, h in self.sent):
-            self.sent.append((subject, message, headers))
-
-    def events(self, cls: type[Any]) -> list[Any]:
-        return [cls.from_bytes(m) for _, m, h in self.sent if h["ce-type"] == cls.TYPE]
-
-
-@pytest.fixture(scope="module")
-def image() -> str:
-    error = asyncio.run(ensure_image(BASE_IMAGE, podman_env(CONF)))
-    assert error is None, error
-    return BASE_IMAGE
-
-
-@pytest.fixture
-def minion() -> Iterator[str]:
-    mid = f"pt-{uuid.uuid4().hex[:8]}"
-    yield mid
-    # whatever a failed test left of this node's containers
-    ids = subprocess.run(
-        ["podman", "ps", "-aq", "--filter", f"label=gpufleet.minion={mid}"],
-        env=podman_env(CONF),
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    if ids:
-        subprocess.run(
-            ["podman", "rm", "-f", *ids], env=podman_env(CONF), capture_output=True, check=False
-        )
 
 
 def manager(state: Path, minion: str, image: str, **config: Any) -> WorkerManager:
@@ -95,27 +49,6 @@ def start(minion: str, code: str, placement: str | None = None, **kw: Any) -> St
         **kw,
     }
     return StartWorker(**fields)
-
-
-async def until_finished(m: WorkerManager, placement: str, within: float = 60) -> WorkerFinished:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        await m.poll_once()
-        done = [e for e in m.broker.events(WorkerFinished) if e.placement_id == placement]  # type: ignore[attr-defined]
-        if done:
-            return done[0]  # type: ignore[no-any-return]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"worker {placement} did not finish in {within}s")
-
-
-async def until_started(m: WorkerManager, placement: str, within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        await m.poll_once()
-        if any(e.placement_id == placement for e in m.broker.events(WorkerStarted)):  # type: ignore[attr-defined]
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"worker {placement} did not start in {within}s")
 
 
 PROBE = """

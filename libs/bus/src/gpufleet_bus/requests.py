@@ -128,7 +128,7 @@ class Requests:
             queue=queue,
             title=title,
             description=req.description or req.handler.__doc__,
-        )(_schema_handler(model))
+        )(schema_handler(model))
 
     async def start(self) -> None:
         nc = await self.broker.connect()
@@ -170,16 +170,11 @@ class Requests:
     ) -> dict[str, Any]:
         """The reply to one request (the error mapping of the module's docstring)."""
         try:
-            if route.by_account:
-                account = account_of(subject)
-                body = route.model.model_validate_json(data or b"{}")
-                result = await route.handler(body, account)
-            else:
-                body = route.model.model_validate_json(data or b"{}")
-                if route.with_subject:
-                    result = await route.handler(body, subject)
-                else:
-                    result = await route.handler(body)
+            # after the body: the acting account, or the subject it came on, or nothing
+            # (the account first: a request on no account's subject is refused unread)
+            after = [account_of(subject)] if route.by_account else [subject] * route.with_subject
+            body = route.model.model_validate_json(data or b"{}")
+            result = await route.handler(body, *after)
         except NoAccountError as exc:
             field = FieldError(field="subject", rule="R-TEN-2", message=str(exc))
             return _error("invalid", str(exc), [field])
@@ -230,11 +225,11 @@ def _error(code: str, message: str, fields: list[FieldError] | None = None) -> d
     return dumped
 
 
-def _schema_handler(model: type[BaseModel]) -> Callable[..., Awaitable[None]]:
+def schema_handler(model: type[BaseModel]) -> Callable[..., Awaitable[None]]:
     """A function with the signature FastStream reads the payload schema from; never called."""
 
     async def declared(body: Any) -> None:  # pragma: no cover - documentation only
-        raise RuntimeError("served by gpufleet_bus.requests, not FastStream")
+        raise RuntimeError("declared for the AsyncAPI document only; never called")
 
     declared.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model)]
@@ -244,4 +239,13 @@ def _schema_handler(model: type[BaseModel]) -> Callable[..., Awaitable[None]]:
     return declared
 
 
-__all__ = ["Handler", "Message", "Reply", "Request", "Requests", "model_of", "qualname"]
+__all__ = [
+    "Handler",
+    "Message",
+    "Reply",
+    "Request",
+    "Requests",
+    "model_of",
+    "qualname",
+    "schema_handler",
+]

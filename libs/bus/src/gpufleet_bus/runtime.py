@@ -57,7 +57,7 @@ from .deadletter import UnknownMessageType, check_envelope
 from .dlq import read_dead_letters
 from .outbox import OutboxRelay
 from .periodic import Every
-from .requests import Handler, Request, Requests, model_of, qualname
+from .requests import Handler, Request, Requests, model_of, qualname, schema_handler
 from .streams import ensure_streams, stream_for
 from .wiring import Delivery, EventHandler, Events, Ports, Service, T, Wired
 
@@ -237,7 +237,7 @@ class ServiceRuntime:
                 typed,
                 title=f"{self.service}:{durable}:{model.__name__}",
                 description=fn.__doc__ or model.__doc__,
-            )(_schema_of(model))
+            )(schema_handler(model))
             self._row("event", model.SUBJECT, fn, model.__name__)
 
     def _signal(self, subject: str, fn: Callable[..., Awaitable[None]]) -> None:
@@ -334,18 +334,6 @@ def _shared_subject(models: list[type[Message]]) -> str:
     if len(found) != 1:
         raise ValueError(f"{[m.__name__ for m in models]} need an Events(subject=...)")
     return found.pop()
-
-
-def _schema_of(model: type[Message]) -> Callable[..., Awaitable[None]]:
-    async def declared(body: Any) -> None:  # pragma: no cover - documentation only
-        raise RuntimeError("consumed through gpufleet_bus.runtime's dispatch")
-
-    declared.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model)]
-    )
-    declared.__annotations__ = {"body": model, "return": None}
-    declared.__name__ = model.__name__
-    return declared
 
 
 __all__ = [
