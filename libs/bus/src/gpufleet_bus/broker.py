@@ -6,6 +6,7 @@ import logging
 import os
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +40,27 @@ class BusSettings(BaseSettings):
         return connect_options(self.nats_creds, self.nats_ca)
 
 
-# The inbox prefix each broker was made with (its identity's own: `_INBOX.<public key>`).
-_INBOXES: weakref.WeakKeyDictionary[NatsBroker, str] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class _Made:
+    """What make_broker knew of a broker that FastStream does not keep."""
+
+    inbox: str  # its identity's own inbox prefix: `_INBOX.<public key>`
+    dead_letters_as: str  # the service token of its dead letters
+
+
+_MADE: weakref.WeakKeyDictionary[NatsBroker, _Made] = weakref.WeakKeyDictionary()
 
 
 def inbox_of(broker: NatsBroker) -> str:
     """The inbox prefix of a broker made by make_broker (`_INBOX` for any other)."""
-    return _INBOXES.get(broker, "_INBOX")
-
-
-_DEAD_LETTERS: weakref.WeakKeyDictionary[NatsBroker, str] = weakref.WeakKeyDictionary()
+    made = _MADE.get(broker)
+    return made.inbox if made else "_INBOX"
 
 
 def dead_letters_of(broker: NatsBroker) -> str | None:
     """The name a broker made by make_broker dead-letters under (`dead_letters_as`)."""
-    return _DEAD_LETTERS.get(broker)
+    made = _MADE.get(broker)
+    return made.dead_letters_as if made else None
 
 
 def make_broker(
@@ -85,8 +92,7 @@ def make_broker(
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
     )
-    _INBOXES[broker] = str(options.get("inbox_prefix", "_INBOX"))
-    _DEAD_LETTERS[broker] = dead_letters_as or service
+    _MADE[broker] = _Made(str(options.get("inbox_prefix", "_INBOX")), dead_letters_as or service)
     return broker
 
 

@@ -109,7 +109,8 @@ class Requests:
         by_account: bool,
         queue: str,
         title: str,
-    ) -> None:
+    ) -> type[BaseModel]:
+        """Serve `subject` with `entry`; returns the body's model."""
         req = entry if isinstance(entry, Request) else Request(entry)
         model = model_of(req.handler)
         self.routes.append(
@@ -129,6 +130,7 @@ class Requests:
             title=title,
             description=req.description or req.handler.__doc__,
         )(schema_handler(model))
+        return model
 
     async def start(self) -> None:
         nc = await self.broker.connect()

@@ -182,10 +182,10 @@ class ServiceRuntime:
         title: str,
     ) -> None:
         req = entry if isinstance(entry, Request) else Request(entry)
-        self.requests.add(
+        model = self.requests.add(
             subject, req, by_account=by_account, queue=f"{self.service}-{queue}", title=title
         )
-        self._row(kind, subject, req.handler, model_of(req.handler).__name__)
+        self._row(kind, subject, req.handler, model.__name__)
 
     def _events(self, durable: str, spec: Events) -> None:
         by_type = {m.TYPE: (m, fn, _arity(fn)) for m, fn in spec.handlers.items()}
