@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpufleet_node_agent.gpu_access import GpuAccess, HostGpu, LibBind
 from gpufleet_node_agent.podman_args import (
     PodmanConfig,
     container_name,
@@ -40,6 +41,17 @@ def spec(**kw: Any) -> dict[str, Any]:
 
 
 CONFIG = PodmanConfig(memory_mb=2048, cpus=1.5, pids=512)
+# Two of a node's GPUs whose device minors are not their NVML indices, and one driver library.
+GPUS = GpuAccess(
+    "devices",
+    {1: HostGpu(1, 5, "GPU-aa"), 3: HostGpu(3, 2, "GPU-bb")},
+    (
+        LibBind(
+            Path("/usr/lib/libcuda.so.580.1"),
+            "/usr/local/nvidia/lib64/libcuda.so.1",
+        ),
+    ),
+)
 
 
 def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
@@ -49,7 +61,7 @@ def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
         "m1",
         CONFIG,
         job_env={"API_TOKEN": "s3cret", "PATH": "/opt/bin:/usr/bin", "JOB_ID": "forged"},
-        real_gpus=True,
+        gpu=GPUS,
     )
     name = container_name("job-1", 0, "pl-1")
     assert run_argv(c, "podman", WD / "podman.env") == [
@@ -77,8 +89,10 @@ def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
         "--volume", f"{WD}/disk/checkpoint:/opt/ml/checkpoint:rw",
         "--volume", f"{WD}/disk/tmp:/tmp:rw",
         "--volume", f"{WD}/disk/var-tmp:/var/tmp:rw",
-        "--device", "/dev/nvidia1",
-        "--device", "/dev/nvidia3",
+        # the driver's libraries, one file at a time, read-only
+        "--volume", "/usr/lib/libcuda.so.580.1:/usr/local/nvidia/lib64/libcuda.so.1:ro",
+        "--device", "/dev/nvidia5",  # GPU 1's device node is its minor number's
+        "--device", "/dev/nvidia2",
         "--device", "/dev/nvidiactl",
         "--device", "/dev/nvidia-uvm",
         "--device", "/dev/nvidia-uvm-tools",
@@ -92,6 +106,7 @@ def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
         "--env", "CUDA_VISIBLE_DEVICES=0,1",  # its two device nodes, as CUDA numbers them
         "--env", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "--env", "ML_DATA_PATH=/opt/ml/input/data",
+        "--env", "LD_LIBRARY_PATH=/usr/local/nvidia/lib64",
         "gpufleet/base:bookworm",
         "python3", "train.py", "--epochs", "3",
     ]  # fmt: skip

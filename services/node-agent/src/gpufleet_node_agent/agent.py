@@ -18,7 +18,9 @@ from gpufleet_contracts.jobs import StartWorker, StopWorker
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
 from .baseimage import default_containers_conf
+from .gpu_access import GpuAccess, host_access
 from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
+from .mps import Mps, find_control
 from .podman import PodmanRuntime
 from .podman_args import PodmanConfig
 from .policy import OWN_JOBS, RuntimePolicy, container_problem
@@ -47,6 +49,15 @@ def container_runtime(settings: AgentSettings) -> PodmanRuntime:
         ),
     )
     return PodmanRuntime(config, settings.minion_id)
+
+
+def gpu_runtime(settings: AgentSettings) -> tuple[GpuAccess, Mps]:
+    """How this node's real GPUs reach a container, and its MPS shares (NVML has started)."""
+    gpu = host_access(settings.gpu_access, settings.nvidia_driver_dir)
+    control = find_control(settings.mps_control)
+    if control is None:
+        log.warning("no nvidia-cuda-mps-control: fractional GPU jobs will fail on this node")
+    return gpu, Mps(settings.mps_dir, control, settings.worker_uid)
 
 
 def runtime_policy(settings: AgentSettings) -> RuntimePolicy:
@@ -113,13 +124,19 @@ class Agent:
         policy = self.workers.policy
         for rt in self.workers.runtimes.values():
             if isinstance(rt, PodmanRuntime):
-                rt.real_gpus = not inv.simulated
+                if inv.gpus and not inv.simulated:
+                    rt.gpu, rt.mps = await asyncio.to_thread(gpu_runtime, self.settings)
+                    log.info("GPUs reach containers by %s", rt.gpu.describe())
                 rt.node_gpus = len(inv.gpus)
                 if policy is not None:
                     policy.container_error = container_problem(rt.config.podman, rt.env)
         if policy is not None:
             self._log_policy(policy)
         found = self.recovery = self.workers.recover()
+        for rt in self.workers.runtimes.values():
+            if isinstance(rt, PodmanRuntime) and rt.mps is not None:
+                # the MPS daemons of shares whose worker ended while the agent was away
+                await asyncio.to_thread(rt.mps.sweep, [*found.reattached, *found.finished])
         if found.finished or found.reattached or found.lost:
             log.info(
                 "recovered workers: %d ended while away, %d re-attached, %d lost",

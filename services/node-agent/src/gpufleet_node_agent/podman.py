@@ -34,7 +34,9 @@ from typing import Any
 from . import disk
 from .baseimage import ensure_image, podman_env
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
+from .gpu_access import GpuAccess
 from .images import REGISTRY_FILE, pull_image
+from .mps import Mps
 from .podman_args import (
     LABEL,
     LOG_FILE,
@@ -68,10 +70,19 @@ class PodmanRuntime:
     lost_at_restart = "worker lost: its container was gone when the agent restarted"
     lost_at_runtime = "worker lost: its container is gone (its runtime state was removed)"
 
-    def __init__(self, config: PodmanConfig, minion_id: str, *, real_gpus: bool = False) -> None:
+    def __init__(
+        self,
+        config: PodmanConfig,
+        minion_id: str,
+        *,
+        gpu: GpuAccess | None = None,
+        mps: Mps | None = None,
+    ) -> None:
         self.config = config
         self.minion_id = minion_id
-        self.real_gpus = real_gpus  # the agent sets these two from the inventory
+        # the agent sets these three from the inventory (prepare)
+        self.gpu = gpu or GpuAccess.none()
+        self.mps = mps  # fractional shares of real GPUs; None: no real GPUs
         self.node_gpus = 0
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}
@@ -124,6 +135,8 @@ class PodmanRuntime:
                 check=False,
             )
         disk.release(w.dir)
+        if self.mps is not None:
+            self.mps.stop(w.placement_id)
 
     # --- podman calls -----------------------------------------------------------------
 
@@ -261,6 +274,7 @@ class PodmanRuntime:
         # Ended, so its filesystem is free: kept output first, then the end (a crash between
         # the two releases it again, idempotently, before the end is written).
         await asyncio.to_thread(disk.release, w.dir)
+        await self._end_share(w)
         write_json_atomic(w.file("exit.json"), fields)
         await self._podman("rm", "--force", name)
 
@@ -324,6 +338,8 @@ class PodmanRuntime:
 
     def _fail(self, w: Worker, error: str) -> None:
         disk.release(w.dir)  # never ran: nothing much to keep
+        if self.mps is not None:
+            self.mps.stop(w.placement_id)
         write_json_atomic(
             w.file("exit.json"), {"exit_code": None, "ended_at": _now(), "error": error}
         )
@@ -359,13 +375,19 @@ class PodmanRuntime:
                 self._fail(w, error)
                 return
         gpus = len(spec.get("gpu_indices") or [])
+        share = await self._start_share(w, spec)
+        if isinstance(share, str):
+            env_path.unlink(missing_ok=True)
+            self._fail(w, share)
+            return
         c = container_spec(
             spec,
             w.dir,
             self.minion_id,
             self.config,
             job_env=job_env,
-            real_gpus=self.real_gpus,
+            gpu=self.gpu,
+            mps_pipe=share,
             limits=share_limits(self.config, self.node_gpus, gpus),
         )
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
@@ -375,6 +397,7 @@ class PodmanRuntime:
             env_path.unlink(missing_ok=True)  # the values now live only in the container
         if rc != 0:
             await self._podman("rm", "--force", c.name)
+            await self._end_share(w)
             self._fail(
                 w, f"podman run failed ({rc}): {err.decode(errors='replace').strip()[-500:]}"
             )
@@ -383,6 +406,28 @@ class PodmanRuntime:
             w.file("started.json"), {"pid": None, "started_at": _now(), "container": c.name}
         )
         log.info("started container %s for worker %s", c.name, w.key)
+
+    async def _start_share(self, w: Worker, spec: dict[str, Any]) -> Path | str | None:
+        """A fractional worker on a real GPU: its MPS daemon, limited (mps.py); the pipe
+        directory the container gets, or why it cannot run. None for any other worker."""
+        fraction = spec.get("gpu_fraction")
+        indices = [int(i) for i in spec.get("gpu_indices") or []]
+        if fraction in (None, "") or not self.gpu.real or len(indices) != 1:
+            return None
+        if self.mps is None:
+            return "fractional GPU: this node has no MPS set up for its GPUs"
+        gpu = self.gpu.gpus.get(indices[0])
+        if gpu is None:
+            return f"GPU index {indices[0]} is not on this node"
+        memory = spec.get("gpu_memory_limit_mb") or int(gpu.memory_mb * float(fraction))
+        error = await asyncio.to_thread(
+            self.mps.start, w.placement_id, gpu.uuid, str(fraction), int(memory)
+        )
+        return error if error is not None else self.mps.pipe_dir(w.placement_id)
+
+    async def _end_share(self, w: Worker) -> None:
+        if self.mps is not None:
+            await asyncio.to_thread(self.mps.stop, w.placement_id)
 
     async def _run(self, c: ContainerSpec, w: Worker) -> tuple[int, bytes, bytes]:
         env = dict(self.env)

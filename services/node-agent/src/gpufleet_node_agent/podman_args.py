@@ -11,7 +11,8 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
 - with the disk quota (disk.py, on by default): its image's root read-only, and its writable
   directories (and /tmp, /var/tmp) on its own filesystem of `disk_size_gb`;
 - the network the operator chose (`none` by default: no route to the control plane);
-- its own GPUs' device nodes and the control devices, when the GPUs are real.
+- its own GPUs, when they are real (gpu_access.py: their device nodes and the driver's
+  libraries, or CDI), and for a fractional share its own MPS pipes (mps.py).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import disk
+from . import disk, mps
+from .gpu_access import GpuAccess
 from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
 
@@ -36,7 +38,6 @@ ML_DIRS = (
     ("/opt/ml/output", False),
 )
 OUTPUT = "/opt/ml/output"
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 LABEL = "gpufleet"  # label prefix: gpufleet.minion, gpufleet.placement, ...
 LOG_FILE = "container.log"  # conmon's k8s-file log, converted into `log` by the agent
 
@@ -157,15 +158,6 @@ def mount_env(spec: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
-def gpu_devices(indices: Sequence[int], real: bool) -> list[str]:
-    """Its own GPUs' device nodes plus the control devices; none for simulated GPUs.
-    (`/dev/nvidia<N>` is the device of minor number N, which is NVML's index on the machines
-    this was written for; CDI is the way to be exact, see the README.)"""
-    if not real or not indices:
-        return []
-    return [f"/dev/nvidia{int(i)}" for i in indices] + list(CONTROL_DEVICES)
-
-
 def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
     """gpufleet's variables, which the job's env cannot override (as in `worker_env`)."""
     indices = [int(i) for i in spec.get("gpu_indices") or []]
@@ -219,11 +211,21 @@ def container_spec(
     config: PodmanConfig,
     *,
     job_env: Mapping[str, str] | None = None,
-    real_gpus: bool = False,
+    gpu: GpuAccess | None = None,
+    mps_pipe: Path | None = None,
     limits: Limits | None = None,
 ) -> ContainerSpec:
-    """The container of the worker whose spec.json is `spec` (job env values apart)."""
-    ours = container_env(spec, real_gpus)
+    """The container of the worker whose spec.json is `spec` (job env values apart); `gpu`:
+    how this node's real GPUs reach a container; `mps_pipe`: its share's MPS pipes."""
+    gpu = gpu or GpuAccess.none()
+    indices = [int(i) for i in spec.get("gpu_indices") or []]
+    ours = container_env(spec, gpu.real)
+    ours.update(gpu.env(indices))
+    binds = quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir)
+    binds += [Bind(b.host, b.target, True) for b in gpu.library_binds(indices)]
+    if mps_pipe is not None:
+        binds.append(Bind(mps_pipe, mps.MPS_TARGET, False))
+        ours.update(mps.share_env())
     job = {k: v for k, v in (job_env or {}).items() if k not in ours and k not in GPUFLEET_VARS}
     defaults = {"HOME": "/tmp"}  # the worker's user has no home in the image
     env = {**defaults, **job, **ours}
@@ -244,8 +246,8 @@ def container_spec(
         command=[str(a) for a in spec["command"]],
         labels=labels,
         env=env,
-        binds=quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir),
-        devices=gpu_devices([int(i) for i in spec.get("gpu_indices") or []], real_gpus),
+        binds=binds,
+        devices=gpu.devices(indices),
         log_path=worker_dir / LOG_FILE,
         user=f"{config.uid}:{config.uid}",
         network=config.network,

@@ -101,6 +101,14 @@ class AgentSettings(BaseSettings):
     # Registries (host[:port]) a job's image is pulled from without TLS checks: only ones
     # the operator runs on a trusted network, e.g. `just up`'s local registry. Comma-separated.
     worker_insecure_registries: str = ""
+    # Real GPUs in containers (gpu_access.py): `auto` (CDI when its spec is installed, else
+    # device nodes + the driver's libraries), `cdi` or `devices`.
+    gpu_access: Literal["auto", "cdi", "devices"] = "auto"
+    nvidia_driver_dir: Path | None = None  # `devices`: where libcuda.so.1 is (else found)
+    mps_control: str | None = None  # nvidia-cuda-mps-control (else found on PATH / driver dirs)
+    # The shares' MPS pipes and logs (mps.py): every directory above must be o+x, since the
+    # MPS server runs as the workers' uid.
+    mps_dir: Path = Path("/run/gpufleet-agent/mps")
     # The containers.conf podman runs with (CONTAINERS_CONF); None: deploy/podman/ of the
     # source checkout, when there is one.
     podman_containers_conf: Path | None = None
