@@ -141,6 +141,18 @@ def submit(
         bool | None,
         typer.Option("--allow-burst", help="May burst to the cloud (R-SCHED-3)."),
     ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", metavar="IMAGE", help="Run in this image (registry/name:tag)."),
+    ] = None,
+    key: Annotated[
+        list[str] | None,
+        typer.Option("--key", metavar="KEY", help="Attach a third-party key (repeatable)."),
+    ] = None,
+    pip: Annotated[
+        list[str] | None,
+        typer.Option("--pip", metavar="PACKAGE", help="Install a pip package (repeatable)."),
+    ] = None,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -172,6 +184,7 @@ def submit(
             "model": spec.location(model, "source"),
             "output_data": spec.location(output, "type"),
             "allow_burst": allow_burst,
+            "environment": spec.environment(base.get("environment"), image, key, pip),
         }
         job_spec = spec.build(base, flags, env or [])
         msg = SubmitJob(spec=job_spec)

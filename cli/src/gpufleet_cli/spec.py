@@ -35,6 +35,9 @@ FLAGS = {
     "model": "--model",
     "output_data": "--output",
     "allow_burst": "--allow-burst",
+    "environment.image": "--image",
+    "environment.keys": "--key",
+    "environment.packages.pip": "--pip",
 }
 
 
@@ -99,6 +102,23 @@ def parse_env(pairs: list[str]) -> tuple[dict[str, str], list[FieldError]]:
                 )
             )
     return env, bad
+
+
+def environment(
+    base: Any, image: str | None, keys: list[str] | None, pip: list[str] | None
+) -> dict[str, Any] | None:
+    """The file's `environment` with `--image`, `--key` and `--pip` over it (None: no change)."""
+    if image is None and not keys and not pip:
+        return None
+    out = dict(base) if isinstance(base, dict) else {}
+    if image is not None:
+        out["image"] = image
+    if keys:
+        out["keys"] = list(keys)
+    if pip:
+        packages = out.get("packages")
+        out["packages"] = {**(packages if isinstance(packages, dict) else {}), "pip": list(pip)}
+    return out
 
 
 def build(base: dict[str, Any], flags: dict[str, Any], env_pairs: list[str]) -> JobSpec:

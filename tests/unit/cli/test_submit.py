@@ -317,3 +317,31 @@ def test_a_spec_over_its_size_cap_is_refused_locally_naming_spec(
     assert result.exit_code == 2
     (field,) = json.loads(result.stdout)["error"]["fields"]
     assert (field["field"], field["rule"]) == ("spec", "limit:spec_bytes")
+
+
+def test_image_key_and_pip_flags_go_into_the_files_environment(
+    tmp_path: Path, sent: list[dict[str, Any]]
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: env\ngpu_types: [RTX 3090]\ngpu_count: 1\ncommand: [python, train.py]\n"
+        "environment: {python_version: '3.11', packages: {apt: [curl]}}\n"
+    )
+    args = ["job", "submit", "-f", str(job), "--image", "registry.local:5000/team/train:1"]
+    args += ["--key", "docker", "--pip", "numpy==2.1", "--pip", "tqdm", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (call,) = sent
+    environment = call["payload"]["spec"]["environment"]
+    assert environment["image"] == "registry.local:5000/team/train:1"
+    assert environment["keys"] == ["docker"]
+    assert environment["packages"]["pip"] == ["numpy==2.1", "tqdm"]
+    assert environment["packages"]["apt"] == ["curl"]  # the file's, kept
+
+
+def test_a_bad_image_is_refused_naming_its_flag(no_bus: None) -> None:
+    args = ["job", "submit", "--name", "x", "--gpu-type", "RTX 3090", "--gpu-count", "1"]
+    result = runner.invoke(app, [*args, "--image", "Not An Image!", "--json", "--", "true"])
+    assert result.exit_code != 0
+    fields = json.loads(result.stdout)["error"]["fields"]
+    assert [f["field"] for f in fields] == ["environment.image"]
