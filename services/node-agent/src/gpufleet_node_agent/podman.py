@@ -72,6 +72,7 @@ class PodmanRuntime:
         self.config = config
         self.minion_id = minion_id
         self.real_gpus = real_gpus  # the agent sets these two from the inventory
+        self.secrets_uid = config.uid  # the worker's user reads its attached keys
         self.node_gpus = 0
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}

@@ -11,7 +11,8 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
 - with the disk quota (disk.py, on by default): its image's root read-only, and its writable
   directories (and /tmp, /var/tmp) on its own filesystem of `disk_size_gb`;
 - the network the operator chose (`none` by default: no route to the control plane);
-- its own GPUs' device nodes and the control devices, when the GPUs are real.
+- its own GPUs' device nodes and the control devices, when the GPUs are real;
+- its attached keys' files (keyfiles.py), read-only at /run/secrets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import disk
+from . import disk, keyfiles
 from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
 
@@ -183,7 +184,16 @@ def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
     env.update(share_env(spec))
     if spec.get("output_archive"):
         env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
+    if spec.get("key_types"):
+        env[keyfiles.ENV_NAME] = keyfiles.CONTAINER_PATH
     return env
+
+
+def key_binds(spec: Mapping[str, Any], worker_dir: Path) -> list[Bind]:
+    """Its attached keys' files (keyfiles.py), read-only at /run/secrets; none without keys."""
+    if not spec.get("key_types"):
+        return []
+    return [Bind(keyfiles.host_path(worker_dir), keyfiles.CONTAINER_PATH, True)]
 
 
 @dataclass(frozen=True)
@@ -244,7 +254,8 @@ def container_spec(
         command=[str(a) for a in spec["command"]],
         labels=labels,
         env=env,
-        binds=quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir),
+        binds=(quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir))
+        + key_binds(spec, worker_dir),
         devices=gpu_devices([int(i) for i in spec.get("gpu_indices") or []], real_gpus),
         log_path=worker_dir / LOG_FILE,
         user=f"{config.uid}:{config.uid}",
