@@ -40,7 +40,8 @@ def test_a_stored_key_goes_to_the_worker_and_a_registry_key_to_the_pull_only() -
 
 def test_a_registry_key_bound_to_another_registry_is_not_sent() -> None:
     bound = {**DOCKER, "registry": "ghcr.io"}
-    assert resolve(spec(["docker"], image="docker.io/a/b:1"), {"docker": bound}).registry_auth is None
+    other = resolve(spec(["docker"], image="docker.io/a/b:1"), {"docker": bound})
+    assert other.registry_auth is None
     ok = resolve(spec(["docker"], image="ghcr.io/a/b:1"), {"docker": bound})
     assert ok.registry_auth is not None
 
