@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import billing, identity, jobs, nodes, ops, projects, provider, region
+from . import billing, identity, jobs, keys, nodes, ops, projects, provider, region
 
 app = typer.Typer(
     name="gpufleet",
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(jobs.app, name="job")
 app.add_typer(projects.app, name="project")
+app.add_typer(keys.app, name="key")
 app.add_typer(nodes.app, name="node")
 app.add_typer(provider.app, name="provider")
 app.add_typer(region.app, name="region")

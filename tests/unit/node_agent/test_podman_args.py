@@ -172,3 +172,12 @@ def test_conmon_log_lines_become_the_bytes_the_command_wrote() -> None:
     data, used = convert_k8s_log(raw)
     assert data == b"hello\npartial\n\n"
     assert raw[used:] == b"2026-01-01T00:00:00.5+00:00 stdout F not yet compl"
+
+
+def test_attached_keys_are_bound_read_only_at_run_secrets_and_named_by_secrets_path() -> None:
+    plain = container_spec(spec(), WD, "m1", CONFIG)
+    assert not any(b.target == "/run/secrets" for b in plain.binds)
+    assert "SECRETS_PATH" not in plain.env
+    c = container_spec(spec(key_types=["huggingface"]), WD, "m1", CONFIG)
+    assert f"{WD}/secrets:/run/secrets:ro" in run_argv(c)
+    assert c.env["SECRETS_PATH"] == "/run/secrets"

@@ -95,6 +95,7 @@ class FakeContainers:
     name = "podman"
     lost_at_restart = "gone at restart"
     lost_at_runtime = "gone"
+    secrets_uid = 10000
 
     def __init__(self) -> None:
         self.launched_ids: list[str] = []

@@ -57,6 +57,8 @@ SECRET_KEYS = frozenset(
         "nkey",
         "jwt",
         "authorization",
+        "attached_keys",  # StartWorker's third-party key values
+        "secrets",
         "cookie",
         "set_cookie",
     }

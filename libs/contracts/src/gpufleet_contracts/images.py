@@ -3,15 +3,18 @@
 A job with `environment.image` runs in that image; the node pulls it from its registry. A
 private registry's credential is an attached third-party key: `docker` (any registry that
 takes a user name and password: Docker Hub, GAR, ECR, a local one) or `ngc` (NVIDIA's, whose
-user name is always `$oauthtoken`). There is no key store yet, so a key's values come the way
-every secret of a job comes, in its env, sealed at rest (`gpufleet_contracts.secrets`):
+user name is always `$oauthtoken`). Its values come from the job creator's key store
+(gpufleet_contracts.keys, `gpufleet key add docker`); for compatibility, a job whose creator
+has no such key may still carry the values in its env, sealed at rest like every env value:
 
     keys: [docker]  env: {DOCKER_USERNAME: ..., DOCKER_PASSWORD: ...}
     keys: [ngc]     env: {NGC_API_KEY: ...}
 
-The scheduler takes those values out of the worker's env (`split_registry_auth`) and hands
-them to the node in StartWorker's sealed `registry_auth`: they are used for the pull only,
-never given to the job, never in an event, a log or the stored spec.
+The scheduler takes those values out of the worker's env (`split_registry_auth`) in any case,
+and hands the credential (the stored key's first, else the env's) to the node in
+StartWorker's sealed `registry_auth`: used for the pull only, never given to the job, never
+in an event, a log or the stored spec. A stored `docker` key with a `registry` is used only
+for images of that registry (`registry_of`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ REGISTRY_KEYS: dict[str, tuple[str | None, str]] = {
     "ngc": (None, "NGC_API_KEY"),
 }
 NGC_USERNAME = "$oauthtoken"
+DEFAULT_REGISTRY = "docker.io"
+
+
+def registry_of(image: str) -> str:
+    """The registry host of an image reference, as podman reads it (no search registries:
+    a short name is Docker Hub's)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return DEFAULT_REGISTRY
 
 
 class RegistryAuth(BaseModel):

@@ -117,6 +117,10 @@ class StartWorker(Command):
     # is pulled with (gpufleet_contracts.images), sealed in the outbox like `env`.
     image: str | None = None
     registry_auth: RegistryAuth | None = Field(default=None, repr=False)
+    # R-JOB-7: the job creator's attached keys other than registry keys, {type: {field:
+    # value}} (gpufleet_contracts.keys), for this worker alone: sealed in the outbox like
+    # `env`, given to the worker as files /run/secrets/<type>/<field>.
+    attached_keys: dict[str, dict[str, str]] = Field(default_factory=dict, repr=False)
     # Whose job it is (R-TEN-1): its project's owner and its creator, from the job document.
     # The agent runs a job outside a container only when both are the node's owner and its
     # operator opted in (services/node-agent/README.md, "Runtime policy"); None (a command

@@ -13,6 +13,8 @@ Generate a key with
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
 from typing import Any
 
@@ -36,6 +38,8 @@ class SecretBox:
             raise ValueError(
                 "GPUFLEET_SECRET_KEY is not a Fernet key (32 bytes, url-safe base64)"
             ) from None
+        # A MAC key of its own, derived from the Fernet key (never the key itself).
+        self._mac_key = hmac.digest(base64.urlsafe_b64decode(raw.strip()), b"fingerprint", "sha256")
 
     @classmethod
     def for_process(cls) -> SecretBox:
@@ -63,6 +67,11 @@ class SecretBox:
 
     def open_json(self, token: str) -> Any:
         return json.loads(self.open(token.encode()))
+
+    def fingerprint(self, data: bytes) -> str:
+        """`sha256:<16 hex>`, an HMAC of `data` with a key derived from this one: the same
+        value gives the same fingerprint, and without the key a guess cannot be checked."""
+        return "sha256:" + hmac.digest(self._mac_key, data, "sha256").hex()[:16]
 
     def __repr__(self) -> str:
         return "SecretBox(<key>)"

@@ -23,21 +23,15 @@ from collections.abc import Awaitable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+# one rule for which registry an image is from, the contracts' (the scheduler uses it too)
+from gpufleet_contracts.images import DEFAULT_REGISTRY as DEFAULT_REGISTRY
+from gpufleet_contracts.images import registry_of as registry_of
+
 from .files import read_json
 
 REGISTRY_FILE = "registry.json"  # the credential, from StartWorker: deleted after the pull
 AUTH_FILE = "registry-auth.json"  # podman's auth file for that pull: deleted after it
 GB = 10**9  # podman's sizes are decimal
-DEFAULT_REGISTRY = "docker.io"
-
-
-def registry_of(image: str) -> str:
-    """The registry host of an image reference, as podman reads it (no search registries:
-    a short name is Docker Hub's)."""
-    first, sep, _ = image.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return DEFAULT_REGISTRY
 
 
 def qualified(image: str) -> str:

@@ -83,6 +83,7 @@ class PodmanRuntime:
         # the agent sets these three from the inventory (prepare)
         self.gpu = gpu or GpuAccess.none()
         self.mps = mps  # fractional shares of real GPUs; None: no real GPUs
+        self.secrets_uid = config.uid  # the worker's user reads its attached keys
         self.node_gpus = 0
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}

@@ -12,7 +12,8 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
   directories (and /tmp, /var/tmp) on its own filesystem of `disk_size_gb`;
 - the network the operator chose (`none` by default: no route to the control plane);
 - its own GPUs, when they are real (gpu_access.py: their device nodes and the driver's
-  libraries, or CDI), and for a fractional share its own MPS pipes (mps.py).
+  libraries, or CDI), and for a fractional share its own MPS pipes (mps.py);
+- its attached keys' files (keyfiles.py), read-only at /run/secrets.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import disk, mps
+from . import disk, keyfiles, mps
 from .gpu_access import GpuAccess
 from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
@@ -175,7 +176,16 @@ def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
     env.update(share_env(spec))
     if spec.get("output_archive"):
         env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
+    if spec.get("key_types"):
+        env[keyfiles.ENV_NAME] = keyfiles.CONTAINER_PATH
     return env
+
+
+def key_binds(spec: Mapping[str, Any], worker_dir: Path) -> list[Bind]:
+    """Its attached keys' files (keyfiles.py), read-only at /run/secrets; none without keys."""
+    if not spec.get("key_types"):
+        return []
+    return [Bind(keyfiles.host_path(worker_dir), keyfiles.CONTAINER_PATH, True)]
 
 
 @dataclass(frozen=True)
@@ -222,6 +232,7 @@ def container_spec(
     ours = container_env(spec, gpu.real)
     ours.update(gpu.env(indices))
     binds = quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir)
+    binds += key_binds(spec, worker_dir)
     binds += [Bind(b.host, b.target, True) for b in gpu.library_binds(indices)]
     if mps_pipe is not None:
         binds.append(Bind(mps_pipe, mps.MPS_TARGET, False))

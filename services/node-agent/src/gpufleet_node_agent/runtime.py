@@ -38,6 +38,7 @@ class WorkerRuntime(Protocol):
 
     name: str
     pulls_images: bool  # runs a job's own image (StartWorker.image), pulling it first
+    secrets_uid: int  # who owns the worker's attached-key files (keyfiles.py)
     lost_at_restart: str  # the reason of a worker `reattach` could not find
     lost_at_runtime: str  # the reason of a worker `alive` stopped seeing without exit.json
 
@@ -76,6 +77,7 @@ class ProcessRuntime:
 
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
+        self.secrets_uid = os.getuid()  # the command runs as the agent's user
 
     def launch(self, w: Worker) -> str | None:
         try:

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from .files import read_json, write_json_atomic, write_text_atomic
+from .keyfiles import ENV_NAME, SECRETS_DIR
 
 STOP_GRACE_S = 10.0
 # Set by gpufleet; a job's own env cannot override them.
@@ -106,6 +107,8 @@ def worker_env(
     env.update(share_env(spec))
     if spec.get("output_archive"):
         env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
+    if spec.get("key_types"):  # its attached keys' files (keyfiles.py)
+        env[ENV_NAME] = str(worker_dir / SECRETS_DIR)
     return env
 
 

@@ -9,6 +9,8 @@ supervisor writes (see `supervise`), the agent keeps:
                         it and deletes it before the command starts (`supervise`)
     registry.json       the credential its image is pulled with (R-JOB-7), 0600; for a
                         runtime that pulls images, which deletes it after the pull (images.py)
+    keys.json           its attached keys (R-JOB-7), 0600, until written out as files
+                        under secrets/ (keyfiles.py), removed when the worker has ended
     stop_requested      the reason of a StopWorker, when one came
     log.offset          bytes of `log` already published
     log.pending         end of the log chunk being published (re-sent as is after a crash)
@@ -42,6 +44,7 @@ from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
 
+from . import keyfiles
 from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
 from .images import REGISTRY_FILE
 from .policy import PROCESS, RuntimePolicy
@@ -55,7 +58,7 @@ SOURCE = "gpufleet/node-agent"
 LOST_AT_RESTART = ProcessRuntime.lost_at_restart
 LOST_AT_RUNTIME = ProcessRuntime.lost_at_runtime
 ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
-SECRET_FILES = frozenset({ENV_FILE, REGISTRY_FILE})
+SECRET_FILES = frozenset({ENV_FILE, REGISTRY_FILE, keyfiles.KEYS_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
 
 
@@ -181,6 +184,8 @@ class WorkerManager(Reports):
             "owner": cmd.owner,
             "creator": cmd.creator,
             "runtime": runtime or "",
+            # R-JOB-7: the types of its attached keys; the values in keys.json (0600)
+            "key_types": sorted(cmd.attached_keys),
         }
         files: dict[str, dict[str, Any]] = {"spec.json": spec}
         if cmd.env:
@@ -191,6 +196,8 @@ class WorkerManager(Reports):
         refused = None if decision is None else decision.refused
         if self.gpu_indices is not None and unknown:
             refused = f"GPU index {unknown} is not on this node (it has {sorted(self.gpu_indices)})"
+        if refused is None and cmd.attached_keys:
+            files[keyfiles.KEYS_FILE] = cmd.attached_keys
         if refused is not None:
             files["exit.json"] = {
                 "exit_code": None,
@@ -206,7 +213,8 @@ class WorkerManager(Reports):
         if "exit.json" in files:
             log.warning("refused %s: %s", w.key, files["exit.json"]["error"])
             return False
-        error = self.rt(w).launch(w)
+        # the keys become the worker's files first (for its uid), then it runs
+        error = keyfiles.materialize(d, self.rt(w).secrets_uid) or self.rt(w).launch(w)
         if error is not None:
             write_json_atomic(
                 w.file("exit.json"),
@@ -283,7 +291,8 @@ class WorkerManager(Reports):
             self._active[placement_id] = w
             if w.file("exit.json").exists():
                 found.finished.append(placement_id)
-            elif self.rt(w).reattach(w):
+            # a start cut short between its directory and its keys' files: written now
+            elif not keyfiles.materialize(d, self.rt(w).secrets_uid) and self.rt(w).reattach(w):
                 found.reattached.append(placement_id)
             elif not w.file("exit.json").exists():  # it may have ended just now
                 self._mark_gone(w, self.rt(w).lost_at_restart)
@@ -332,6 +341,8 @@ class WorkerManager(Reports):
         if started is not None and not w.file("reported_started").exists():
             await self._report_started(w, started)
         shipped_all = await self.ship_log(w)
+        if ended:
+            keyfiles.remove(w.dir)  # its keys leave the node with it
         if ended and shipped_all:
             exit_data = read_json(w.file("exit.json")) or {}
             evt = self.finished_event(w, exit_data, started)

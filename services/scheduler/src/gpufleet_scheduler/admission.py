@@ -1,6 +1,7 @@
 """Admission: a submitted job checked against the rules that need the fleet and the store
-(its project R-TEN-1, its owner's plan R-TEN-3, its region R-RES-1), then handed to the next
-placement pass, which stores it with its placement or its reason to wait (passes.py)."""
+(its project R-TEN-1, its owner's plan R-TEN-3, its region R-RES-1, its creator's attached
+keys R-JOB-7), then handed to the next placement pass, which stores it with its placement or
+its reason to wait (passes.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,21 @@ from gpufleet_contracts.errors import Refused
 from gpufleet_contracts.jobs import JobSpec
 from gpufleet_store import Doc
 
-from . import jobdoc, projects, tenancy
+from . import jobdoc, keyuse, projects, tenancy
+from .keystore import KeyStore
 from .passes import Passes
 from .state import State
 from .submissions import Submission
 
 
 class Admission:
-    def __init__(self, state: State, passes: Passes, projects: projects.Projects) -> None:
+    def __init__(
+        self, state: State, passes: Passes, projects: projects.Projects, keys: KeyStore
+    ) -> None:
         self.state = state
         self.passes = passes
         self.projects = projects
+        self.keys = keys
         self._pending: dict[str, asyncio.Future[bool]] = {}  # job id -> its submission
 
     async def submit(
@@ -51,6 +56,7 @@ class Admission:
         owner, project = await self.projects.resolve(spec.project, account)
         await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
         await self._check_region(spec)
+        await self._check_keys(spec, account)
         if owner == account:  # created on first use; another's exists (resolve found it)
             await self.projects.ensure(owner, project)
         now = st.clock()
@@ -70,6 +76,16 @@ class Admission:
         if cached is not None:  # the leader knows it: no read needed
             return jobdoc.view(cached)
         return jobdoc.view(await st.find_job(job_id, account))
+
+    async def _check_keys(self, spec: JobSpec, account: str) -> None:
+        """R-JOB-7: every key the job names is attached to its creator's account (or, for a
+        registry key, carried in its env the old way: keyuse.py)."""
+        if not spec.environment.keys:
+            return
+        stored = await self.keys.types_of(account)
+        missing = keyuse.unattached(spec.environment.keys, stored, spec.env)
+        if missing:
+            raise keyuse.refusal(account, missing, stored)
 
     async def _check_region(self, spec: JobSpec) -> None:
         """R-RES-1: refuse a pin to a region that has none of the job's GPU types."""

@@ -30,6 +30,7 @@ from gpufleet_contracts.jobs import (
     WorkerPlaced,
     WorkerStarted,
 )
+from gpufleet_contracts.keys import AttachKey, KeyList, KeyView, ListKeys, RemoveKey
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_contracts.projects import (
     AddProjectMember,
@@ -42,7 +43,7 @@ from gpufleet_contracts.projects import (
 from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 
-from . import projects
+from . import keystore, projects
 from .leadership import Lease
 from .scheduler import Scheduler
 from .settings import SchedulerSettings
@@ -68,6 +69,7 @@ INDEXES = {
         IndexModel([("node_id", ASCENDING)]),
     ],
     **projects.INDEXES,
+    **keystore.INDEXES,
 }
 
 
@@ -120,6 +122,17 @@ class Handlers:
         return ProjectList.model_validate(
             {"projects": await self.sched.projects.list(account, body.limit)}
         )
+
+    # --- attached third-party keys (R-JOB-7): the acting account's own, never a value ---
+
+    async def attach_key(self, body: AttachKey, account: str) -> KeyView:
+        return KeyView.model_validate(await self.sched.keys.attach(account, body))
+
+    async def list_keys(self, body: ListKeys, account: str) -> KeyList:
+        return KeyList.model_validate({"keys": await self.sched.keys.list(account)})
+
+    async def remove_key(self, body: RemoveKey, account: str) -> KeyView:
+        return KeyView.model_validate(await self.sched.keys.remove(account, body.type))
 
     # --- events (JetStream, durable) ---
 
@@ -200,6 +213,9 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
                 on.remove_project_member, description=RemoveProjectMember.__doc__
             ),
             "list_projects": Request(on.list_projects, description=ListProjects.__doc__),
+            "attach_key": Request(on.attach_key, description=AttachKey.__doc__),
+            "list_keys": Request(on.list_keys, description=ListKeys.__doc__),
+            "remove_key": Request(on.remove_key, description=RemoveKey.__doc__),
         },
         events={
             "account-changed": on.on_account_changed,

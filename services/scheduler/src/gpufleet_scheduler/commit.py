@@ -2,8 +2,10 @@
 placements of those jobs and the new jobs among them (placed or with their reason to wait),
 each with its JobQueued. A job is written once, already placed or with its reason to wait.
 
-A job whose secrets this key cannot open (the key changed) fails when it is about to be
-placed, instead of stopping the queue.
+A job whose secrets this key cannot open (the key changed), or that names an attached key
+its creator no longer has (keyuse.py), fails when it is about to be placed, instead of
+stopping the queue. The attached keys of the jobs being placed are read (opened) once per
+transaction, before it.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from gpufleet_contracts.jobs import WorkerState
+from gpufleet_contracts.jobs import JobSpec, WorkerState
 from gpufleet_store import Doc, SecretError, Transaction
 from gpufleet_telemetry.instruments import METRICS
 from pymongo import ReplaceOne
 
-from . import jobdoc, placing
+from . import jobdoc, keystore, keyuse, placing
 from .placement import Placement
 from .queue import Waiting
 from .state import StaleJob, State
@@ -37,7 +39,8 @@ async def commit(st: State, by_job: Placed, fresh: dict[str, Submission], now: d
     if partial:  # known from a checkpoint: the whole document is needed now
         for full in await st.db.jobs.find({"_id": {"$in": partial}}).to_list(None):
             st.jobs[full["_id"]] = full
-    unreadable = _unreadable(st, by_job)
+    failing = _unreadable(st, by_job)
+    opened = await _attached_keys(st, by_job, failing)
 
     async def body(tx: Transaction) -> int:
         docs.clear()
@@ -52,15 +55,16 @@ async def commit(st: State, by_job: Placed, fresh: dict[str, Submission], now: d
             sub = fresh.get(job_id)
             if sub is not None:
                 emit_queued(tx, sub)
-            if job_id in unreadable:
+            if job_id in failing:
                 job["rev"] = rev
-                replaces.append(_fail_unreadable(st, tx, job, now))
+                replaces.append(_fail_unreadable(st, tx, job, now, failing[job_id]))
                 continue
             if items:
                 spec = st.spec(job)
+                secrets = keyuse.resolve(spec, opened.get(job["creator"], {}))
                 for wt, p, s in items:
                     w = next(x for x in job["workers"] if x["index"] == wt.req.worker)
-                    claims += placing.place_worker(tx, job, spec, w, p, s, now, epoch)
+                    claims += placing.place_worker(tx, job, spec, w, p, s, now, epoch, secrets)
                 job["queue_reason"] = None
                 job["queue_detail"] = []
             job["rev"] = rev
@@ -92,27 +96,54 @@ async def commit(st: State, by_job: Placed, fresh: dict[str, Submission], now: d
             sub.fut.set_result(True)
 
 
-def _unreadable(st: State, by_job: Placed) -> set[str]:
-    """The jobs of a pass whose secrets this key cannot open: their placements are given
-    back (they fail instead, `_fail_unreadable`)."""
-    out: set[str] = set()
+def _give_back(st: State, items: list[tuple[Waiting, Placement, Slots]]) -> None:
+    for _, p, slots in items:
+        st.fleet.release(p.node.node_id, [(g, sh) for _, g, sh in slots])
+
+
+def _unreadable(st: State, by_job: Placed) -> dict[str, str]:
+    """The jobs of a pass whose secrets this key cannot open, with that reason: their
+    placements are given back (they fail instead, `_fail_unreadable`)."""
+    out: dict[str, str] = {}
     for job_id, items in by_job.items():
         if not items:
             continue
         try:
             st.spec(st.jobs[job_id])
         except SecretError:
-            out.add(job_id)
-            for _, p, slots in items:
-                st.fleet.release(p.node.node_id, [(g, sh) for _, g, sh in slots])
+            out[job_id] = UNREADABLE
+            _give_back(st, items)
     return out
 
 
-def _fail_unreadable(st: State, tx: Transaction, job: Doc, now: datetime) -> ReplaceOne[Doc]:
-    log.error("job %s: its secrets do not decrypt with GPUFLEET_SECRET_KEY", job["_id"])
+async def _attached_keys(st: State, by_job: Placed, failing: dict[str, str]) -> keystore.Opened:
+    """The opened keys of the creators of the jobs placed now that name keys (R-JOB-7); a
+    job naming one its creator no longer has joins `failing`, its placements given back."""
+    named: dict[str, JobSpec] = {}
+    for j, items in by_job.items():
+        spec = st.spec(st.jobs[j]) if items and j not in failing else None
+        if spec is not None and spec.environment.keys:
+            named[j] = spec
+    if not named:
+        return {}
+    creators = {st.jobs[j]["creator"] for j in named}
+    opened = await keystore.open_keys(st.store, st.box, creators)
+    for j, spec in named.items():
+        creator = st.jobs[j]["creator"]
+        missing = keyuse.unattached(spec.environment.keys, opened.get(creator, {}), spec.env)
+        if missing:
+            failing[j] = keyuse.missing_reason(missing, creator)
+            _give_back(st, by_job[j])
+    return opened
+
+
+def _fail_unreadable(
+    st: State, tx: Transaction, job: Doc, now: datetime, reason: str = UNREADABLE
+) -> ReplaceOne[Doc]:
+    log.error("job %s: %s", job["_id"], reason)
     for w in job["workers"]:
         if w["state"] == WorkerState.waiting.value:
-            w.update(state=WorkerState.failed.value, reason=UNREADABLE, ended_at=now)
+            w.update(state=WorkerState.failed.value, reason=reason, ended_at=now)
     job["queue_reason"] = None
     job["queue_detail"] = []
-    return st.replace(tx, job, now, UNREADABLE)
+    return st.replace(tx, job, now, reason)

@@ -10,11 +10,11 @@ import uuid
 from datetime import datetime
 
 from gpufleet_bus import emit
-from gpufleet_contracts.images import split_registry_auth
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
 from gpufleet_store import Doc, Transaction
 
 from . import jobdoc, mounts
+from .keyuse import WorkerSecrets
 from .placement import Placement
 
 
@@ -27,11 +27,12 @@ def place_worker(
     slots: list[tuple[str, int, int]],
     now: datetime,
     epoch: int,
+    secrets: WorkerSecrets,
 ) -> list[Doc]:
     """Place worker `w` of `job` as `d` decided: its fields, its WorkerPlaced (the rate is
     locked here, R-SCHED-2) and its StartWorker with the mount plan (R-JOB-3/4) and the job's
-    env values (the one message that carries them, to that node alone) in `tx`; returns the
-    claim documents of the GPU slots it takes."""
+    env values and attached keys, `secrets` (keyuse.resolve: the one message that carries
+    them, to that node alone) in `tx`; returns the claim documents of the GPU slots it takes."""
     node = d.node
     placement_id = uuid.uuid4().hex
     fraction = d.fraction
@@ -78,9 +79,7 @@ def place_worker(
     )
     mp = mounts.plan(spec, w["index"])
     memory = jobdoc.share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
-    # R-JOB-7: an attached registry key's values leave the worker's env for the pull alone.
-    image = spec.environment.image
-    env, registry_auth = split_registry_auth(spec.env, spec.environment.keys, image)
+    # R-JOB-7: a registry key's values are for the pull alone, the other keys for the worker.
     emit(
         tx,
         StartWorker(
@@ -89,7 +88,7 @@ def place_worker(
             job_name=job["name"],
             worker=w["index"],
             command=spec.command_for(w["index"]),
-            env=env,
+            env=secrets.env,
             gpu_indices=list(d.gpu_indices),
             placement_id=placement_id,
             mounts=list(mp.mounts),
@@ -98,13 +97,15 @@ def place_worker(
             gpu_fraction=fraction,
             gpu_memory_limit_mb=memory,
             disk_size_gb=spec.disk_size_gb,
-            image=image,
-            registry_auth=registry_auth,
+            image=spec.environment.image,
+            registry_auth=secrets.registry_auth,
+            attached_keys=secrets.attached,
             owner=job["owner"],
             creator=job["creator"],
         ),
-        # the env values and the registry credential: stored encrypted until the relay sends it
-        sealed=bool(spec.env),
+        # env values, the registry credential, the keys: stored encrypted until the relay
+        # sends it (a stored key may come with no env at all)
+        sealed=secrets.any,
     )
     return [
         {

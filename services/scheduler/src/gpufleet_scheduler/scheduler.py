@@ -4,6 +4,7 @@
       │  └── passes (placement passes; commit.py writes them) ── admission (submissions)
       │                                                      └── lifecycle (nodes, workers)
       └── queries (jobs, logs)          projects (projects and plans, its own collections)
+                                        keys (accounts' attached keys, sealed: keystore.py)
 
 Every part depends on the state, none the other way; app.py wires their functions to
 subjects. Beside them, pure: placement.py, index.py and queue.py (the pass's decisions),
@@ -24,6 +25,7 @@ from gpufleet_store import Store
 
 from . import projects
 from .admission import Admission
+from .keystore import KeyStore
 from .leadership import Lease
 from .lifecycle import Lifecycle
 from .memory import Memory
@@ -55,9 +57,10 @@ class Scheduler:
             notify=notify,
         )
         self.projects = projects.Projects(store)  # projects and plans (R-TEN-1, R-TEN-3)
+        self.keys = KeyStore(store, self.state.box)  # attached third-party keys (R-JOB-7)
         self.memory = Memory(self.state)
         self.passes = Passes(self.state, self.memory)
-        self.admission = Admission(self.state, self.passes, self.projects)
+        self.admission = Admission(self.state, self.passes, self.projects, self.keys)
         self.lifecycle = Lifecycle(self.state, self.passes)
         self.queries = Queries(self.state, jetstream, inbox_prefix)
 
