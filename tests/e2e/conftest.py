@@ -28,8 +28,10 @@ BARE_OWN_JOBS = {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"}
 
 
 class System:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, agent_env: dict[str, str] | None = None) -> None:
         self.root = root
+        # the node agent's settings: by default the operator's opt-in to bare processes
+        self.agent_env = dict(BARE_OWN_JOBS if agent_env is None else agent_env)
         self.nats = NatsServer(root / "nats")
         self.mongo = EmbeddedMongo(root / "mongo")
         self.procs: dict[str, ServiceProcess] = {}
@@ -62,9 +64,9 @@ class System:
             if spec.name == "node-agent":
                 env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
                 # Every e2e job is the node owner's (`local`): bare processes, on the
-                # operator's opt-in, keep the suite fast. Another account's job would run in
-                # a container (tests/integration/node_agent/test_node_agent.py).
-                env.update(BARE_OWN_JOBS)
+                # operator's opt-in, keep the suite fast, but in test_runtime.py (containers,
+                # the default). Another account's job always runs in a container.
+                env.update(self.agent_env)
                 state = Path(env["GPUFLEET_AGENT_STATE_DIR"])
                 env.update(asyncio.run(identities.prepare_node(self.nats, NODE_NAME, state)))
             proc = ServiceProcess(
@@ -169,8 +171,10 @@ class System:
         return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
 
 
-def _running_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    system = System(tmp_path_factory.mktemp("system"))
+def _running_system(
+    tmp_path_factory: pytest.TempPathFactory, agent_env: dict[str, str] | None = None
+) -> Iterator[System]:
+    system = System(tmp_path_factory.mktemp("system"), agent_env)
     try:
         system.start()
         yield system
