@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import disk
+from .builds import BuildConfig
 from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
 
@@ -105,6 +106,10 @@ class PodmanConfig:
     podman: str = "podman"
     insecure_registries: tuple[str, ...] = ()  # host[:port] pulled without TLS checks
     disk_quota: bool = True  # writable space only on a filesystem of disk_size_gb (disk.py)
+    # R-JOB-7: the operator's images of base environments (environments.py), by env tag,
+    # and how images with packages are built (builds.py)
+    base_environments: Mapping[str, str] = field(default_factory=dict)
+    build: BuildConfig = field(default_factory=BuildConfig)
 
 
 @dataclass(frozen=True)
@@ -221,8 +226,11 @@ def container_spec(
     job_env: Mapping[str, str] | None = None,
     real_gpus: bool = False,
     limits: Limits | None = None,
+    image: str | None = None,
 ) -> ContainerSpec:
-    """The container of the worker whose spec.json is `spec` (job env values apart)."""
+    """The container of the worker whose spec.json is `spec` (job env values apart), in
+    `image` (prepare.py's: its environment, with its packages) or else its spec's image or
+    the node's base image."""
     ours = container_env(spec, real_gpus)
     job = {k: v for k, v in (job_env or {}).items() if k not in ours and k not in GPUFLEET_VARS}
     defaults = {"HOME": "/tmp"}  # the worker's user has no home in the image
@@ -240,7 +248,7 @@ def container_spec(
     by_name = sorted(k for k in job if not podman_reads(k))
     return ContainerSpec(
         name=container_name(str(spec["job_id"]), int(spec["worker"]), placement),
-        image=qualified(str(spec["image"])) if spec.get("image") else config.image,
+        image=image or (qualified(str(spec["image"])) if spec.get("image") else config.image),
         command=[str(a) for a in spec["command"]],
         labels=labels,
         env=env,

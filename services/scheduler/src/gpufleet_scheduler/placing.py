@@ -100,6 +100,8 @@ def place_worker(
             disk_size_gb=spec.disk_size_gb,
             image=image,
             registry_auth=registry_auth,
+            base_environment=spec.environment.base(),
+            packages=spec.environment.packages,
             owner=job["owner"],
             creator=job["creator"],
         ),
