@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gpufleet_contracts.jobspec import Environment
-from gpufleet_node_agent.environments import choose, env_tag, parse_env_map
+from gpufleet_node_agent.environments import choose, env_tag, parse_env_map, with_pip
 
 pytestmark = pytest.mark.unit
 
@@ -67,3 +67,13 @@ def test_the_operators_map_wins_and_covers_other_pythons() -> None:
         with pytest.raises(ValueError, match="is not <environment>=<image>"):
             parse_env_map(bad)
     assert parse_env_map("") == {}
+
+
+def test_pip_packages_on_the_bare_base_image_go_into_its_pip_ready_environment() -> None:
+    pip_env = with_pip(choose(env(), BASE, {}), BASE)
+    assert pip_env.image == "localhost/gpufleet/env:py3.11-deep_learning"
+    assert [(s.kind, s.items) for s in pip_env.steps] == [("apt", ("python3-pip",))]
+    torch = choose(env(framework="pytorch", framework_version="2.3"), BASE, {})
+    assert with_pip(torch, BASE) == torch  # has pip already
+    mapped = choose(env(), BASE, {"py3.11-deep_learning": "x/y:1"})
+    assert with_pip(mapped, BASE) == mapped

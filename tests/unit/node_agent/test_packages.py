@@ -31,7 +31,7 @@ def test_the_plan_follows_apt_conda_requirements_pip_whatever_the_spec_order() -
     assert [s.kind for s in steps] == ["apt", "conda", "requirements", "pip"]
     assert [s.name for s in steps] == ["apt", "conda", "requirements.txt", "pip"]
     assert steps[2].items == ("r1", "r2")
-    assert Packages.INSTALL_ORDER == tuple(s.name for s in steps)
+    assert tuple(s.name for s in steps) == Packages.INSTALL_ORDER
     assert [s.kind for s in plan({"pip": ["x"], "apt": ["y"]})] == ["apt", "pip"]
     assert plan({}) == plan(None) == plan(Packages().model_dump()) == ()
 
@@ -123,8 +123,9 @@ def test_the_build_container_is_root_with_few_capabilities_and_no_host() -> None
     assert argv[argv.index("--cap-add") + 1].split(",") == list(BUILD_CAPS)
     assert "SYS_ADMIN" not in joined and "NET_RAW" not in joined
     assert "--volume" not in argv and "--device" not in argv and "--privileged" not in argv
-    assert ["--security-opt", "no-new-privileges"] == argv[
-        argv.index("--security-opt") : argv.index("--security-opt") + 2
+    assert argv[argv.index("--security-opt") : argv.index("--security-opt") + 2] == [
+        "--security-opt",
+        "no-new-privileges",
     ]
     assert argv[argv.index("--entrypoint") + 1 :][:3] == ["/bin/sh", "localhost/img:1", "-c"]
 

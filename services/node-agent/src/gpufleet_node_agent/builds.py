@@ -106,14 +106,14 @@ def commit_argv(name: str, tag: str, config: Mapping[str, Any]) -> list[str]:
 
 @dataclass
 class Builder:
-    """Builds images through `podman` (PodmanRuntime._podman); `builds` counts the builds
-    this process ran (a cache hit runs none)."""
+    """Builds images through `podman` (PodmanRuntime._podman); `built` lists the tags of
+    the builds this process ran, in order (a cache hit runs none)."""
 
     podman: Podman
     podman_argv0: str
     env: Mapping[str, str]
     config: BuildConfig = field(default_factory=BuildConfig)
-    builds: int = 0
+    built: list[str] = field(default_factory=list)
     _inflight: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
 
     async def exists(self, image: str) -> bool:
@@ -151,7 +151,7 @@ class Builder:
                 await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
             if await self.exists(tag):  # built meanwhile, by another agent
                 return None
-            say(f"building {tag} (once per node; its steps' output is in the build log)")
+            say(f"building {tag} (once per node)")
             return await self._build(tag, from_image, steps)
         finally:
             os.close(fd)  # releases the lock
@@ -164,7 +164,7 @@ class Builder:
             return f"cannot build {tag}: image {from_image}: {err.decode(errors='replace')}"
         image_config = (json.loads(out or b"[{}]") or [{}])[0].get("Config") or {}
         log_path = self.config.build_dir / f"{_short(tag)}.log"
-        self.builds += 1
+        self.built.append(tag)
         try:
             with log_path.open("w") as log_file:
                 code, timed_out = await self._run(

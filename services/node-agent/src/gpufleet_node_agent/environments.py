@@ -4,7 +4,9 @@ its (Python version, framework, framework version). Pure: builds.py builds what 
 - The operator's map (`GPUFLEET_BASE_ENVIRONMENTS`, `py3.10-pytorch-2.1=registry/env:tag,...`,
   keyed by `env_tag`) wins: that image, pulled when it is not in the store.
 - Python 3.11 (Debian bookworm's, the base image's) with `deep_learning` and no version:
-  the node's base image itself, nothing to build.
+  the node's base image itself, nothing to build; for a job with pip or requirements.txt
+  packages, `localhost/gpufleet/env:py3.11-deep_learning` (the base image with Debian's
+  `python3-pip`), built once per node, so a package build does not install pip each time.
 - Python 3.11 with `pytorch` or `tensorflow`: `localhost/gpufleet/env:py3.11-pytorch-2.3`,
   built once per node FROM the base image: Debian's `python3-pip`, then the framework's
   wheels from the package index (`torch==2.3`, `--only-binary :all:`: no package code runs,
@@ -111,4 +113,15 @@ def choose(env: Mapping[str, Any] | None, base_image: str, env_map: Mapping[str,
         image=f"{ENV_REPO}:{tag}",
         from_image=base_image,
         steps=(Step("apt", ("python3-pip",)), Step("pip", (requirement,), binary_only=True)),
+    )
+
+
+def with_pip(choice: EnvChoice, base_image: str) -> EnvChoice:
+    """`choice`, or, when it is the bare base image (no pip), its pip-ready environment."""
+    if choice.image != base_image or choice.steps or choice.mapped:
+        return choice
+    return EnvChoice(
+        image=f"{ENV_REPO}:{env_tag(NODE_PYTHON, GENERIC, None)}",
+        from_image=base_image,
+        steps=(Step("apt", ("python3-pip",)),),
     )

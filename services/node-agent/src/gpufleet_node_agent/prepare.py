@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .builds import Builder, Podman
-from .environments import EnvChoice, choose
+from .environments import EnvChoice, choose, with_pip
 from .images import pull_image, qualified, size_error
 from .packages import build_key, package_tag, plan
 from .podman_args import PodmanConfig
@@ -57,6 +57,8 @@ async def _environment(
     choice = env_choice(spec, config)
     if choice.refused is not None:
         return "", choice.refused
+    if any(s.kind in ("requirements", "pip") for s in plan(spec.get("packages"))):
+        choice = with_pip(choice, config.image)
     if choice.mapped and not await builder.exists(choice.image):
         say(w, f"pulling base environment {choice.image}")
         return choice.image, await pull_image(
