@@ -15,6 +15,7 @@ import asyncio
 import base64
 import hashlib
 import http.server
+import json
 import shutil
 import socket
 import subprocess
@@ -31,7 +32,7 @@ import pytest
 from gpufleet_contracts.jobs import StartWorker, WorkerState
 from gpufleet_contracts.jobspec import BaseEnvironment, Packages
 from gpufleet_node_agent.baseimage import BASE_IMAGE, podman_env
-from gpufleet_node_agent.builds import BuildConfig
+from gpufleet_node_agent.builds import BuildConfig, build_argv
 from gpufleet_node_agent.environments import ENV_REPO
 from gpufleet_node_agent.packages import NO_CONDA, PKG_REPO
 from gpufleet_node_agent.podman import PodmanRuntime
@@ -251,7 +252,10 @@ async def test_a_framework_environment_is_built_once_then_apt_then_pip(
     owner = f"acct-{uuid.uuid4().hex[:8]}"
     m = manager(tmp_path / "state", minion, index)
     torch = BaseEnvironment(python_version="3.11", framework="pytorch", framework_version="2.3.0")
-    code = "import subprocess, torch, gpufleet_tiny; print(torch.__version__, gpufleet_tiny.VERSION, flush=True); subprocess.run(['hello'])"
+    code = (
+        "import subprocess, torch, gpufleet_tiny; "
+        "print(torch.__version__, gpufleet_tiny.VERSION, flush=True); subprocess.run(['hello'])"
+    )
     cmd = start(
         minion,
         code,
@@ -278,3 +282,51 @@ async def test_a_framework_environment_is_built_once_then_apt_then_pip(
     assert len(built(m, ENV_REPO)) == len(built(m)) == 1
     tag = run_image(m, cmd.placement_id).split('"image": "')[1].split('"')[0]
     await asyncio.to_thread(podman, "rmi", "--force", tag, env_image)
+
+
+PROBE = """
+import json, os, socket, sys
+def connects(host, port):
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect((host, port)); return True
+    except OSError:
+        return False
+caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]
+print(json.dumps({
+    'uid': os.getuid(), 'caps': caps,
+    'loopback': connects('127.0.0.1', %(port)d), 'slirp_host': connects('10.0.2.2', %(port)d),
+    'index': connects(%(index_host)r, %(index_port)d), 'host_dir': os.path.exists(%(host_dir)r),
+}))
+"""
+
+
+def test_a_build_container_reaches_the_index_but_not_the_hosts_loopback_nor_its_files(
+    tmp_path: Path, index: Index
+) -> None:
+    """The build's own container settings (`build_argv`), with a probe in place of the
+    install script: what third-party install code could reach."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))  # stands for NATS and the agent's services on loopback
+    listener.listen()
+    host, port = index.url.split("//")[1].split("/")[0].split(":")
+    probe = PROBE % {
+        "port": listener.getsockname()[1],
+        "index_host": host,
+        "index_port": int(port),
+        "host_dir": str(tmp_path),
+    }
+    name = f"gpufleet-probe-{uuid.uuid4().hex[:8]}"
+    argv = build_argv(name, BASE_IMAGE, (), BuildConfig())
+    argv = [*argv[: argv.index("--entrypoint")], "--rm", "--entrypoint", "python3", BASE_IMAGE]
+    res = subprocess.run(
+        ["podman", *argv, "-c", probe], env=podman_env(CONF), capture_output=True, text=True
+    )
+    listener.close()
+    assert res.returncode == 0, res.stderr
+    seen = json.loads(res.stdout)
+    assert seen["index"] is True  # the registries: yes
+    assert (seen["loopback"], seen["slirp_host"], seen["host_dir"]) == (False, False, False)
+    assert seen["uid"] == 0
+    # exactly CHOWN DAC_OVERRIDE FOWNER FSETID SETGID SETUID SETFCAP (bits 0-4, 6, 7, 31)
+    assert int(seen["caps"], 16) == sum(1 << b for b in (0, 1, 3, 4, 6, 7, 31))

@@ -9,7 +9,8 @@ Beside the files of the supervisor protocol, a podman worker's directory has:
     container.log.offset  bytes of container.log already converted
 
 Per watch round (`poll`): the workers StartWorker handed over are launched (the base image
-built first, once per node; a job's own image pulled first, in the background: images.py),
+built first, once per node; then, in the background, a job's own image pulled, its base
+environment and packages built: prepare.py),
 one `podman ps` lists this node's containers (by label), a running one with a stop request
 is stopped, an ended one is inspected (exit code, out of
 memory), its end written to exit.json, and it is removed. A worker whose container is gone
