@@ -123,7 +123,7 @@ async def test_a_job_runs_in_its_image_pulled_with_its_credential(
     assert (m.worker_dir(cmd.placement_id) / REGISTRY_FILE).stat().st_mode & 0o777 == 0o600
     done = await until_finished(m, cmd.placement_id)
     assert (done.state, done.exit_code) == (WorkerState.finished, 0), done.reason
-    assert done.log_tail == f"{MARKER}\n"
+    assert done.log_tail == f"gpufleet: pulling image {marker_image}\n{MARKER}\n"  # prepare.py
     no_credential_left(m, cmd)
     # without an image: the node's base image, which has no /marker
     base = start(minion, ["cat", "/marker"])

@@ -17,6 +17,7 @@ from .base import Command, Event
 from .errors import ErrorBody
 from .fields import Argv, Cap, EnvValue, Int, Name
 from .images import RegistryAuth
+from .jobspec import BaseEnvironment, Packages
 from .jobviews import HistoryEntry as HistoryEntry
 from .jobviews import JobAccepted as JobAccepted
 from .jobviews import JobList as JobList
@@ -121,6 +122,11 @@ class StartWorker(Command):
     # value}} (gpufleet_contracts.keys), for this worker alone: sealed in the outbox like
     # `env`, given to the worker as files /run/secrets/<type>/<field>.
     attached_keys: dict[str, dict[str, str]] = Field(default_factory=dict, repr=False)
+    # R-JOB-7: without a customer image, the base environment (Python, framework, version)
+    # the node runs the job in (None, from an older scheduler: the node's base image); and
+    # the packages the node installs, in a networked build step, before the job runs.
+    base_environment: BaseEnvironment | None = None
+    packages: Packages = Field(default_factory=Packages)
     # Whose job it is (R-TEN-1): its project's owner and its creator, from the job document.
     # The agent runs a job outside a container only when both are the node's owner and its
     # operator opted in (services/node-agent/README.md, "Runtime policy"); None (a command

@@ -289,29 +289,52 @@ IMAGE_NEEDS = {
 
 @ruled
 class Packages(BaseModel):
-    """Installed in the order apt, conda, requirements.txt, pip (R-JOB-7)."""
+    """Installed in the order apt, conda, requirements.txt, pip (R-JOB-7).
+
+    `requirements` holds the lines of a requirements.txt (one requirement each), installed
+    with `pip install -r` between conda and pip. No entry may start with `-`: an option
+    (`--index-url`, `-e`, ...) is not a package, and would steer the installer.
+    """
 
     model_config = _FROZEN
 
     apt: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
     conda: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    requirements: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
     pip: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
 
-    @field_validator("apt", "conda", "pip")
+    @field_validator("apt", "conda", "requirements", "pip")
     @classmethod
     def _one_per_entry(cls, v: list[str]) -> list[str]:
         for p in v:
-            if not p.strip() or any(c in p for c in "\n;&|`"):
+            if not p.strip() or p.lstrip().startswith("-") or any(c in p for c in "\n;&|`"):
                 raise bad(
                     "package",
-                    "not a single package specification: {p!r}",
+                    "not a single package specification: '{p}'",
                     "R-JOB-7",
-                    "one package per entry, e.g. numpy==1.26",
+                    "one package per entry, no option, e.g. numpy==1.26",
                     p=p,
                 )
         return v
 
+    def empty(self) -> bool:
+        return not (self.apt or self.conda or self.requirements or self.pip)
+
     INSTALL_ORDER: ClassVar[tuple[str, ...]] = ("apt", "conda", "requirements.txt", "pip")
+
+
+@ruled
+class BaseEnvironment(BaseModel):
+    """The base environment a job without its own image runs in (R-JOB-7), as StartWorker
+    carries it to the node, which builds (or maps) one image per triple."""
+
+    model_config = _FROZEN
+
+    python_version: str = Field(json_schema_extra=rule("R-JOB-7"))
+    framework: Framework = Field(json_schema_extra=rule("R-JOB-7"))
+    framework_version: Name | None = Field(
+        default=None, max_length=64, json_schema_extra=rule("R-JOB-7")
+    )
 
 
 @ruled
@@ -368,6 +391,16 @@ class Environment(BaseModel):
                 unknown=", ".join(unknown),
             )
         return list(dict.fromkeys(v))
+
+    def base(self) -> BaseEnvironment | None:
+        """The base environment, or None when a customer image replaces it."""
+        if self.image is not None:
+            return None
+        return BaseEnvironment(
+            python_version=self.python_version,
+            framework=self.framework,
+            framework_version=self.framework_version,
+        )
 
     @model_validator(mode="after")
     def _image(self) -> Environment:

@@ -18,6 +18,8 @@ from gpufleet_contracts.jobs import StartWorker, StopWorker
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
 from .baseimage import default_containers_conf
+from .builds import BuildConfig
+from .environments import parse_env_map
 from .gpu_access import GpuAccess, host_access
 from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
 from .mps import Mps, find_control
@@ -46,6 +48,13 @@ def container_runtime(settings: AgentSettings) -> PodmanRuntime:
         containers_conf=settings.podman_containers_conf or default_containers_conf(),
         insecure_registries=tuple(
             r.strip() for r in settings.worker_insecure_registries.split(",") if r.strip()
+        ),
+        base_environments=parse_env_map(settings.base_environments),
+        build=BuildConfig(
+            network=settings.package_build_network,
+            memory_mb=settings.package_build_memory_mb,
+            timeout_s=settings.package_build_timeout_s,
+            index_url=settings.package_index_url or None,
         ),
     )
     return PodmanRuntime(config, settings.minion_id)

@@ -113,7 +113,12 @@ async def pull_image(
         (worker_dir / REGISTRY_FILE).unlink(missing_ok=True)
     if rc != 0:
         return f"cannot pull image {image}: {err.decode(errors='replace').strip()[-500:]}"
-    rc, out, err = await podman(*size_argv(image)[1:])
+    return await size_error(podman, image, disk_size_gb)
+
+
+async def size_error(podman: Podman, image: str, disk_size_gb: int) -> str | None:
+    """Why `image` (in the store) does not fit `disk_size_gb`; None if it does."""
+    _, out, err = await podman(*size_argv(image)[1:])
     try:
         size = int(out.decode().strip())
     except ValueError:

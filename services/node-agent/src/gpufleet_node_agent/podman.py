@@ -9,7 +9,8 @@ Beside the files of the supervisor protocol, a podman worker's directory has:
     container.log.offset  bytes of container.log already converted
 
 Per watch round (`poll`): the workers StartWorker handed over are launched (the base image
-built first, once per node; a job's own image pulled first, in the background: images.py),
+built first, once per node; then, in the background, a job's own image pulled, its base
+environment and packages built: prepare.py),
 one `podman ps` lists this node's containers (by label), a running one with a stop request
 is stopped, an ended one is inspected (exit code, out of
 memory), its end written to exit.json, and it is removed. A worker whose container is gone
@@ -33,9 +34,10 @@ from typing import Any
 
 from . import disk
 from .baseimage import ensure_image, podman_env
+from .builds import Builder
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .gpu_access import GpuAccess
-from .images import REGISTRY_FILE, pull_image
+from .images import REGISTRY_FILE
 from .mps import Mps
 from .podman_args import (
     LABEL,
@@ -49,6 +51,7 @@ from .podman_args import (
     run_argv,
     share_limits,
 )
+from .prepare import needs_preparing, prepare_image
 from .workdir import Worker
 
 log = logging.getLogger("gpufleet.node_agent.podman")
@@ -87,13 +90,14 @@ class PodmanRuntime:
         self.node_gpus = 0
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}
-        self._pulling: set[str] = set()  # placements whose image is being pulled
+        self._pulling: set[str] = set()  # placements whose image is being prepared
         self._listing: dict[str, dict[str, Any]] | None = None  # by name; None: unknown
         self._listed_at = 0.0
         self._stopping: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._image_ok = False
         self._image_task: asyncio.Task[str | None] | None = None
+        self.builder = Builder(self._podman, config.podman, self.env, config.build)
 
     @staticmethod
     def container_of(w: Worker) -> str:
@@ -299,36 +303,30 @@ class PodmanRuntime:
                 return
             self._image_ok = True
         for w in self._take_pending():
-            image = (read_json(w.file("spec.json")) or {}).get("image")
-            if image:
+            spec = read_json(w.file("spec.json")) or {}
+            if needs_preparing(spec, self.config):
                 self._pulling.add(w.placement_id)
-                self._spawn(self._pull_then_start(w, str(image)))
+                self._spawn(self._prepare_then_start(w, spec))
             else:
                 await self.start_container(w)
 
-    async def _pull_then_start(self, w: Worker, image: str) -> None:
-        """The job's own image, pulled (and checked against its disk), then its container."""
+    async def _prepare_then_start(self, w: Worker, spec: dict[str, Any]) -> None:
+        """Its image pulled, its environment and packages built (prepare.py; in the
+        background: other workers go on being watched), then its container."""
         try:
             if w.file("exit.json").exists() or w.file("stop_requested").exists():
                 w.file(REGISTRY_FILE).unlink(missing_ok=True)
                 await self.start_container(w)  # records the stop
                 return
-            disk = (read_json(w.file("spec.json")) or {}).get("disk_size_gb")
-            log.info("pulling image %s for worker %s", image, w.key)
-            error = await pull_image(
-                self._podman,
-                w.dir,
-                image,
-                int(disk) if isinstance(disk, int) else 10,
-                self.config.insecure_registries,
-            )
+            image, error = await prepare_image(self._podman, self.builder, w, spec, self.config)
             if error is not None:
                 w.file("env.json").unlink(missing_ok=True)
                 self._fail(w, error)
                 return
-            await self.start_container(w)
+            await self.start_container(w, image)
         except Exception as exc:  # podman gone, say: the worker fails, saying so
-            self._fail(w, f"cannot pull image {image}: {exc}")
+            w.file(REGISTRY_FILE).unlink(missing_ok=True)
+            self._fail(w, f"cannot prepare the worker's image: {exc}")
         finally:
             self._pulling.discard(w.placement_id)
 
@@ -352,7 +350,7 @@ class PodmanRuntime:
             if not b.read_only and os.geteuid() == 0:
                 os.chown(b.host, self.config.uid, self.config.uid)
 
-    async def start_container(self, w: Worker) -> None:
+    async def start_container(self, w: Worker, image: str | None = None) -> None:
         spec = read_json(w.file("spec.json"))
         env_path = w.file("env.json")
         job_env = {str(k): str(v) for k, v in (read_json(env_path) or {}).items()}
@@ -390,6 +388,7 @@ class PodmanRuntime:
             gpu=self.gpu,
             mps_pipe=share,
             limits=share_limits(self.config, self.node_gpus, gpus),
+            image=image,
         )
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
         try:

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import disk, keyfiles, mps
+from .builds import BuildConfig
 from .gpu_access import GpuAccess
 from .images import qualified
 from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
@@ -107,6 +108,10 @@ class PodmanConfig:
     podman: str = "podman"
     insecure_registries: tuple[str, ...] = ()  # host[:port] pulled without TLS checks
     disk_quota: bool = True  # writable space only on a filesystem of disk_size_gb (disk.py)
+    # R-JOB-7: the operator's images of base environments (environments.py), by env tag,
+    # and how images with packages are built (builds.py)
+    base_environments: Mapping[str, str] = field(default_factory=dict)
+    build: BuildConfig = field(default_factory=BuildConfig)
 
 
 @dataclass(frozen=True)
@@ -224,9 +229,12 @@ def container_spec(
     gpu: GpuAccess | None = None,
     mps_pipe: Path | None = None,
     limits: Limits | None = None,
+    image: str | None = None,
 ) -> ContainerSpec:
-    """The container of the worker whose spec.json is `spec` (job env values apart); `gpu`:
-    how this node's real GPUs reach a container; `mps_pipe`: its share's MPS pipes."""
+    """The container of the worker whose spec.json is `spec` (job env values apart), in
+    `image` (prepare.py's: its environment, with its packages) or else its spec's image or
+    the node's base image; `gpu`: how this node's real GPUs reach a container; `mps_pipe`:
+    its share's MPS pipes."""
     gpu = gpu or GpuAccess.none()
     indices = [int(i) for i in spec.get("gpu_indices") or []]
     ours = container_env(spec, gpu.real)
@@ -253,7 +261,7 @@ def container_spec(
     by_name = sorted(k for k in job if not podman_reads(k))
     return ContainerSpec(
         name=container_name(str(spec["job_id"]), int(spec["worker"]), placement),
-        image=qualified(str(spec["image"])) if spec.get("image") else config.image,
+        image=image or (qualified(str(spec["image"])) if spec.get("image") else config.image),
         command=[str(a) for a in spec["command"]],
         labels=labels,
         env=env,

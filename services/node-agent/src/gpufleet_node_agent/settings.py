@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .environments import parse_env_map
+
 # A minion id becomes one NATS subject token and part of a durable consumer name.
 MINION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -109,6 +111,14 @@ class AgentSettings(BaseSettings):
     # The shares' MPS pipes and logs (mps.py): every directory above must be o+x, since the
     # MPS server runs as the workers' uid.
     mps_dir: Path = Path("/run/gpufleet-agent/mps")
+    # R-JOB-7 (README "Base environments and packages"): operator images of base
+    # environments, `py3.10-pytorch-2.1=registry/env:tag,...`; pip's index for package
+    # builds (None: PyPI); the network, memory and time of a build container.
+    base_environments: str = ""
+    package_index_url: str | None = None
+    package_build_network: str = "slirp4netns:allow_host_loopback=false"
+    package_build_memory_mb: int = Field(default=4096, ge=256)
+    package_build_timeout_s: float = Field(default=1800.0, gt=0)
     # The containers.conf podman runs with (CONTAINERS_CONF); None: deploy/podman/ of the
     # source checkout, when there is one.
     podman_containers_conf: Path | None = None
@@ -151,6 +161,12 @@ class AgentSettings(BaseSettings):
     def _bare_choice(cls, value: object) -> object:
         text = str(value).strip().lower()
         return "no" if text in OFF else text
+
+    @field_validator("base_environments")
+    @classmethod
+    def _env_map(cls, value: str) -> str:
+        parse_env_map(value)  # refused at start-up, not at a job's
+        return value
 
     @field_validator("simulated_gpus", mode="before")
     @classmethod

@@ -181,6 +181,13 @@ class WorkerManager(Reports):
             # R-JOB-7: the job's own image (its credential apart), and the disk it must fit
             "image": cmd.image,
             "disk_size_gb": cmd.disk_size_gb,
+            # R-JOB-7: the base environment and packages, made ready before it runs (prepare.py)
+            "base_environment": (
+                None
+                if cmd.base_environment is None
+                else cmd.base_environment.model_dump(mode="json")
+            ),
+            "packages": cmd.packages.model_dump(mode="json"),
             "owner": cmd.owner,
             "creator": cmd.creator,
             "runtime": runtime or "",

@@ -100,6 +100,8 @@ def place_worker(
             image=spec.environment.image,
             registry_auth=secrets.registry_auth,
             attached_keys=secrets.attached,
+            base_environment=spec.environment.base(),
+            packages=spec.environment.packages,
             owner=job["owner"],
             creator=job["creator"],
         ),

@@ -1,0 +1,127 @@
+"""Base environments (R-JOB-7): the image a job without its own image runs in, chosen from
+its (Python version, framework, framework version). Pure: builds.py builds what this says.
+
+- The operator's map (`GPUFLEET_BASE_ENVIRONMENTS`, `py3.10-pytorch-2.1=registry/env:tag,...`,
+  keyed by `env_tag`) wins: that image, pulled when it is not in the store.
+- Python 3.11 (Debian bookworm's, the base image's) with `deep_learning` and no version:
+  the node's base image itself, nothing to build; for a job with pip or requirements.txt
+  packages, `localhost/gpufleet/env:py3.11-deep_learning` (the base image with Debian's
+  `python3-pip`), built once per node, so a package build does not install pip each time.
+- Python 3.11 with `pytorch` or `tensorflow`: `localhost/gpufleet/env:py3.11-pytorch-2.3`,
+  built once per node FROM the base image: Debian's `python3-pip`, then the framework's
+  wheels from the package index (`torch==2.3`, `--only-binary :all:`: no package code runs,
+  so the image, shared by every account, is made of Debian's and the index's files only).
+  No version: the newest the index has, tagged `latest` (built once, then kept).
+- Anything else is refused, naming the field: another Python version (bookworm has 3.11
+  only), `mxnet` (retired: no wheels for Python 3.11 on PyPI), a version on `deep_learning`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .packages import Step
+
+NODE_PYTHON = "3.11"  # Debian bookworm's python3, in the base image (baseimage.py)
+ENV_REPO = "localhost/gpufleet/env"
+FRAMEWORK_PACKAGES = {"pytorch": "torch", "tensorflow": "tensorflow"}
+GENERIC = "deep_learning"
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.*+!]{0,63}$")  # a pip version: 2.3, 2.3.1, 2.*
+TAG_KEY = re.compile(r"^py[0-9][0-9.]*-[a-z_]+(-[A-Za-z0-9_.-]+)?$")
+
+
+@dataclass(frozen=True)
+class EnvChoice:
+    """Where a worker's environment comes from: `image` as is (`mapped`: the operator's,
+    pulled when missing), or built from `from_image` with `steps`; or `refused`."""
+
+    image: str = ""
+    from_image: str = ""
+    steps: tuple[Step, ...] = ()
+    mapped: bool = False
+    refused: str | None = None
+
+
+def env_tag(python_version: str, framework: str, framework_version: str | None) -> str:
+    """`py3.11-pytorch-2.3`: the triple as an image tag (`*` as `x`: `2.*` is `2.x`)."""
+    if framework == GENERIC and framework_version is None:
+        return f"py{python_version}-{framework}"
+    version = "latest" if framework_version is None else framework_version
+    version = re.sub(r"[^A-Za-z0-9_.-]", "_", version.replace("*", "x"))
+    return f"py{python_version}-{framework}-{version}"
+
+
+def parse_env_map(text: str) -> dict[str, str]:
+    """GPUFLEET_BASE_ENVIRONMENTS: `<env tag>=<image>` entries, comma-separated."""
+    found: dict[str, str] = {}
+    for entry in text.split(","):
+        if not entry.strip():
+            continue
+        key, sep, image = (p.strip() for p in entry.partition("="))
+        if not sep or not TAG_KEY.fullmatch(key) or not image or " " in image:
+            raise ValueError(
+                f"{entry.strip()!r} is not <environment>=<image>, "
+                "e.g. py3.10-pytorch-2.1=registry.example/envs/torch:2.1"
+            )
+        found[key] = image
+    return found
+
+
+def choose(env: Mapping[str, Any] | None, base_image: str, env_map: Mapping[str, str]) -> EnvChoice:
+    """The image for StartWorker's `base_environment` (as in spec.json); None (an older
+    scheduler): the base image."""
+    if not env:
+        return EnvChoice(image=base_image)
+    python = str(env.get("python_version") or NODE_PYTHON)
+    framework = str(env.get("framework") or GENERIC)
+    raw_version = env.get("framework_version")
+    version = None if raw_version is None else str(raw_version)
+    tag = env_tag(python, framework, version)
+    if tag in env_map:
+        return EnvChoice(image=env_map[tag], mapped=True)
+    mapped = f" (this node's operator maps: {', '.join(sorted(env_map))})" if env_map else ""
+    if python != NODE_PYTHON:
+        return EnvChoice(
+            refused=f"environment.python_version {python}: this node builds base environments "
+            f"for Python {NODE_PYTHON} only (Debian bookworm's){mapped}; "
+            "use a customer image (environment.image) for another version"
+        )
+    if framework == GENERIC:
+        if version is not None:
+            return EnvChoice(
+                refused=f"environment.framework_version {version}: {GENERIC} has no versions "
+                "here; leave it out, or choose pytorch or tensorflow"
+            )
+        return EnvChoice(image=base_image)
+    package = FRAMEWORK_PACKAGES.get(framework)
+    if package is None:
+        return EnvChoice(
+            refused=f"environment.framework {framework}: no base environment on this node "
+            f"(no wheels for Python {NODE_PYTHON} on PyPI){mapped}; "
+            "choose pytorch or tensorflow, or a customer image"
+        )
+    if version is not None and not VERSION.fullmatch(version):
+        return EnvChoice(
+            refused=f"environment.framework_version {version!r}: not a version "
+            "(e.g. 2.3, 2.3.1 or 2.*)"
+        )
+    requirement = package if version is None else f"{package}=={version}"
+    return EnvChoice(
+        image=f"{ENV_REPO}:{tag}",
+        from_image=base_image,
+        steps=(Step("apt", ("python3-pip",)), Step("pip", (requirement,), binary_only=True)),
+    )
+
+
+def with_pip(choice: EnvChoice, base_image: str) -> EnvChoice:
+    """`choice`, or, when it is the bare base image (no pip), its pip-ready environment."""
+    if choice.image != base_image or choice.steps or choice.mapped:
+        return choice
+    return EnvChoice(
+        image=f"{ENV_REPO}:{env_tag(NODE_PYTHON, GENERIC, None)}",
+        from_image=base_image,
+        steps=(Step("apt", ("python3-pip",)),),
+    )

@@ -1,0 +1,99 @@
+"""The image a container worker runs in (R-JOB-7), made ready before its container starts:
+
+1. its customer image, pulled with its credential (images.py); or else its base
+   environment (environments.py): the base image, an operator's image, or one built once
+   per node (builds.py);
+2. its packages (packages.py), installed into that image by a build with the network, in
+   the order apt, conda, requirements.txt, pip, the result cached under a tag keyed by the
+   image's ID, the packages, the index and the job's owner; the job then runs offline;
+3. the image it will run checked against its `disk_size_gb`.
+
+Progress goes into the worker's `log` (shipped as its log, so `gpufleet logs` shows it while
+the job is `starting`), as lines beginning `gpufleet: `.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .builds import Builder, Podman
+from .environments import EnvChoice, choose, with_pip
+from .images import pull_image, qualified, size_error
+from .packages import build_key, package_tag, plan
+from .podman_args import PodmanConfig
+from .workdir import Worker
+
+DEFAULT_DISK_GB = 10
+
+
+def say(w: Worker, line: str) -> None:
+    with w.file("log").open("a") as f:
+        f.write(f"gpufleet: {line}\n")
+
+
+def env_choice(spec: Mapping[str, Any], config: PodmanConfig) -> EnvChoice:
+    return choose(spec.get("base_environment"), config.image, config.base_environments)
+
+
+def needs_preparing(spec: Mapping[str, Any], config: PodmanConfig) -> bool:
+    """Anything to do before `podman run` beyond the base image (built once at start)?"""
+    if spec.get("image") or plan(spec.get("packages")):
+        return True
+    choice = env_choice(spec, config)
+    return choice.refused is not None or choice.image != config.image
+
+
+async def _environment(
+    podman: Podman, builder: Builder, w: Worker, spec: Mapping[str, Any], config: PodmanConfig
+) -> tuple[str, str | None]:
+    """The image the packages go into (the customer's or the base environment's)."""
+    disk = int(spec.get("disk_size_gb") or DEFAULT_DISK_GB)
+    image = spec.get("image")
+    if image:
+        say(w, f"pulling image {image}")
+        error = await pull_image(podman, w.dir, str(image), disk, config.insecure_registries)
+        return qualified(str(image)), error
+    choice = env_choice(spec, config)
+    if choice.refused is not None:
+        return "", choice.refused
+    if any(s.kind in ("requirements", "pip") for s in plan(spec.get("packages"))):
+        choice = with_pip(choice, config.image)
+    if choice.mapped and not await builder.exists(choice.image):
+        say(w, f"pulling base environment {choice.image}")
+        return choice.image, await pull_image(
+            podman, w.dir, choice.image, disk, config.insecure_registries
+        )
+    if choice.steps:
+        error = await builder.ensure(
+            choice.image, choice.from_image, choice.steps, lambda line: say(w, line)
+        )
+        if error is not None:
+            return "", f"cannot build base environment {choice.image}: {error}"
+    return choice.image, None
+
+
+async def prepare_image(
+    podman: Podman, builder: Builder, w: Worker, spec: Mapping[str, Any], config: PodmanConfig
+) -> tuple[str, str | None]:
+    """(the image the worker runs in, None), or (_, why it cannot run)."""
+    image, error = await _environment(podman, builder, w, spec, config)
+    if error is not None:
+        return image, error
+    steps = plan(spec.get("packages"))
+    if steps:
+        rc, out, err = await podman("image", "inspect", "--format", "{{.Id}}", image)
+        if rc != 0:
+            return image, f"cannot read image {image}: {err.decode(errors='replace')[-300:]}"
+        key = build_key(
+            out.decode().strip(), steps, builder.config.index_url, spec.get("owner") or ""
+        )
+        tag = package_tag(key)
+        say(w, "packages: " + ", then ".join(f"{s.name} ({len(s.items)})" for s in steps))
+        error = await builder.ensure(tag, image, steps, lambda line: say(w, line))
+        if error is not None:
+            return image, error
+        image = tag
+    if steps or not spec.get("image"):  # a pulled image was checked by the pull
+        error = await size_error(podman, image, int(spec.get("disk_size_gb") or DEFAULT_DISK_GB))
+    return image, error

@@ -1,0 +1,79 @@
+"""Base environments (R-JOB-7): which triples this node builds, maps or refuses."""
+
+from __future__ import annotations
+
+import pytest
+from gpufleet_contracts.jobspec import Environment
+from gpufleet_node_agent.environments import choose, env_tag, parse_env_map, with_pip
+
+pytestmark = pytest.mark.unit
+
+BASE = "gpufleet/base:bookworm"
+
+
+def env(**kw: object) -> dict[str, object]:
+    base = Environment(**kw).base()  # type: ignore[arg-type]
+    assert base is not None
+    return base.model_dump(mode="json")
+
+
+def test_tags_name_the_triple() -> None:
+    assert env_tag("3.11", "pytorch", "2.3") == "py3.11-pytorch-2.3"
+    assert env_tag("3.11", "pytorch", "2.*") == "py3.11-pytorch-2.x"
+    assert env_tag("3.11", "tensorflow", None) == "py3.11-tensorflow-latest"
+    assert env_tag("3.11", "deep_learning", None) == "py3.11-deep_learning"
+
+
+def test_the_default_environment_is_the_base_image_with_nothing_to_build() -> None:
+    choice = choose(env(), BASE, {})
+    assert (choice.image, choice.steps, choice.refused) == (BASE, (), None)
+    assert choose(None, BASE, {}).image == BASE  # an older scheduler's StartWorker
+
+
+def test_a_framework_is_built_once_from_the_base_image_with_its_wheels() -> None:
+    choice = choose(env(framework="pytorch", framework_version="2.3"), BASE, {})
+    assert choice.image == "localhost/gpufleet/env:py3.11-pytorch-2.3"
+    assert choice.from_image == BASE
+    assert [(s.kind, s.items, s.binary_only) for s in choice.steps] == [
+        ("apt", ("python3-pip",), False),
+        ("pip", ("torch==2.3",), True),
+    ]
+    latest = choose(env(framework="tensorflow"), BASE, {})
+    assert latest.image.endswith(":py3.11-tensorflow-latest")
+    assert latest.steps[1].items == ("tensorflow",)
+
+
+def test_what_the_node_cannot_build_is_refused_naming_the_field() -> None:
+    py310 = choose(env(python_version="3.10"), BASE, {}).refused
+    assert py310 is not None and py310.startswith("environment.python_version 3.10: ")
+    assert "Python 3.11 only" in py310
+    mx = choose(env(framework="mxnet", framework_version="1.9"), BASE, {}).refused
+    assert mx is not None and mx.startswith("environment.framework mxnet: ")
+    dl = choose(env(framework_version="1"), BASE, {}).refused
+    assert dl is not None and dl.startswith("environment.framework_version 1: ")
+    odd = choose(env(framework="pytorch", framework_version="latest"), BASE, {}).refused
+    assert odd is not None and odd.startswith("environment.framework_version 'latest'")
+
+
+def test_the_operators_map_wins_and_covers_other_pythons() -> None:
+    m = parse_env_map(" py3.10-pytorch-2.1=reg.example/env/torch:2.1 , py3.11-deep_learning=x/y:1")
+    assert m == {"py3.10-pytorch-2.1": "reg.example/env/torch:2.1", "py3.11-deep_learning": "x/y:1"}
+    c = choose(env(python_version="3.10", framework="pytorch", framework_version="2.1"), BASE, m)
+    assert (c.image, c.mapped, c.steps) == ("reg.example/env/torch:2.1", True, ())
+    assert choose(env(), BASE, m).image == "x/y:1"
+    refused = choose(env(python_version="3.12"), BASE, m).refused
+    assert refused is not None and "py3.10-pytorch-2.1" in refused
+    for bad in ("torch", "py3.10-pytorch-2.1=", "=img", "nope=img"):
+        with pytest.raises(ValueError, match="is not <environment>=<image>"):
+            parse_env_map(bad)
+    assert parse_env_map("") == {}
+
+
+def test_pip_packages_on_the_bare_base_image_go_into_its_pip_ready_environment() -> None:
+    pip_env = with_pip(choose(env(), BASE, {}), BASE)
+    assert pip_env.image == "localhost/gpufleet/env:py3.11-deep_learning"
+    assert [(s.kind, s.items) for s in pip_env.steps] == [("apt", ("python3-pip",))]
+    torch = choose(env(framework="pytorch", framework_version="2.3"), BASE, {})
+    assert with_pip(torch, BASE) == torch  # has pip already
+    mapped = choose(env(), BASE, {"py3.11-deep_learning": "x/y:1"})
+    assert with_pip(mapped, BASE) == mapped

@@ -1,0 +1,144 @@
+"""A job's packages (R-JOB-7) as plain data: the plan's order, the build script, the cache
+key and a failed build's reason."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from gpufleet_contracts.jobspec import Packages
+from gpufleet_node_agent.builds import BUILD_CAPS, BuildConfig, build_argv, commit_argv
+from gpufleet_node_agent.packages import (
+    MARKER,
+    NO_CONDA,
+    Step,
+    build_key,
+    failed_step,
+    failure_reason,
+    index_env,
+    package_tag,
+    plan,
+    script,
+)
+from pydantic import ValidationError
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_plan_follows_apt_conda_requirements_pip_whatever_the_spec_order() -> None:
+    spec = {"pip": ["b==2"], "requirements": ["r1", "r2"], "conda": ["c"], "apt": ["a"]}
+    steps = plan(spec)
+    assert [s.kind for s in steps] == ["apt", "conda", "requirements", "pip"]
+    assert [s.name for s in steps] == ["apt", "conda", "requirements.txt", "pip"]
+    assert steps[2].items == ("r1", "r2")
+    assert tuple(s.name for s in steps) == Packages.INSTALL_ORDER
+    assert [s.kind for s in plan({"pip": ["x"], "apt": ["y"]})] == ["apt", "pip"]
+    assert plan({}) == plan(None) == plan(Packages().model_dump()) == ()
+
+
+def test_the_script_runs_the_steps_in_order_each_after_its_marker() -> None:
+    steps = plan({"pip": ["tiny==1.0"], "requirements": ["req-a>=1"], "apt": ["hello"]})
+    text = script(steps)
+    at = [text.index(f"echo '{MARKER}{name}'") for name in ("apt", "requirements.txt", "pip")]
+    assert at == sorted(at)
+    assert text.index("apt-get install -y -q --no-install-recommends hello") > at[0]
+    assert text.index("-m pip install -r /tmp/gpufleet-requirements.txt") > at[1]
+    assert text.index("\nreq-a>=1\n") > at[1]
+    assert text.index("-m pip install tiny==1.0") > at[2]
+    assert text.rstrip().endswith(f"echo '{MARKER}done'")
+    subprocess.run(["sh", "-n"], input=text, text=True, check=True)  # valid POSIX sh
+
+
+def test_packages_are_single_quoted_words_and_options_are_refused() -> None:
+    text = script((Step("pip", ("uvicorn[standard]", "a$(touch x)")),))
+    assert "'uvicorn[standard]' 'a$(touch x)'" in text
+    for bad in (["--index-url=http://elsewhere"], ["-e ."], ["a;b"]):
+        with pytest.raises(ValidationError) as exc:
+            Packages(pip=bad)
+        error = exc.value.errors()[0]
+        assert error["loc"] == ("pip",) and error["ctx"]["rule"] == "R-JOB-7"
+        assert error["msg"] == f"not a single package specification: '{bad[0]}'"
+    with pytest.raises(ValidationError):
+        Packages(pip=["x\ny"])
+    with pytest.raises(ValidationError):
+        Packages(requirements=["--extra-index-url http://elsewhere"])
+
+
+def test_conda_without_conda_in_the_image_fails_with_a_clear_reason() -> None:
+    text = script(plan({"conda": ["numpy"]}))
+    assert "micromamba install -y -n base numpy" in text
+    assert f"gpufleet_fail '{NO_CONDA}'" in text
+
+
+def test_a_framework_is_installed_from_wheels_only() -> None:
+    assert "-m pip install --only-binary :all: torch==2.3" in script(
+        (Step("pip", ("torch==2.3",), binary_only=True),)
+    )
+
+
+def test_the_index_is_the_operators_and_plain_http_is_trusted_by_name() -> None:
+    assert index_env(None) == {}
+    assert index_env("https://pypi.example/simple") == {
+        "PIP_INDEX_URL": "https://pypi.example/simple"
+    }
+    assert index_env("http://10.0.0.5:8080/simple") == {
+        "PIP_INDEX_URL": "http://10.0.0.5:8080/simple",
+        "PIP_TRUSTED_HOST": "10.0.0.5",
+    }
+    assert "export PIP_INDEX_URL=http://10.0.0.5:8080/simple" in script(
+        plan({"pip": ["x"]}), "http://10.0.0.5:8080/simple"
+    )
+
+
+def test_the_cache_key_is_the_image_id_the_steps_the_index_and_the_owner() -> None:
+    steps = plan({"pip": ["x"]})
+    key = build_key("sha256:aa", steps, None, "acme")
+    assert key == build_key("sha256:aa", plan({"pip": ["x"]}), None, "acme")
+    others = {
+        build_key("sha256:bb", steps, None, "acme"),
+        build_key("sha256:aa", plan({"pip": ["y"]}), None, "acme"),
+        build_key("sha256:aa", plan({"requirements": ["x"]}), None, "acme"),
+        build_key("sha256:aa", steps, "http://i/simple", "acme"),
+        build_key("sha256:aa", steps, None, "other"),
+    }
+    assert key not in others and len(others) == 5
+    assert package_tag(key) == f"localhost/gpufleet/pkgs:{key[:24]}"
+
+
+def test_a_failed_build_names_its_step_and_the_tail_of_its_output() -> None:
+    out = f"{MARKER}apt\nok\n{MARKER}pip\nERROR: No matching distribution found for nope\n"
+    assert failed_step(out) == "pip"
+    reason = failure_reason(out, 1)
+    assert reason.startswith("package step pip failed (exit 1): ")
+    assert reason.endswith("No matching distribution found for nope")
+    assert failure_reason("x" * 5000, 2).endswith("x" * 800)
+    assert failure_reason("", None, 60).startswith("package step setup did not finish in 60 s")
+
+
+def test_the_build_container_is_root_with_few_capabilities_and_no_host() -> None:
+    argv = build_argv("b1", "localhost/img:1", plan({"pip": ["x"]}), BuildConfig())
+    joined = " ".join(argv)
+    assert argv[argv.index("--network") + 1] == "slirp4netns:allow_host_loopback=false"
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert argv[argv.index("--cap-add") + 1].split(",") == list(BUILD_CAPS)
+    assert "SYS_ADMIN" not in joined and "NET_RAW" not in joined
+    assert "--volume" not in argv and "--device" not in argv and "--privileged" not in argv
+    assert argv[argv.index("--security-opt") : argv.index("--security-opt") + 2] == [
+        "--security-opt",
+        "no-new-privileges",
+    ]
+    assert argv[argv.index("--entrypoint") + 1 :][:3] == ["/bin/sh", "localhost/img:1", "-c"]
+
+
+def test_the_commit_gives_the_image_its_entrypoint_and_cmd_back() -> None:
+    argv = commit_argv("b1", "localhost/gpufleet/pkgs:abc", {"Entrypoint": ["/e"], "Cmd": None})
+    assert argv == [
+        "commit",
+        "--quiet",
+        "--change",
+        'ENTRYPOINT ["/e"]',
+        "--change",
+        "CMD []",
+        "b1",
+        "localhost/gpufleet/pkgs:abc",
+    ]
