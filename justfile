@@ -30,7 +30,7 @@ fmt: setup
     uv run ruff check --fix .
 
 typecheck: setup
-    uv run mypy libs/*/src services/*/src cli/src devtools/*/src devtools/gpucheck
+    uv run mypy libs/*/src services/*/src cli/src devtools/*/src
 
 # Regenerate docs/asyncapi/*.json, events.md, permissions.md from the apps; rules.md from the docstrings.
 docs: setup

@@ -2,7 +2,7 @@
 gpu_access, mps, the podman runtime and the worker manager) runs CUDA jobs in containers and
 says what each saw. A development check, not a test: CI has no GPU (README.md here).
 
-    python devtools/gpucheck/gpu_check.py [--json FILE] [--no-disk-quota]
+    python -m gpufleet_gpucheck [--json FILE] [--no-disk-quota]
 
 Needs: the driver, podman (+ runc), gcc and the CUDA headers (to build the probe image),
 nvidia-cuda-mps-control (for the shares). Run as root, like the agent.
