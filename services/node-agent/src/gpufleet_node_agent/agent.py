@@ -18,7 +18,7 @@ from gpufleet_contracts.jobs import StartWorker, StopWorker
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
 from .baseimage import default_containers_conf
-from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
+from .inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
 from .podman import PodmanRuntime
 from .podman_args import PodmanConfig
 from .policy import OWN_JOBS, RuntimePolicy, container_problem
@@ -115,6 +115,10 @@ class Agent:
             if isinstance(rt, PodmanRuntime):
                 rt.real_gpus = not inv.simulated
                 rt.node_gpus = len(inv.gpus)
+                rt.node_cpus = inv.logical_cpus()
+                rt.cpu_job_cpus = offered_cpus(
+                    self.settings.cpu_job_cpus, rt.node_cpus, len(inv.gpus)
+                )
                 if policy is not None:
                     policy.container_error = container_problem(rt.config.podman, rt.env)
         if policy is not None:
@@ -176,6 +180,8 @@ class Agent:
             driver_version=inv.driver_version,
             price_per_gpu_hour=s.price_per_gpu_hour,
             gpu_shares=s.gpu_shares,
+            cpu_job_cpus=offered_cpus(s.cpu_job_cpus, inv.logical_cpus(), len(inv.gpus)),
+            price_per_cpu_hour=s.price_per_cpu_hour,
             agent_started_at=self.started_at,
             hardware=inv.hardware,
             heartbeat_s=s.heartbeat_s,

@@ -71,8 +71,10 @@ class PodmanRuntime:
     def __init__(self, config: PodmanConfig, minion_id: str, *, real_gpus: bool = False) -> None:
         self.config = config
         self.minion_id = minion_id
-        self.real_gpus = real_gpus  # the agent sets these two from the inventory
+        self.real_gpus = real_gpus  # the agent sets these from the inventory
         self.node_gpus = 0
+        self.node_cpus: int | None = None  # None: this machine's
+        self.cpu_job_cpus = 0  # of those, offered to CPU-only jobs
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}
         self._pulling: set[str] = set()  # placements whose image is being pulled
@@ -366,7 +368,14 @@ class PodmanRuntime:
             self.config,
             job_env=job_env,
             real_gpus=self.real_gpus,
-            limits=share_limits(self.config, self.node_gpus, gpus),
+            limits=share_limits(
+                self.config,
+                self.node_gpus,
+                gpus,
+                node_cpus=self.node_cpus,
+                cpu_job_cpus=self.cpu_job_cpus,
+                cpu_count=int(spec.get("cpu_count") or 0),
+            ),
         )
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
         try:
