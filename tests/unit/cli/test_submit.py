@@ -317,3 +317,20 @@ def test_a_spec_over_its_size_cap_is_refused_locally_naming_spec(
     assert result.exit_code == 2
     (field,) = json.loads(result.stdout)["error"]["fields"]
     assert (field["field"], field["rule"]) == ("spec", "limit:spec_bytes")
+
+
+def test_a_cpu_only_job_from_flags(sent: list[dict[str, Any]]) -> None:
+    """R-JOB-2: no GPU type, --gpu-count 0 and --cpu-count."""
+    flags = [*BASE, "--gpu-count", "0", "--cpu-count", "8", "--max-price", "0.02"]
+    result = runner.invoke(app, [*flags, "--json", "--", "make", "-j8"])
+    assert result.exit_code == 0, result.output
+    spec = sent[0]["payload"]["spec"]
+    assert (spec["gpu_types"], spec["gpu_count"], spec["cpu_count"]) == ([], 0, 8)
+
+
+def test_a_cpu_only_job_naming_a_gpu_type_is_refused_locally(no_bus: None) -> None:
+    flags = [*BASE, "-g", "T4", "--gpu-count", "0", "--cpu-count", "8", "--json", "--", "x"]
+    result = runner.invoke(app, flags)
+    assert result.exit_code == 2
+    fields = {f["field"]: f["rule"] for f in json.loads(result.stdout)["error"]["fields"]}
+    assert fields == {"gpu_types": "R-JOB-2"}
