@@ -63,6 +63,8 @@ class System:
             env.update(identities.service_env(self.nats, spec.name))
             if spec.name == "node-agent":
                 env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
+                # as `just up`: the simulated node (16 CPUs) offers 8 to CPU-only jobs
+                env.update(GPUFLEET_CPU_JOB_CPUS="8")
                 # Every e2e job is the node owner's (`local`): bare processes, on the
                 # operator's opt-in, keep the suite fast, but in test_runtime.py (containers,
                 # the default). Another account's job always runs in a container.

@@ -118,3 +118,41 @@ def test_cancel_stops_a_running_job_and_frees_its_gpu(system: System) -> None:
     assert job["workers"][0]["state"] == "stopped"
     after = system.submit("--", "true", name="after-cancel", gpus=2)
     assert system.wait_state(after, "finished")["state"] == "finished"
+
+
+PRINT_NO_GPU = (
+    "import os, time; e = os.environ; "
+    "print('cpu', repr(e['CUDA_VISIBLE_DEVICES']), e['NVIDIA_VISIBLE_DEVICES']); time.sleep(0.5)"
+)
+
+
+def test_a_cpu_only_job_runs_on_offered_cpus_and_is_billed_per_cpu_hour(system: System) -> None:
+    """R-JOB-2: no GPU type, `--gpu-count 0 --cpu-count 8`; the node offers 8 CPUs."""
+    cpu = ["job", "submit", "--gpu-count", "0", "--max-price", "0.05"]
+    too_big = system.json(*cpu, "--name", "big", "--cpu-count", "12", "--", "true")
+    assert too_big["state"] == "queued"
+    assert too_big["queue_reason"] == "1 node: offers 8 CPUs to CPU-only jobs, job needs 12"
+    system.cli("job", "cancel", too_big["id"])
+    job_id = system.json(
+        *cpu, "--name", "cpu", "--cpu-count", "8", "--", "python", "-c", PRINT_NO_GPU
+    )["id"]
+    job = system.wait_state(job_id, "finished", "failed")
+    assert job["state"] == "finished", job
+    (worker,) = job["workers"]
+    assert (worker["cpu_count"], worker["gpu_indices"], job["rate"]) == (8, [], "0.0125")
+    assert "cpu '' void" in job["log_tail"]  # no GPU visible
+    assert "(8 CPUs)" in system.cli("job", "show", job_id).stdout
+    duration_ms = int(
+        (
+            datetime.fromisoformat(worker["ended_at"])
+            - datetime.fromisoformat(worker["started_at"])
+        ).total_seconds()
+        * 1000
+    )
+    expected = usage_micro(Decimal("0.0125"), 8, duration_ms)  # per CPU-hour, 8 CPUs
+    assert expected > 0
+    wait_for(
+        lambda: system.job(job_id)["cost"] == str(from_micro(expected)),
+        timeout=15,
+        message=f"cost of {job_id} never became {from_micro(expected)}",
+    )

@@ -85,14 +85,27 @@ def submit(
         ),
     ] = None,
     gpu_count: Annotated[
-        str | None, typer.Option("--gpu-count", metavar="N", help="GPUs per worker (0..16).")
+        str | None,
+        typer.Option(
+            "--gpu-count", metavar="N", help="GPUs per worker (0..16; 0: a CPU-only job)."
+        ),
     ] = None,
     cpu_count: Annotated[
-        str | None, typer.Option("--cpu-count", metavar="N", help="CPUs (multiple of 4).")
+        str | None,
+        typer.Option(
+            "--cpu-count",
+            metavar="N",
+            help="CPUs per worker of a CPU-only job (--gpu-count 0, no --gpu-type; 4..256, "
+            "a multiple of 4).",
+        ),
     ] = None,
     max_price: Annotated[
         str | None,
-        typer.Option("--max-price", metavar="CREDITS", help="Highest rate per GPU-hour."),
+        typer.Option(
+            "--max-price",
+            metavar="CREDITS",
+            help="Highest rate per GPU-hour (per CPU-hour for a CPU-only job).",
+        ),
     ] = None,
     disk_size: Annotated[
         str | None,

@@ -48,7 +48,9 @@ def run_seconds(job: dict[str, Any]) -> float | None:
 def _nodes(job: dict[str, Any]) -> str:
     parts = []
     for w in _dicts(job.get("workers")):
-        if w.get("node"):
+        if w.get("node") and w.get("cpu_count"):  # a CPU-only worker (R-JOB-2)
+            parts.append(f"{w['node']} ({w['cpu_count']} CPUs)")
+        elif w.get("node"):
             gpus = ",".join(str(i) for i in w.get("gpu_indices") or [])
             parts.append(f"{w['node']} ({w.get('gpu_model') or '?'} [{gpus}])")
     return ", ".join(dict.fromkeys(parts)) or "-"
@@ -75,7 +77,9 @@ def job_detail(job: dict[str, Any]) -> None:
             f"{len(waiting)} worker(s): {text(job.get('queue_reason') or 'not yet considered')}",
         )
     head.add_row("node(s)", escape(_nodes(job)))
-    head.add_row("rate", f"{text(rate)} credits/GPU-hour" if rate else "-")
+    cpu_only = any(w.get("cpu_count") for w in _dicts(job.get("workers")))
+    unit = "CPU-hour" if cpu_only else "GPU-hour"
+    head.add_row("rate", f"{text(rate)} credits/{unit}" if rate else "-")
     head.add_row("run time", duration(run_seconds(job)))
     head.add_row("cost", escape(cost_text))
     console = out()

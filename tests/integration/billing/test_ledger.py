@@ -58,6 +58,49 @@ async def test_market_run_earns_the_a100_example_each_hour_and_the_rest_at_stop(
     await store.close()
 
 
+async def test_a_cpu_only_run_is_charged_per_cpu_hour_and_shows_in_the_job_cost(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """R-JOB-2: 8 CPUs at 0.02 per CPU-hour on another account's node, created by another
+    account (federated training, R-BILL-2 applies as for GPUs), for 1 h 15 min."""
+    clock = FakeClock(T0)
+    billing, store = await billing_on(mongo_server.url, db_prefix, clock)
+    cpu = placed(
+        "c1",
+        gpu_model="",
+        gpu_indices=[],
+        gpu_count=0,
+        cpu_count=8,
+        rate=Decimal("0.02"),
+        creator="guest",
+    )
+    await billing.worker_placed(cpu)
+    await billing.worker_started(started("c1"))
+    assert await billing.tick(T0 + HOUR) == 5  # market: 3 entries, federated: 2
+    # 8 x 0.02 = 0.16 an hour; the platform keeps 8 x 0.0125 = 0.10 and half of 0.06
+    assert await balances(store) == {
+        "buyer": -160_000,
+        "earnings:seller": 30_000,
+        "guest": -2_650_000,
+        "platform": 2_780_000,
+    }
+    assert await billing.worker_finished(finished("c1", T0 + 1.25 * HOUR)) == 5
+    assert await balances(store) == {
+        "buyer": -200_000,  # 1.25 h x 0.16, exactly
+        "earnings:seller": 37_500,
+        "guest": -3_312_500,  # 1.25 h x 2.65
+        "platform": 3_475_000,
+    }
+    cost = await Queries(store.db).job_cost("job-c1", "buyer")
+    assert cost.cost_micro == 200_000 and set(cost.by_kind) == {"market_price"}
+    memos = [e.memo for e in cost.entries]
+    assert memos == [
+        "8 CPUs at 0.02/CPU-hour, hour 1 on seller's node",
+        "8 CPUs at 0.02/CPU-hour, run of 4500.000s on seller's node",
+    ]
+    await store.close()
+
+
 async def test_hours_billed_past_a_late_stop_are_corrected_exactly(
     mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:

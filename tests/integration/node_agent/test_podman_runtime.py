@@ -213,3 +213,43 @@ async def test_a_container_whose_state_is_gone_is_reported_lost(
     assert again.recover().lost == [later.placement_id]
     gone = await until_finished(again, later.placement_id)
     assert (gone.state, gone.reason) == (WorkerState.failed, PodmanRuntime.lost_at_restart)
+
+
+CGROUP_PROBE = """
+import glob, json, os
+def first(*paths):
+    for p in paths:
+        try:
+            return open(p).read().split()[0]
+        except OSError:
+            pass
+print(json.dumps({
+    'cpu_quota': first('/sys/fs/cgroup/cpu.max', '/sys/fs/cgroup/cpu/cpu.cfs_quota_us'),
+    'memory': first('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'),
+    'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'),
+    'nvidia': os.environ.get('NVIDIA_VISIBLE_DEVICES'),
+    'gpu_devices': glob.glob('/dev/nvidia*'),
+}))
+"""
+
+
+async def test_a_cpu_only_worker_gets_its_cpus_and_no_gpu(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    """R-JOB-2: `--cpus cpu_count` (a CFS quota of 8 CPUs), whatever GPUFLEET_WORKER_CPUS
+    says; the operator's memory limit; no GPU device, CUDA_VISIBLE_DEVICES empty and
+    NVIDIA_VISIBLE_DEVICES=void, a job's own value of it not passed on."""
+    m = manager(tmp_path / "state", minion, image, cpus=1)
+    cmd = start(
+        minion, CGROUP_PROBE, gpu_indices=[], cpu_count=8, env={"NVIDIA_VISIBLE_DEVICES": "all"}
+    )
+    assert m.start(cmd)
+    done = await until_finished(m, cmd.placement_id)
+    assert (done.state, done.exit_code) == (WorkerState.finished, 0), done.log_tail
+    assert json.loads(done.log_tail) == {
+        "cpu_quota": "800000",  # 8 x the 100 ms period
+        "memory": str(256 * 2**20),
+        "cuda": "",
+        "nvidia": "void",
+        "gpu_devices": [],
+    }

@@ -271,7 +271,14 @@ async def test_simulated_and_gpu_less_nodes_are_stored_and_listed_as_such(
         await bus.send(registration(sim, bus.account, "lab", inventory_source="/sim/2x.json"))
         await bus.send(
             registration(
-                bare, bus.account, "lab", gpus=[], simulated=False, inventory_source=no_driver
+                bare,
+                bus.account,
+                "lab",
+                gpus=[],
+                simulated=False,
+                inventory_source=no_driver,
+                cpu_job_cpus=64,  # more than its 16 CPUs: it offers what it has (R-JOB-2)
+                price_per_cpu_hour="0.02",
             )
         )
 
@@ -293,6 +300,12 @@ async def test_simulated_and_gpu_less_nodes_are_stored_and_listed_as_such(
         await wait_for_async(announced, timeout=10)  # NodeRegistered tells the scheduler
         flags = {e["minion_id"]: e["simulated"] for e in bus.events if "gpus" in e}
         assert flags == {sim: True, bare: False}
+        cpus = {
+            e["minion_id"]: (e["cpu_count"], e["cpu_job_cpus"], e["price_per_cpu_hour"])
+            for e in bus.events
+            if "gpus" in e
+        }
+        assert cpus == {sim: (16, 0, None), bare: (16, 16, "0.02")}
 
 
 async def test_storage_nodes_one_per_region_and_central_needs_one_first(

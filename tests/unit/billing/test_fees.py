@@ -123,3 +123,41 @@ def test_no_federated_fee_for_own_jobs_or_notebooks() -> None:
     assert not is_federated("owner", "owner", "training")
     assert not is_federated("", "owner", "training")
     assert not is_federated("creator", "owner", "notebook")
+
+
+def test_a_cpu_only_run_on_your_own_node_pays_the_cpu_usage_fee() -> None:
+    """R-JOB-2 / R-BILL-1: 8 CPUs for 90 minutes at 0.0125 per CPU-hour = 0.15 credits."""
+    p = usage_postings(
+        charge="usage",
+        payer="acme",
+        node_owner="acme",
+        gpu_model="",
+        rate=Decimal("0.0125"),
+        gpu_count=0,
+        cpu_count=8,
+        duration_ms=5_400_000,
+    )
+    assert [(x.account, x.amount_micro) for x in p] == [("acme", -150_000), (PLATFORM, 150_000)]
+
+
+def test_a_cpu_only_run_on_another_accounts_node_splits_like_a_gpu_run() -> None:
+    """R-BILL-4 per CPU-hour: 4 CPUs at 0.02 for an hour = 80,000 micro-credits; the platform
+    keeps the CPU usage fee (4 x 0.0125 = 50,000) and half the rest; the owner earns 15,000."""
+    p = usage_postings(
+        charge="market",
+        payer="buyer",
+        node_owner="seller",
+        gpu_model="",
+        rate=Decimal("0.02"),
+        gpu_count=0,
+        cpu_count=4,
+        duration_ms=3_600_000,
+    )
+    assert [(x.account, x.amount_micro, x.kind) for x in p] == [
+        ("buyer", -80_000, "market_price"),
+        ("earnings:seller", 15_000, "earning"),
+        (PLATFORM, 65_000, "platform_share"),
+    ]
+    assert sum(x.amount_micro for x in p) == 0
+    # one third of an hour of 12 CPUs at 0.0125: 0.05 exactly, rounded once
+    assert usage_micro(Decimal("0.0125"), 12, 1_200_000) == 50_000

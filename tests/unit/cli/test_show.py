@@ -147,6 +147,17 @@ def test_show_readable(monkeypatch: pytest.MonkeyPatch, logs: list[StreamRecord]
         assert text in result.stdout
 
 
+def test_show_a_cpu_only_job(monkeypatch: pytest.MonkeyPatch, logs: list[StreamRecord]) -> None:
+    cpu = job()
+    cpu["rate"] = "0.0125"
+    cpu["workers"][0].update(gpu_model=None, gpu_indices=[], cpu_count=8, rate="0.0125")
+    use(monkeypatch, {GetJob.SUBJECT: cpu, BILLING_JOB_COST: COST})
+    result = runner.invoke(app, ["job", "show", "j1"])
+    assert result.exit_code == 0, result.output
+    assert "minion-a (8 CPUs)" in result.stdout
+    assert "0.0125 credits/CPU-hour" in result.stdout
+
+
 def test_show_unknown_job(monkeypatch: pytest.MonkeyPatch, logs: list[StreamRecord]) -> None:
     refused = {"ok": False, "error": {"code": "not_found", "message": "job j9 not found"}}
     use(monkeypatch, {GetJob.SUBJECT: refused})

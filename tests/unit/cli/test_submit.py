@@ -345,3 +345,20 @@ def test_a_bad_image_is_refused_naming_its_flag(no_bus: None) -> None:
     assert result.exit_code != 0
     fields = json.loads(result.stdout)["error"]["fields"]
     assert [f["field"] for f in fields] == ["environment.image"]
+
+
+def test_a_cpu_only_job_from_flags(sent: list[dict[str, Any]]) -> None:
+    """R-JOB-2: no GPU type, --gpu-count 0 and --cpu-count."""
+    flags = [*BASE, "--gpu-count", "0", "--cpu-count", "8", "--max-price", "0.02"]
+    result = runner.invoke(app, [*flags, "--json", "--", "make", "-j8"])
+    assert result.exit_code == 0, result.output
+    spec = sent[0]["payload"]["spec"]
+    assert (spec["gpu_types"], spec["gpu_count"], spec["cpu_count"]) == ([], 0, 8)
+
+
+def test_a_cpu_only_job_naming_a_gpu_type_is_refused_locally(no_bus: None) -> None:
+    flags = [*BASE, "-g", "T4", "--gpu-count", "0", "--cpu-count", "8", "--json", "--", "x"]
+    result = runner.invoke(app, flags)
+    assert result.exit_code == 2
+    fields = {f["field"]: f["rule"] for f in json.loads(result.stdout)["error"]["fields"]}
+    assert fields == {"gpu_types": "R-JOB-2"}

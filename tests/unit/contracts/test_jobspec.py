@@ -45,6 +45,24 @@ def test_resources_r_job_2(field: str, value: Any) -> None:
     assert errors_of(**{field: value})[f"spec.{field}"][0] == "R-JOB-2"
 
 
+@pytest.mark.parametrize("types", [None, [], ["None"], ["None (CPU only)"]])
+def test_a_cpu_only_job_names_no_gpu_type_r_job_2(types: Any) -> None:
+    spec = ok(gpu_types=types, gpu_count=0, cpu_count=8)
+    assert spec.gpu_types == [] and spec.cpu_only and spec.cpu_count == 8
+    assert jobrequest.of_spec(spec).cpu_count == 8
+    # stored without its (default) empty gpu_types, read back the same
+    assert JobSpec.model_validate(jobrequest.stored_spec(spec)) == spec
+
+
+def test_cpu_only_and_gpu_fields_do_not_mix_r_job_2() -> None:
+    rule, valid = errors_of(gpu_count=0, cpu_count=8)["spec.gpu_types"]  # BASE names a GPU
+    assert rule == "R-JOB-2" and valid and "gpu_types: []" in valid
+    assert errors_of(cpu_count=8)["spec.cpu_count"][0] == "R-JOB-2"  # a GPU job's
+    rule, valid = errors_of(gpu_types=None)["spec.gpu_types"]  # a GPU job without a type
+    assert rule == "R-JOB-2" and valid and "RTX 3090" in valid
+    assert errors_of(gpu_types=["None"], gpu_count=0)["spec"][0] == "R-JOB-2"  # no cpu_count
+
+
 def test_fractional_gpu_r_sched_4() -> None:
     spec = ok(gpu_count="0.25")
     assert spec.gpu_count == 1 and str(spec.gpu_fraction) == "0.25"

@@ -13,6 +13,7 @@ STACK = {"GPUFLEET_NATS_URL": "nats://127.0.0.1:4333"}
 def test_just_up_switches_simulated_gpus_on_for_its_node_agent() -> None:
     env = child_env(AGENT, {"PATH": "/bin"}, STACK, Path("/run"))
     assert env["GPUFLEET_SIMULATED_GPUS"] == "1"
+    assert env["GPUFLEET_CPU_JOB_CPUS"] == "8"  # CPU-only jobs run under `just up` too
     assert env["GPUFLEET_AGENT_STATE_DIR"] == "/run/agent"
     assert env["GPUFLEET_NATS_URL"] == "nats://127.0.0.1:4333" and env["PATH"] == "/bin"
 

@@ -24,7 +24,7 @@ class NullBroker:
         return None
 
 
-def agent(tmp_path: Path, simulated: bool = True) -> Agent:
+def agent(tmp_path: Path, simulated: bool = True, **kw: Any) -> Agent:
     s = AgentSettings(
         minion_id="box-1",
         node_name="Box one",
@@ -33,6 +33,7 @@ def agent(tmp_path: Path, simulated: bool = True) -> Agent:
         simulated_gpus=default_sim_inventory() if simulated else None,
         agent_state_dir=tmp_path,
         price_per_gpu_hour=Decimal("0.4"),
+        **kw,
     )
     return Agent(s, NullBroker(), clock=lambda: NOW)  # type: ignore[arg-type]
 
@@ -48,6 +49,18 @@ async def test_registration(tmp_path: Path) -> None:
     assert [g.model for g in reg.gpus] == ["RTX 3090", "RTX 3090"]
     assert reg.price_per_gpu_hour == Decimal("0.4") and reg.agent_started_at == NOW
     assert a.workers.gpu_indices == {0, 1}
+    # a GPU node offers no CPUs to CPU-only jobs unless its operator says so (R-JOB-2)
+    assert (reg.cpu_job_cpus, reg.price_per_cpu_hour) == (0, None)
+
+
+async def test_an_operator_offers_cpus_to_cpu_only_jobs(tmp_path: Path) -> None:
+    a = agent(tmp_path, cpu_job_cpus=64, price_per_cpu_hour=Decimal("0.02"))
+    await a.prepare()
+    reg = a.registration()  # the simulated node has 16 logical CPUs: it offers all 16
+    assert reg.hardware is not None and reg.hardware.cpu_cores == 16
+    assert (reg.cpu_job_cpus, reg.price_per_cpu_hour) == (16, Decimal("0.02"))
+    rt = a.workers.runtimes["podman"]
+    assert (rt.node_cpus, rt.cpu_job_cpus) == (16, 16)  # type: ignore[attr-defined]
 
 
 async def test_heartbeat_and_health(tmp_path: Path) -> None:
@@ -80,6 +93,7 @@ async def test_without_a_driver_the_node_registers_with_no_gpus(
     assert any(m.startswith("node agent box-1: no GPUs (nvml: no NVIDIA driver") for m in said)
     reg = a.registration()
     assert (reg.gpus, reg.simulated, reg.driver_version) == ([], False, None)
+    assert reg.hardware is not None and reg.cpu_job_cpus == reg.hardware.cpu_cores  # all
     assert reg.inventory_source.startswith("nvml: no NVIDIA driver")
     assert reg.hardware is not None  # the rest of the hardware is real and reported
     hb = await a.heartbeat()

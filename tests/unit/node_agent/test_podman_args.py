@@ -144,11 +144,44 @@ def test_limits_default_to_the_share_of_the_node_its_gpus_are() -> None:
     unset = PodmanConfig()
     half = share_limits(unset, 4, 2, node_memory_mb=64000, node_cpus=16)
     assert (half.memory_mb, half.cpus) == (32000, 8.0)
-    cpu_only = share_limits(unset, 4, 0, node_memory_mb=64000, node_cpus=16)
-    assert (cpu_only.memory_mb, cpu_only.cpus) == (16000, 4.0)  # one share
+    zero = share_limits(unset, 4, 0, node_memory_mb=64000, node_cpus=16)
+    assert (zero.memory_mb, zero.cpus) == (16000, 4.0)  # one share
     no_gpus = share_limits(unset, 0, 0, node_memory_mb=8000, node_cpus=2)
     assert (no_gpus.memory_mb, no_gpus.cpus) == (8000, 2.0)
     assert share_limits(CONFIG, 4, 1, node_memory_mb=64000, node_cpus=16).memory_mb == 2048
+
+
+def test_a_cpu_only_worker_gets_its_cpus_and_their_share_of_memory() -> None:
+    """R-JOB-2: `--cpus cpu_count`, memory in proportion; GPU workers share what the node
+    keeps for GPU work (its CPUs less those offered to CPU-only jobs)."""
+    unset = PodmanConfig()
+    cpu = share_limits(unset, 2, 0, node_memory_mb=64000, node_cpus=32, cpu_count=8)
+    assert (cpu.memory_mb, cpu.cpus) == (16000, 8.0)
+    gpu = share_limits(unset, 2, 1, node_memory_mb=64000, node_cpus=32, cpu_job_cpus=16)
+    assert (gpu.memory_mb, gpu.cpus) == (16000, 8.0)  # half of the 16 CPUs kept, and of 32 GB
+    # the operator's per-worker memory holds for CPU-only workers too; their CPUs do not move
+    fixed = share_limits(CONFIG, 2, 0, node_memory_mb=64000, node_cpus=32, cpu_count=8)
+    assert (fixed.memory_mb, fixed.cpus) == (2048, 8.0)
+
+
+def test_a_cpu_only_worker_sees_no_gpu() -> None:
+    s = spec(gpu_indices=[], cpu_count=8)
+    c = container_spec(
+        s,
+        WD,
+        "m1",
+        PodmanConfig(),
+        job_env={"NVIDIA_VISIBLE_DEVICES": "all"},
+        real_gpus=True,
+        limits=share_limits(PodmanConfig(), 2, 0, node_memory_mb=8000, node_cpus=16, cpu_count=8),
+    )
+    assert c.devices == []
+    assert c.env["CUDA_VISIBLE_DEVICES"] == "" and c.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    argv = run_argv(c)
+    assert argv[argv.index("--cpus") + 1] == "8" and argv[argv.index("--memory") + 1] == "4000m"
+    assert "NVIDIA_VISIBLE_DEVICES=all" not in argv and "--device" not in argv
+    gpu = container_spec(spec(), WD, "m1", PodmanConfig(), real_gpus=True)
+    assert "NVIDIA_VISIBLE_DEVICES" not in gpu.env
 
 
 def test_names_podman_reads_itself_are_recognised() -> None:

@@ -111,8 +111,10 @@ def test_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_gpus_is_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
-    env = worker_env({"job_id": "j", "worker": 0, "gpu_indices": []}, tmp_path, {"PATH": "/bin"})
+    spec = {"job_id": "j", "worker": 0, "gpu_indices": [], "env": {"NVIDIA_VISIBLE_DEVICES": "all"}}
+    env = worker_env(spec, tmp_path, {"PATH": "/bin"})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["JOB_NAME"] == ""
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # a CPU-only worker (R-JOB-2)
 
 
 def test_missing_program(tmp_path: Path) -> None:

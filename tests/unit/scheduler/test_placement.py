@@ -237,7 +237,9 @@ MODELS = ("RTX 3090", "RTX A6000", "T4", "A100 80GB")
 def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
     out = []
     for i in range(n):
-        gpus = rng.choice((1, 2, 4, 8))
+        cpu_node = rng.random() < 0.1  # no GPU at all: CPU-only work alone
+        gpus = 0 if cpu_node else rng.choice((1, 2, 4, 8))
+        cpus = rng.choice((16, 64)) if cpu_node else rng.choice((0, 0, 8, 16, 32))
         shares = rng.choice((1, 1, 2, 4))
         idx = tuple(range(gpus))
         free: list[int] = []
@@ -255,7 +257,7 @@ def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
                 region=rng.choice(("eu", "us", "asia")),
                 owner=rng.choice(("acme", "beta", "gamma")),
                 state=rng.choice(("active",) * 6 + ("maintenance", "lost")),
-                gpu_model=rng.choice(MODELS),
+                gpu_model=None if cpu_node else rng.choice(MODELS),
                 gpu_indices=idx,
                 free_indices=tuple(free),
                 price_per_gpu_hour=Decimal(rng.choice(("0.02", "0.05", "0.10", "0.40", "1.50"))),
@@ -263,12 +265,26 @@ def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
                 gpu_shares=shares,
                 partial=tuple(partial),
                 simulated=rng.random() < 0.25,
+                cpus=cpus,
+                free_cpus=rng.randint(0, cpus),
+                price_per_cpu_hour=rng.choice((None, Decimal("0.005"), Decimal("0.02"))),
             )
         )
     return out
 
 
 def random_request(rng: random.Random, i: int) -> WorkerRequest:
+    if rng.random() < 0.25:  # CPU-only (R-JOB-2)
+        return WorkerRequest(
+            job_id=f"j{i}",
+            worker=0,
+            owner=rng.choice(("acme", "beta", "gamma", "delta")),
+            gpu_types=(),
+            gpu_count=0,
+            max_price=rng.choice((None, Decimal("0.005"), Decimal("0.0125"), Decimal("1"))),
+            region=rng.choice((None, None, "eu", "us")),
+            cpu_count=rng.choice((4, 8, 16, 32)),
+        )
     return WorkerRequest(
         job_id=f"j{i}",
         worker=0,
@@ -284,6 +300,7 @@ def random_request(rng: random.Random, i: int) -> WorkerRequest:
 def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
     rng = random.Random(7)
     refused_simulated = 0  # requests the simulated-node rule really decided
+    cpu_placed = cpu_refused = 0  # CPU-only requests placed / explained
     for _ in range(30):
         fleet = random_fleet(rng, rng.randint(1, 60))
         index = PlacementIndex(fleet)
@@ -297,11 +314,15 @@ def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
                 reasons = why_not(r, list(index.nodes.values()), holds).reasons
                 assert index.explain(r, holds).reasons == reasons
                 refused_simulated += reasons["another account's node with simulated GPUs"] > 0
+                cpu_refused += r.cpu_count > 0
             else:
                 assert got == expected
                 assert expected.node.owner == r.owner or not expected.node.simulated
+                assert (expected.cpus, expected.gpu_indices == ()) == (r.cpu_count, r.cpu_count > 0)
+                cpu_placed += r.cpu_count > 0
                 index.take(got)  # the fleet fills up as the run goes on
     assert refused_simulated > 0
+    assert cpu_placed > 20 and cpu_refused > 20
 
 
 def test_lowest_cost_really_is_lowest() -> None:

@@ -40,7 +40,8 @@ SERVICES: Final[tuple[ServiceSpec, ...]] = (
         },
         # R-NODE-6: simulated GPUs only on request. `just up` asks for them (the same node on
         # every laptop); GPUFLEET_SIMULATED_GPUS=0 just up reads the real GPUs through NVML.
-        defaults={"GPUFLEET_SIMULATED_GPUS": "1"},
+        # Its 16 (simulated) CPUs: 8 offered to CPU-only jobs (R-JOB-2), 8 for GPU work.
+        defaults={"GPUFLEET_SIMULATED_GPUS": "1", "GPUFLEET_CPU_JOB_CPUS": "8"},
     ),
 )
 

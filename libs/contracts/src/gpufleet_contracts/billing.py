@@ -35,9 +35,10 @@ class UsageCharged(LedgerEntryEvent):
     job_id: str
     worker: Int
     gpu_count: Int
-    rate: Decimal
+    rate: Decimal  # per GPU-hour, or per CPU-hour for a CPU-only worker (cpu_count > 0)
     seconds: Int
     placement_id: str = ""
+    cpu_count: Int = 0  # a CPU-only worker's CPUs (R-JOB-2)
 
 
 class EarningCredited(LedgerEntryEvent):

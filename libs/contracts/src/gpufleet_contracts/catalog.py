@@ -1,4 +1,10 @@
-"""The GPU catalogue (PRODUCT.md section 9), kept as data in `catalog.json`."""
+"""The GPU catalogue (PRODUCT.md section 9), kept as data in `catalog.json`.
+
+Its "None (CPU only)" row is no GPU model: a CPU-only job (R-JOB-2) names no GPU type and
+pays per CPU-hour. `usage_fee_per_cpu_hour` is the usage fee of one CPU-hour on one's own
+node (R-BILL-1 has none for CPUs): the development class's GPU-hour fee (0.05) per 4 CPUs,
+the smallest CPU-only job, = 0.0125 (services/billing/README.md, "CPU-only jobs").
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ class GpuModel:
 class Catalog:
     gpus: dict[str, GpuModel]
     usage_fee: dict[str, Decimal]
+    usage_fee_per_cpu_hour: Decimal = Decimal("0.0125")
 
     def model_names(self) -> list[str]:
         return list(self.gpus)
@@ -61,4 +68,6 @@ def catalog() -> Catalog:
         for g in raw["gpus"]
     }
     fees = {k: Decimal(v) for k, v in raw["usage_fee_per_gpu_hour"].items()}
-    return Catalog(gpus=gpus, usage_fee=fees)
+    return Catalog(
+        gpus=gpus, usage_fee=fees, usage_fee_per_cpu_hour=Decimal(raw["usage_fee_per_cpu_hour"])
+    )

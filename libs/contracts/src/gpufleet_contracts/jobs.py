@@ -113,6 +113,7 @@ class StartWorker(Command):
     output_upload: str | None = None  # where the archive goes (type:path), if anywhere
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
     gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
+    cpu_count: Int | None = None  # a CPU-only worker's CPUs (R-JOB-2); no GPU then
     disk_size_gb: Int = 10
     # R-JOB-7: the job's customer image (None: the node's base image), and the credential it
     # is pulled with (gpufleet_contracts.images), sealed in the outbox like `env`.
@@ -201,6 +202,9 @@ class WorkerPlaced(Event):
     # (rate_per_gpu_hour x gpu_fraction), so billing's rate x gpu_count x time is right.
     gpu_fraction: Decimal | None = None
     rate_per_gpu_hour: Money | None = None
+    # A CPU-only worker (R-JOB-2): these CPUs reserved, no GPU (gpu_count 0, gpu_model ""),
+    # and `rate` is per CPU-hour, so billing's rate x cpu_count x time is its price.
+    cpu_count: Int = 0
 
 
 class WorkerStarted(Event):
@@ -274,6 +278,7 @@ class Demand(BaseModel):
     waiting_since: datetime
     gpu_fraction: Decimal | None = None
     reason: str | None = None  # why no node can take it now
+    cpu_count: Int = 0  # a CPU-only worker's CPUs (gpu_types empty, gpu_count 0)
 
 
 class PendingDemandChanged(Event):

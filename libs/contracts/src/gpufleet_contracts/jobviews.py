@@ -45,6 +45,7 @@ class WorkerView(BaseModel):
     gpu_model: str | None = None
     gpu_indices: list[int] | None = None
     gpu_fraction: str | None = None
+    cpu_count: int | None = None  # a CPU-only worker's CPUs; its rate is then per CPU-hour
     rate: str | None = None
     charge: str | None = None
     started_at: str | None = None

@@ -86,6 +86,10 @@ class RegisterNode(Command):
     # Added in issue 4; older agents send none (their hardware is then "not reported").
     hardware: HardwareInventory | None = None
     heartbeat_s: float | None = None  # the agent's heartbeat period (liveness, issue 4)
+    # CPU-only jobs (R-JOB-2): the logical CPUs this node offers them (the rest feed its
+    # GPUs' workers), and its asking price per CPU-hour to other accounts.
+    cpu_job_cpus: Int = Field(default=0, ge=0, le=limits.NODE_CPUS)
+    price_per_cpu_hour: Decimal | None = Field(default=None, ge=0)
 
 
 class NodeRegistered(Event):
@@ -103,6 +107,9 @@ class NodeRegistered(Event):
     allow_public_jobs: bool = False
     at: datetime
     gpu_shares: Int = Field(default=1, ge=1, le=16)  # R-SCHED-4: shares per physical GPU
+    cpu_count: Int | None = None  # its logical CPUs, as its agent reported them
+    cpu_job_cpus: Int = 0  # of those, offered to CPU-only jobs (R-JOB-2)
+    price_per_cpu_hour: Decimal | None = None  # asking price per CPU-hour to other accounts
 
 
 class NodeStateChanged(Event):

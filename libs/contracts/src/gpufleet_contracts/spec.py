@@ -41,6 +41,8 @@ from .states import JobType as JobType
 from .states import Money as Money
 from .states import WorkerState as WorkerState
 
+# `gpu_types` entries that mean "no GPU" (PRODUCT.md section 9: "None (CPU only)").
+CPU_ONLY_TYPES = frozenset({"None", "None (CPU only)"})
 MAX_PINNED = "one region: every regional resource of a job must be in the same region"
 
 
@@ -85,9 +87,6 @@ class JobSpec(BaseModel):
         default="default",
         json_schema_extra=rule("R-TEN-1", **{"x-valid": PROJECT_REF_VALID}),
     )
-    gpu_types: Annotated[list[str], Cap(limits.GPU_TYPES, "gpu_types", "GPU types")] = Field(
-        min_length=1, json_schema_extra=rule("R-JOB-2")
-    )
     gpu_count: Int = Field(
         default=1,
         ge=0,
@@ -104,11 +103,25 @@ class JobSpec(BaseModel):
             "R-SCHED-4", **{"x-valid": "a share of one GPU: 0 < f < 1, e.g. 0.25 or 0.5"}
         ),
     )
-    cpu_count: Int | None = Field(default=None, ge=4, le=256, json_schema_extra=rule("R-JOB-2"))
+    cpu_count: Int | None = Field(
+        default=None,
+        ge=4,
+        le=256,
+        json_schema_extra=rule(
+            "R-JOB-2", **{"x-valid": "4..256, a multiple of 4, for a CPU-only job (gpu_count 0)"}
+        ),
+    )
+    # After the counts: a GPU job names one or more types, a CPU-only job none (R-JOB-2).
+    gpu_types: Annotated[list[str], Cap(limits.GPU_TYPES, "gpu_types", "GPU types")] = Field(
+        default_factory=list, validate_default=True, json_schema_extra=rule("R-JOB-2")
+    )
     max_price: Money | None = Field(
         default=None,
         ge=0,
-        json_schema_extra=rule("R-JOB-2", **{"x-valid": "credits per GPU-hour, >= 0"}),
+        json_schema_extra=rule(
+            "R-JOB-2",
+            **{"x-valid": "credits per GPU-hour (per CPU-hour for a CPU-only job), >= 0"},
+        ),
     )
     disk_size_gb: Int = Field(
         default=10,
@@ -177,9 +190,20 @@ class JobSpec(BaseModel):
                 return {**data, "gpu_count": 1, "gpu_fraction": n}
         return data
 
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _no_gpu_type(cls, value: Any) -> Any:
+        """`gpu_types: None`, `[]` or `["None"]` (the catalogue's "None (CPU only)" row,
+        PRODUCT.md section 9): no GPU, a CPU-only job."""
+        if value is None:
+            return []
+        if isinstance(value, list):
+            return [t for t in value if not (isinstance(t, str) and t in CPU_ONLY_TYPES)]
+        return value
+
     @field_validator("gpu_types")
     @classmethod
-    def _known_gpu_types(cls, value: list[str]) -> list[str]:
+    def _known_gpu_types(cls, value: list[str], info: ValidationInfo) -> list[str]:
         known = catalog().model_names()
         unknown = [t for t in value if t not in known]
         if unknown:
@@ -187,6 +211,21 @@ class JobSpec(BaseModel):
                 "unknown_gpu_type",
                 "unknown GPU type(s): {unknown}",
                 {"unknown": ", ".join(unknown), "rule": "R-JOB-2", "valid": ", ".join(known)},
+            )
+        count = info.data.get("gpu_count")
+        if count == 0 and value:
+            raise bad(
+                "cpu_only_gpu_types",
+                "a CPU-only job (gpu_count 0) uses no GPU: it names no GPU type",
+                "R-JOB-2",
+                "gpu_types: [] or None for a CPU-only job, or gpu_count >= 1",
+            )
+        if count is not None and count > 0 and not value:
+            raise bad(
+                "gpu_types_missing",
+                "a GPU job needs one or more GPU types",
+                "R-JOB-2",
+                ", ".join(known),
             )
         return list(dict.fromkeys(value))
 
@@ -204,12 +243,20 @@ class JobSpec(BaseModel):
 
     @field_validator("cpu_count")
     @classmethod
-    def _cpu_multiple_of_4(cls, value: int | None) -> int | None:
+    def _cpu_multiple_of_4(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and value % 4:
             raise PydanticCustomError(
                 "cpu_count_multiple",
                 "cpu_count must be a multiple of 4, got {value}",
                 {"value": value, "rule": "R-JOB-2", "valid": "4, 8, 12, ..."},
+            )
+        count = info.data.get("gpu_count")
+        if value is not None and count is not None and count != 0:
+            raise bad(
+                "cpu_count_gpu_job",
+                "cpu_count is for CPU-only jobs: a GPU job gets its GPUs' share of the node's CPUs",
+                "R-JOB-2",
+                "gpu_count: 0 with cpu_count, or no cpu_count",
             )
         return value
 
@@ -440,6 +487,11 @@ class JobSpec(BaseModel):
     def pinned_region(self) -> str | None:
         regions = self.regions()
         return next(iter(regions)) if len(regions) == 1 else None
+
+    @property
+    def cpu_only(self) -> bool:
+        """A CPU-only job (R-JOB-2): no GPU, `cpu_count` CPUs per worker."""
+        return self.gpu_count == 0
 
     def command_for(self, worker: int) -> list[str]:
         """What `worker` runs: its own command, the shared one, or the endpoint's server."""

@@ -44,4 +44,10 @@ def event_for(e: Doc) -> Event:
         )
     if kind == "federated_fee":
         return FederatedFeeCharged(**common, **worker, job_type=e["job_type"])
-    return UsageCharged(**common, **worker, gpu_count=e["gpu_count"], rate=Decimal(e["rate"]))
+    return UsageCharged(
+        **common,
+        **worker,
+        gpu_count=e["gpu_count"],
+        rate=Decimal(e["rate"]),
+        cpu_count=int(e.get("cpu_count") or 0),
+    )

@@ -43,9 +43,10 @@ def from_micro(micro: int) -> Decimal:
     return (Decimal(micro) / MICRO).quantize(Decimal("0.000001"))
 
 
-def usage_micro(rate: Decimal, gpu_count: int, duration_ms: int) -> int:
-    """`rate` credits per GPU-hour, for `gpu_count` GPUs, during `duration_ms`."""
-    return to_micro(rate * gpu_count * Decimal(duration_ms) / MS_PER_HOUR)
+def usage_micro(rate: Decimal, units: int, duration_ms: int) -> int:
+    """`rate` credits per GPU-hour (or CPU-hour), for `units` GPUs (or CPUs), during
+    `duration_ms`."""
+    return to_micro(rate * units * Decimal(duration_ms) / MS_PER_HOUR)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def usage_postings(
     gpu_count: int,
     duration_ms: int,
     gpu_fraction: Decimal | None = None,
+    cpu_count: int = 0,
 ) -> list[Posting]:
     """The postings for `duration_ms` of one worker's run.
 
@@ -72,13 +74,19 @@ def usage_postings(
     platform. `market` (R-BILL-4): the buyer pays the full price; the platform keeps the usage
     fee and splits the rest evenly with the node's owner, whose half goes to their earnings
     sub-account. A fractional GPU (R-SCHED-4) arrives with its share's rate already, and
-    its usage fee is the same share of the class's fee.
+    its usage fee is the same share of the class's fee. A CPU-only worker (`cpu_count`,
+    R-JOB-2) is priced per CPU-hour in the same way: `rate` per CPU-hour for its CPUs, and
+    the catalogue's CPU usage fee as the platform's fee.
     """
-    total = usage_micro(rate, gpu_count, duration_ms)
+    units = cpu_count or gpu_count
+    total = usage_micro(rate, units, duration_ms)
     if charge == "usage":
         return [Posting(payer, -total, "usage_fee"), Posting(PLATFORM, total, "usage_fee")]
-    fee_rate = catalog().usage_fee_per_gpu_hour(gpu_model) * (gpu_fraction or 1)
-    fee = usage_micro(fee_rate, gpu_count, duration_ms)
+    if cpu_count:
+        fee_rate = catalog().usage_fee_per_cpu_hour
+    else:
+        fee_rate = catalog().usage_fee_per_gpu_hour(gpu_model) * (gpu_fraction or 1)
+    fee = usage_micro(fee_rate, units, duration_ms)
     fee = min(fee, total)  # a price below the usage fee: the platform takes all of it
     earning = (total - fee) // 2
     return [

@@ -48,6 +48,7 @@ class Placements(Keeper):
                     "region": evt.region,
                     "placed_at": evt.placed_at,
                     "gpu_fraction": str(evt.gpu_fraction) if evt.gpu_fraction else None,
+                    "cpu_count": evt.cpu_count,  # a CPU-only worker's: rate per CPU-hour
                     "hours_billed": 0,
                 }
             },
@@ -166,6 +167,7 @@ class Placements(Keeper):
             "region": p.get("region", ""),
             "gpu_count": p["gpu_count"],
             "gpu_model": p["gpu_model"],
+            "cpu_count": int(p.get("cpu_count") or 0),
             "rate": p["rate"],
             "job_type": p.get("job_type", "training"),
             "covered_ms": covered,
@@ -234,6 +236,7 @@ def worker_targets(p: Doc, duration_ms: int) -> list[tuple[str, list[Posting]]]:
                 gpu_count=int(p["gpu_count"]),
                 duration_ms=duration_ms,
                 gpu_fraction=Decimal(p["gpu_fraction"]) if p.get("gpu_fraction") else None,
+                cpu_count=int(p.get("cpu_count") or 0),
             ),
         )
     ]
@@ -252,9 +255,12 @@ def _worker_memo(p: Doc, group: str, stage: str, duration_ms: int) -> str:
     span = f"run of {duration_ms / 1000:.3f}s" if stage == "end" else f"hour {stage[1:]}"
     if group.startswith("federated:"):
         return f"federated {p.get('job_type')} fee, {span}"
-    return f"{p['gpu_count']} x {p['gpu_model']} at {p['rate']}/GPU-hour, {span}" + (
-        f" on {p['node_owner']}'s node" if p["charge"] == "market" else ""
+    what = (
+        f"{p['cpu_count']} CPUs at {p['rate']}/CPU-hour"
+        if p.get("cpu_count")
+        else f"{p['gpu_count']} x {p['gpu_model']} at {p['rate']}/GPU-hour"
     )
+    return f"{what}, {span}" + (f" on {p['node_owner']}'s node" if p["charge"] == "market" else "")
 
 
 def _ms(at: datetime | None) -> int | None:

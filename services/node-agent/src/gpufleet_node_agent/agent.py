@@ -21,7 +21,7 @@ from .baseimage import default_containers_conf
 from .builds import BuildConfig
 from .environments import parse_env_map
 from .gpu_access import GpuAccess, host_access
-from .inventory import HostSampler, Inventory, read_inventory, sample_telemetry
+from .inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
 from .mps import Mps, find_control
 from .podman import PodmanRuntime
 from .podman_args import PodmanConfig
@@ -137,6 +137,10 @@ class Agent:
                     rt.gpu, rt.mps = await asyncio.to_thread(gpu_runtime, self.settings)
                     log.info("GPUs reach containers by %s", rt.gpu.describe())
                 rt.node_gpus = len(inv.gpus)
+                rt.node_cpus = inv.logical_cpus()
+                rt.cpu_job_cpus = offered_cpus(
+                    self.settings.cpu_job_cpus, rt.node_cpus, len(inv.gpus)
+                )
                 if policy is not None:
                     policy.container_error = container_problem(rt.config.podman, rt.env)
         if policy is not None:
@@ -202,6 +206,8 @@ class Agent:
             driver_version=inv.driver_version,
             price_per_gpu_hour=s.price_per_gpu_hour,
             gpu_shares=s.gpu_shares,
+            cpu_job_cpus=offered_cpus(s.cpu_job_cpus, inv.logical_cpus(), len(inv.gpus)),
+            price_per_cpu_hour=s.price_per_cpu_hour,
             agent_started_at=self.started_at,
             hardware=inv.hardware,
             heartbeat_s=s.heartbeat_s,

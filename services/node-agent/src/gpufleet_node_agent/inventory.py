@@ -53,6 +53,20 @@ class Inventory:
             return f"no GPUs ({self.source}): this node takes no GPU work"
         return f"real GPUs via NVML ({len(self.gpus)}): {listing}; driver {self.driver_version}"
 
+    def logical_cpus(self) -> int:
+        """The node's logical CPUs as it reports them (its hardware; else this machine's)."""
+        cores = None if self.hardware is None else self.hardware.cpu_cores
+        return cores or os.cpu_count() or 1
+
+
+def offered_cpus(setting: int | None, logical: int, gpus: int) -> int:
+    """The logical CPUs a node offers to CPU-only jobs (R-JOB-2; README "CPU-only jobs"):
+    the operator's GPUFLEET_CPU_JOB_CPUS, at most its CPUs; unset, all the CPUs of a node
+    without GPUs and none of a GPU node (its CPUs feed its GPUs' workers, as before)."""
+    if setting is not None:
+        return max(0, min(setting, logical))
+    return logical if gpus == 0 else 0
+
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

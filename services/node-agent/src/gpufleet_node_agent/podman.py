@@ -88,6 +88,8 @@ class PodmanRuntime:
         self.mps = mps  # fractional shares of real GPUs; None: no real GPUs
         self.secrets_uid = config.uid  # the worker's user reads its attached keys
         self.node_gpus = 0
+        self.node_cpus: int | None = None  # None: this machine's
+        self.cpu_job_cpus = 0  # of those, offered to CPU-only jobs
         self.env = podman_env(config.containers_conf)
         self._pending: dict[str, Worker] = {}
         self._pulling: set[str] = set()  # placements whose image is being prepared
@@ -387,7 +389,14 @@ class PodmanRuntime:
             job_env=job_env,
             gpu=self.gpu,
             mps_pipe=share,
-            limits=share_limits(self.config, self.node_gpus, gpus),
+            limits=share_limits(
+                self.config,
+                self.node_gpus,
+                gpus,
+                node_cpus=self.node_cpus,
+                cpu_job_cpus=self.cpu_job_cpus,
+                cpu_count=int(spec.get("cpu_count") or 0),
+            ),
             image=image,
         )
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})

@@ -30,7 +30,7 @@ from . import disk, keyfiles, mps
 from .builds import BuildConfig
 from .gpu_access import GpuAccess
 from .images import qualified
-from .supervise import GPUFLEET_VARS, MOUNTS_DIR, share_env
+from .supervise import GPUFLEET_VARS, MOUNTS_DIR, no_gpu_env, share_env
 
 # The R-JOB-3/4 directories: (target in the container, read-only).
 ML_DIRS = (
@@ -176,6 +176,7 @@ def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
         "ML_OUTPUT_PATH": OUTPUT,
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        **no_gpu_env(indices),
     }
     env.update(mount_env(spec))
     env.update(share_env(spec))
@@ -206,16 +207,27 @@ def share_limits(
     *,
     node_memory_mb: int | None = None,
     node_cpus: int | None = None,
+    cpu_job_cpus: int = 0,
+    cpu_count: int = 0,
 ) -> Limits:
-    """A worker's memory and CPUs: the configured ones, or else the share of the node's that
-    its GPUs are of the node's GPUs (one share at least; the whole node without GPUs)."""
+    """A worker's memory and CPUs (README "CPU-only jobs").
+
+    A CPU-only worker (`cpu_count`, R-JOB-2): the CPUs it reserved, and the same share of
+    the node's memory (the configured memory if set). A GPU worker: the configured ones, or
+    else its GPUs' share of what the node keeps for GPU work: its CPUs less the `cpu_job_cpus`
+    offered to CPU-only jobs, and that part of its memory (one share at least; all of it
+    without GPUs)."""
     if node_memory_mb is None:
         node_memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     node_cpus = node_cpus or os.cpu_count() or 1
+    if cpu_count > 0:
+        part = min(cpu_count / node_cpus, 1.0)
+        return Limits(config.memory_mb or max(256, int(node_memory_mb * part)), float(cpu_count))
+    gpu_cpus = max(1, node_cpus - cpu_job_cpus)
     share = max(1, worker_gpus) / node_gpus if node_gpus > 0 else 1.0
     share = min(share, 1.0)
-    memory = config.memory_mb or max(256, int(node_memory_mb * share))
-    cpus = config.cpus or max(1.0, round(node_cpus * share, 2))
+    memory = config.memory_mb or max(256, int(node_memory_mb * gpu_cpus / node_cpus * share))
+    cpus = config.cpus or max(1.0, round(gpu_cpus * share, 2))
     return Limits(memory, cpus)
 
 

@@ -78,6 +78,10 @@ class AgentSettings(BaseSettings):
     price_per_gpu_hour: Decimal | None = Field(default=None, ge=0)
     # R-SCHED-4: the operator divides each GPU of this node into this many shares.
     gpu_shares: int = Field(default=1, ge=1, le=16)
+    # CPU-only jobs (R-JOB-2, README "CPU-only jobs"): the logical CPUs this node offers them
+    # (None: all of a node without GPUs, none of a GPU node); the rest feed its GPUs' workers.
+    cpu_job_cpus: int | None = Field(default=None, ge=0, le=1024)
+    price_per_cpu_hour: Decimal | None = Field(default=None, ge=0)  # to other accounts
     log_chunk_bytes: int = Field(default=16384, ge=256, le=1024 * 1024)
     # Enrolment (R-NODE-2): a one-time join token, exchanged at the first start for the
     # node's own credential, kept in `<agent_state_dir>/node.creds` (GPUFLEET_NATS_CREDS

@@ -24,7 +24,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -42,6 +42,7 @@ GPUFLEET_VARS = (
     "ML_OUTPUT_PATH",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
 )
 MOUNTS_DIR = "mnt"  # mount targets live under <worker_dir>/mnt/<target>
 
@@ -87,6 +88,13 @@ def share_env(spec: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+def no_gpu_env(gpu_indices: Sequence[Any]) -> dict[str, str]:
+    """A worker without GPUs (a CPU-only job, R-JOB-2) sees none: CUDA_VISIBLE_DEVICES is
+    empty (CUDA: no device), and NVIDIA_VISIBLE_DEVICES=void, so an NVIDIA container
+    toolkit hook, where the runtime has one, injects no GPU either."""
+    return {} if gpu_indices else {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
 def worker_env(
     spec: Mapping[str, Any], worker_dir: Path, base: Mapping[str, str]
 ) -> dict[str, str]:
@@ -103,6 +111,8 @@ def worker_env(
         # CUDA's default order is "fastest first"; PCI order is the one NVML's indices use.
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
     )
+    env.pop("NVIDIA_VISIBLE_DEVICES", None)  # a job never picks GPUs itself
+    env.update(no_gpu_env(spec.get("gpu_indices") or []))
     env.update({k: str(v) for k, v in mount_dirs(spec, worker_dir).items()})
     env.update(share_env(spec))
     if spec.get("output_archive"):

@@ -178,6 +178,7 @@ class WorkerManager(Reports):
             "output_upload": cmd.output_upload,
             "gpu_fraction": None if cmd.gpu_fraction is None else str(cmd.gpu_fraction),
             "gpu_memory_limit_mb": cmd.gpu_memory_limit_mb,
+            "cpu_count": cmd.cpu_count,  # a CPU-only worker's reserved CPUs (R-JOB-2)
             # R-JOB-7: the job's own image (its credential apart), and the disk it must fit
             "image": cmd.image,
             "disk_size_gb": cmd.disk_size_gb,

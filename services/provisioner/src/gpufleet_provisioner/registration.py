@@ -101,6 +101,7 @@ class Registration:
                     )
                 ]
             state = self.registered_state(existing, cloud, failures)
+            cpu_count, cpu_job_cpus = registered_cpus(cmd)
             doc: Doc = {
                 "minion_id": cmd.minion_id,
                 "name": existing["name"] if existing else cmd.name,
@@ -120,6 +121,10 @@ class Registration:
                 "price_per_gpu_hour": None
                 if cmd.price_per_gpu_hour is None
                 else str(cmd.price_per_gpu_hour),
+                "cpu_job_cpus": cpu_job_cpus,
+                "price_per_cpu_hour": None
+                if cmd.price_per_cpu_hour is None
+                else str(cmd.price_per_cpu_hour),
                 "registered_at_ms": now_ms(now),
                 "agent_started_at": cmd.agent_started_at.isoformat(),
                 "last_seen_ms": now_ms(now),
@@ -151,6 +156,9 @@ class Registration:
                     price_per_gpu_hour=cmd.price_per_gpu_hour,
                     allow_public_jobs=bool(region.get("allow_public_jobs")),
                     gpu_shares=cmd.gpu_shares,
+                    cpu_count=cpu_count,
+                    cpu_job_cpus=cpu_job_cpus,
+                    price_per_cpu_hour=cmd.price_per_cpu_hour,
                     at=now,
                 ),
                 # The same RegisterNode delivered twice yields one NodeRegistered.
@@ -192,3 +200,11 @@ class Registration:
             # GPUFLEET_AUTO_ACTIVATE_NODES activates it at once).
             return NodeState.active if self.auto_activate else NodeState.maintenance
         return NodeState(str(current))
+
+
+def registered_cpus(cmd: RegisterNode) -> tuple[int | None, int]:
+    """The node's logical CPUs (its reported hardware) and how many of them it offers to
+    CPU-only jobs (R-JOB-2): its agent's setting, never more than it has."""
+    cores = None if cmd.hardware is None else cmd.hardware.cpu_cores
+    offered = cmd.cpu_job_cpus if cores is None else min(cmd.cpu_job_cpus, cores)
+    return cores, offered

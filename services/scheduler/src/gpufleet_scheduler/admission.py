@@ -88,16 +88,22 @@ class Admission:
             raise keyuse.refusal(account, missing, stored)
 
     async def _check_region(self, spec: JobSpec) -> None:
-        """R-RES-1: refuse a pin to a region that has none of the job's GPU types."""
+        """R-RES-1: refuse a pin to a region that has none of the job's GPU types (for a
+        CPU-only job: no node that offers CPUs to CPU-only jobs)."""
         region = spec.pinned_region
         if region is None:
             return
         nodes = self.state.db.nodes
-        live = {"gpu_model": {"$in": spec.gpu_types}, "state": {"$ne": "removed"}}
+        live: dict[str, object] = {"state": {"$ne": "removed"}}
+        if spec.cpu_only:
+            live["cpus"] = {"$gt": 0}
+            types = "node offering CPUs to CPU-only jobs"
+        else:
+            live["gpu_model"] = {"$in": spec.gpu_types}
+            types = " or ".join(spec.gpu_types)
         if await nodes.find_one({"region": region, **live}) is not None:
             return
         having = sorted({n["region"] async for n in nodes.find(live)})
-        types = " or ".join(spec.gpu_types)
         raise Refused(
             "invalid",
             f"region {region} has no {types}: the job would never start",
@@ -105,7 +111,7 @@ class Admission:
                 FieldError(
                     field="spec.region",
                     rule="R-RES-1",
-                    message=f"region {region} has no {types} node",
+                    message=f"region {region} has no {types}" + ("" if spec.cpu_only else " node"),
                     valid=(
                         "a region with " + types + ": " + ", ".join(having)
                         if having

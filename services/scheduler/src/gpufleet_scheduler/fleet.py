@@ -6,6 +6,10 @@ node is all of its shares. The unique id is what makes giving a GPU twice imposs
 to two schedulers at once. This class mirrors the claims, which the leader rebuilds from
 the open jobs' workers (each holding worker records its claims; the `claims` collection is
 written in the same transaction and holds the same).
+
+CPUs offered to CPU-only jobs (R-JOB-2) are claimed the same way, one document per CPU,
+`<node>:cpu:<k>` for the node's CPU slot k (0 <= k < the CPUs it offers): in memory and in
+a worker's `claims` a CPU slot is (`CPU`, k), the GPU index `CPU` (-1) being no GPU's.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ from gpufleet_store import Doc
 from .index import PlacementIndex
 from .placement import NodeView, Placement
 
+CPU = -1  # the "GPU index" of a CPU slot's claim (its share: the slot)
+
 
 def claim_id(node_id: str, gpu: int, share: int, shares: int) -> str:
+    if gpu == CPU:
+        return f"{node_id}:cpu:{share}"
     return f"{node_id}:{gpu}" if shares == 1 else f"{node_id}:{gpu}:{share}"
 
 
@@ -28,6 +36,8 @@ def node_view(doc: Doc) -> NodeView:
     """A node document (as written by `Scheduler.node_changed`) with nothing claimed."""
     indices = tuple(doc.get("gpu_indices") or [])
     price = doc.get("price_per_gpu_hour")
+    cpus = int(doc.get("cpus") or 0)
+    cpu_price = doc.get("price_per_cpu_hour")
     return NodeView(
         node_id=doc["_id"],
         minion_id=doc["minion_id"],
@@ -42,6 +52,9 @@ def node_view(doc: Doc) -> NodeView:
         gpu_shares=int(doc.get("gpu_shares") or 1),
         gpu_memory_mb=doc.get("gpu_memory_mb"),
         simulated=bool(doc.get("simulated")),  # absent in documents written before it was kept
+        cpus=cpus,
+        free_cpus=cpus,
+        price_per_cpu_hour=Decimal(cpu_price) if cpu_price is not None else None,
     )
 
 
@@ -106,13 +119,19 @@ class Fleet:
             for i in node.gpu_indices
             if used.get(i) and len(used[i]) < node.gpu_shares
         )
-        return replace(node, free_indices=free, partial=partial)
+        free_cpus = max(0, node.cpus - len(used.get(CPU, ())))
+        return replace(node, free_indices=free, partial=partial, free_cpus=free_cpus)
 
     def claims_for(self, p: Placement) -> list[tuple[str, int, int]]:
         """(claim id, GPU, share) for placement `p`: every share of a whole GPU, or the
-        lowest free shares of the chosen GPU."""
+        lowest free shares of the chosen GPU; a CPU-only worker's: (id, CPU, slot) of the
+        lowest free CPU slots."""
         node = self.base[p.node.node_id]
         used = self.used.get(node.node_id, {})
+        if p.cpus:
+            taken = used.get(CPU, set())
+            slots = [k for k in range(node.cpus) if k not in taken][: p.cpus]
+            return [(claim_id(node.node_id, CPU, k, 1), CPU, k) for k in slots]
         out: list[tuple[str, int, int]] = []
         for gpu in p.gpu_indices:
             taken = used.get(gpu, set())
@@ -170,4 +189,8 @@ def node_doc(node: NodeView) -> Doc:
         "gpu_shares": node.gpu_shares,
         "gpu_memory_mb": node.gpu_memory_mb,
         "simulated": node.simulated,
+        "cpus": node.cpus,
+        "price_per_cpu_hour": None
+        if node.price_per_cpu_hour is None
+        else str(node.price_per_cpu_hour),
     }

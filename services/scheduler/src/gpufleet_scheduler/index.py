@@ -10,10 +10,16 @@ Within a group, heaps keyed by (rate, node id):
 - `share[(N, s)]`: nodes divided into N shares per GPU that have a GPU with exactly s free
   shares (a node sits in one heap per distinct s).
 
+CPU-only work (R-JOB-2) has groups of its own, per (owner, region) and per region for
+public nodes, of the active nodes that offer CPUs to CPU-only jobs; their `whole[k]` holds
+the nodes with exactly k free CPUs.
+
 A whole-GPU request for c GPUs looks at the heads of `whole[c..]`; a fractional one at
-`share[(N, s)]` for s >= its need on N-share nodes. The head's key is the reference key
+`share[(N, s)]` for s >= its need on N-share nodes; a CPU-only one for c CPUs at the heads
+of its groups' `whole[c..]`. The head's key is the reference key
 (own first, cost, tightness, id), so the minimum over the heads is the reference answer.
-Heaps delete lazily (a node's entries carry its version). Pure: no I/O.
+Heaps delete lazily (a node's entries carry its version, from one counter: a version is
+never used twice, so an entry of a node's earlier life never comes back valid). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from decimal import Decimal
 from gpufleet_contracts.catalog import catalog
 
 from .placement import (
+    NO_CPUS,
     NodeView,
     NoPlacement,
     Placement,
@@ -38,6 +45,7 @@ from .placement import (
 )
 
 Entry = tuple[Decimal, str, int]  # (rate, node id, version)
+CPUS = None  # the "type" a CPU-only request searches (memo keys)
 
 
 @dataclass
@@ -78,9 +86,13 @@ class PlacementIndex:
         self._version: dict[str, int] = {}  # only indexed (active, priced) nodes
         self._own: dict[tuple[str, str], dict[str, _Group]] = {}
         self._public: dict[str, dict[str, _Group]] = {}
+        self._cpu_own: dict[str, dict[str, _Group]] = {}  # owner -> region -> group
+        self._cpu_public: dict[str, _Group] = {}  # region -> group
         self._stale = 0
+        self._clock = 0  # the last version given
         self._states: Counter[str] = Counter()  # nodes by state
         self._by_model: dict[str | None, set[str]] = {}  # active nodes by GPU model
+        self._cpu_nodes: set[str] = set()  # active nodes that offer CPUs to CPU-only jobs
         for n in nodes or []:
             self.upsert(n)
 
@@ -92,22 +104,41 @@ class PlacementIndex:
         self._states[node.state] += 1
         if node.state == "active":
             self._by_model.setdefault(node.gpu_model, set()).add(node.node_id)
-        version = self._version.pop(node.node_id, 0) + 1
+            if node.cpus > 0:
+                self._cpu_nodes.add(node.node_id)
+        self._version.pop(node.node_id, None)
+        self._clock += 1
+        version = self._clock
         self._stale += 1
-        if node.state != "active" or node.gpu_model is None:
+        if node.state != "active":
             return
-        if node.gpu_model not in catalog().gpus:
-            return
-        self._version[node.node_id] = version
-        own_rate = catalog().usage_fee_per_gpu_hour(node.gpu_model)
-        groups = self._own.setdefault((node.gpu_model, node.owner), {})
-        own = groups.setdefault(node.region, _Group(rate=own_rate))
-        self._enter(own, node, own_rate, version)
-        # A simulated node serves only its owner: never in a public group.
-        if node.allow_public_jobs and node.price_per_gpu_hour is not None and not node.simulated:
-            pub = self._public.setdefault(node.gpu_model, {})
-            group = pub.setdefault(node.region, _Group(rate=None))
-            self._enter(group, node, node.price_per_gpu_hour, version)
+        if node.gpu_model is not None and node.gpu_model in catalog().gpus:
+            self._version[node.node_id] = version
+            own_rate = catalog().usage_fee_per_gpu_hour(node.gpu_model)
+            groups = self._own.setdefault((node.gpu_model, node.owner), {})
+            own = groups.setdefault(node.region, _Group(rate=own_rate))
+            self._enter(own, node, own_rate, version)
+            # A simulated node serves only its owner: never in a public group.
+            if (
+                node.allow_public_jobs
+                and node.price_per_gpu_hour is not None
+                and not node.simulated
+            ):
+                pub = self._public.setdefault(node.gpu_model, {})
+                group = pub.setdefault(node.region, _Group(rate=None))
+                self._enter(group, node, node.price_per_gpu_hour, version)
+        if node.cpus > 0:
+            self._version[node.node_id] = version
+            cpu_rate = catalog().usage_fee_per_cpu_hour
+            mine = self._cpu_own.setdefault(node.owner, {})
+            self._enter_cpus(mine.setdefault(node.region, _Group(rate=cpu_rate)), node, cpu_rate)
+            if (
+                node.allow_public_jobs
+                and node.price_per_cpu_hour is not None
+                and not node.simulated
+            ):
+                group = self._cpu_public.setdefault(node.region, _Group(rate=None))
+                self._enter_cpus(group, node, node.price_per_cpu_hour)
         if self._stale > 4 * max(1000, len(self._version)):
             self._compact()
 
@@ -122,6 +153,7 @@ class PlacementIndex:
             self._states[old.state] -= 1
             if old.state == "active":
                 self._by_model.get(old.gpu_model, set()).discard(node_id)
+                self._cpu_nodes.discard(node_id)
 
     def _enter(self, g: _Group, node: NodeView, rate: Decimal, version: int) -> None:
         e = (rate, node.node_id, version)
@@ -132,6 +164,10 @@ class PlacementIndex:
             for s in {s for s, _ in node.share_slots()}:
                 g.share.setdefault((node.gpu_shares, s), _Heap()).push(e)
 
+    def _enter_cpus(self, g: _Group, node: NodeView, rate: Decimal) -> None:
+        if node.free_cpus > 0:
+            g.whole.setdefault(node.free_cpus, _Heap()).push((rate, node.node_id, self._clock))
+
     def _compact(self) -> None:
         nodes = list(self.nodes.values())
         self.__init__(nodes)  # type: ignore[misc]
@@ -139,7 +175,9 @@ class PlacementIndex:
     def take(self, p: Placement) -> NodeView:
         """The node after `p` is placed on it (and indexed so)."""
         node = self.nodes[p.node.node_id]
-        if p.shares:
+        if p.cpus:
+            new = replace(node, free_cpus=node.free_cpus - p.cpus)
+        elif p.shares:
             gpu = p.gpu_indices[0]
             slots = dict(node.partial)
             left = slots.get(gpu, node.gpu_shares if gpu in node.free_indices else 0) - p.shares
@@ -170,13 +208,14 @@ class PlacementIndex:
         if memo is not None and req.job_id in held.values():
             memo = None
         best: tuple[tuple[object, ...], str, int] | None = None
+        types: tuple[str | None, ...] = (CPUS,) if req.cpu_count else req.gpu_types
         for own in (True, False):
-            for t in req.gpu_types:
+            for t in types:
                 base = (own, t, req.region, req.max_price, req.fraction)
                 key = (*base, req.owner)
                 if memo is not None:
                     failed = min(memo.get(key, 1 << 30), memo.get(base, 1 << 30))
-                    if failed <= req.gpu_count:
+                    if failed <= req.size:
                         continue
                 found = False
                 skipped = [False]  # the search passed over the owner's own nodes
@@ -187,15 +226,19 @@ class PlacementIndex:
                             best = (k, node_id, shares)
                 if not found and memo is not None:
                     mk = key if (own or skipped[0]) else base
-                    memo[mk] = min(memo.get(mk, 1 << 30), req.gpu_count)
+                    memo[mk] = min(memo.get(mk, 1 << 30), req.size)
             if best is not None:
                 break
         if best is None:
             return None
         return self._placement(req, best[1], best[2])
 
-    def _groups(self, req: WorkerRequest, model: str, own: bool) -> Iterator[_Group]:
-        regions = self._own.get((model, req.owner), {}) if own else self._public.get(model, {})
+    def _groups(self, req: WorkerRequest, model: str | None, own: bool) -> Iterator[_Group]:
+        regions: dict[str, _Group]
+        if model is CPUS:
+            regions = self._cpu_own.get(req.owner, {}) if own else self._cpu_public
+        else:
+            regions = self._own.get((model, req.owner), {}) if own else self._public.get(model, {})
         if req.region is not None:
             g = regions.get(req.region)
             if g is not None:
@@ -224,14 +267,14 @@ class PlacementIndex:
                 if skipped is not None:
                     skipped[0] = True
                 return False  # the owner's own node is in its own group
-            if len(node.gpu_indices) < req.gpu_count:
+            if (node.cpus if req.cpu_count else len(node.gpu_indices)) < req.size:
                 return False
             h = held.get(node_id)
             return h is None or h == req.job_id
 
-        if req.fraction is None:
+        if req.fraction is None:  # whole GPUs, or CPUs
             for k, heap in g.whole.items():
-                if k < req.gpu_count:
+                if k < req.size:
                     continue
                 for rate, node_id in heap.first(self._version):
                     verdict = ok(rate, node_id)
@@ -269,6 +312,12 @@ class PlacementIndex:
         """Ids of the active nodes with GPU `model`."""
         return sorted(self._by_model.get(model, ()))
 
+    def active_for(self, req: WorkerRequest) -> list[str]:
+        """Ids of the active nodes that may take `req` (of its GPU types, or offering CPUs)."""
+        if req.cpu_count:
+            return list(self._cpu_nodes)
+        return [n for t in req.gpu_types for n in self._by_model.get(t, ())]
+
     def _placement(self, req: WorkerRequest, node_id: str, shares: int) -> Placement:
         return fit(req, self.nodes[node_id])[1]
 
@@ -280,11 +329,10 @@ class PlacementIndex:
             if state != "active" and n > 0:
                 reasons[f"{state}, not active"] += n
         candidates = 0
-        for t in req.gpu_types:
-            for node_id in self._by_model.get(t, ()):
-                candidates += 1
-                reasons[rule_out(req, self.nodes[node_id], reserved) or "free now"] += 1
+        for node_id in self.active_for(req):
+            candidates += 1
+            reasons[rule_out(req, self.nodes[node_id], reserved) or "free now"] += 1
         others = self._states["active"] - candidates
         if others > 0:
-            reasons[f"no {' or '.join(req.gpu_types)}"] += others
+            reasons[NO_CPUS if req.cpu_count else f"no {' or '.join(req.gpu_types)}"] += others
         return NoPlacement(+reasons)

@@ -32,6 +32,7 @@ class JobRequest:
     project: str  # the project's name in its owner's account
     allow_burst: bool
     type: JobType
+    cpu_count: int = 0  # a CPU-only job's CPUs per worker (R-JOB-2); 0: a GPU job
     # The whole spec, secrets opened, when this process has it (never stored from here).
     spec: JobSpec | None = field(default=None, compare=False, repr=False)
 
@@ -49,6 +50,7 @@ def of_spec(spec: JobSpec, project: str | None = None) -> JobRequest:
         project=project or spec.project,
         allow_burst=spec.allow_burst,
         type=spec.type,
+        cpu_count=(spec.cpu_count or 0) if spec.cpu_only else 0,
         spec=spec,
     )
 
@@ -77,6 +79,7 @@ def encode_request(r: JobRequest) -> Doc:
         "project": r.project,
         "allow_burst": r.allow_burst,
         "type": r.type.value,
+        **({"cpu_count": r.cpu_count} if r.cpu_count else {}),
     }
 
 
@@ -95,6 +98,7 @@ def decode(job: Doc) -> JobRequest:
         project=req.get("project") or job.get("project") or "",
         allow_burst=bool(req.get("allow_burst")),
         type=JobType(req.get("type") or JobType.training.value),
+        cpu_count=int(req.get("cpu_count") or 0),
     )
 
 

@@ -287,6 +287,11 @@ def _node_fields(evt: NodeRegistered) -> Doc:
         else str(evt.price_per_gpu_hour),
         "allow_public_jobs": evt.allow_public_jobs,
         "simulated": evt.simulated,
+        "cpu_count": evt.cpu_count,  # logical CPUs, as reported
+        "cpus": evt.cpu_job_cpus,  # offered to CPU-only jobs (R-JOB-2)
+        "price_per_cpu_hour": None
+        if evt.price_per_cpu_hour is None
+        else str(evt.price_per_cpu_hour),
         "updated_ms": now_ms(evt.at),
     }
 

@@ -267,4 +267,5 @@ class Passes:
             waiting_since=from_ms(w.queued_ms) or self.state.clock(),
             gpu_fraction=w.req.fraction,
             reason=job.get("queue_reason"),
+            cpu_count=w.req.cpu_count,
         )

@@ -16,6 +16,13 @@ Fractional GPUs (R-SCHED-4): an operator divides each GPU of a node into `gpu_sh
 shares. A worker asking for fraction f gets ceil(f x shares) shares of one GPU (on an
 undivided node: the whole GPU) and pays for what it gets.
 
+CPU-only workers (R-JOB-2, `cpu_count`, no GPU): a node offers its operator's share of its
+CPUs to them (`cpus`, its agent's GPUFLEET_CPU_JOB_CPUS; the rest feed its GPUs' workers, so
+the two kinds never compete). The same rules, with CPUs for GPUs: a node that offers at
+least `cpu_count` CPUs and has them free now; the rate is per CPU-hour (the catalogue's CPU
+usage fee on the owner's own node, else its asking `price_per_cpu_hour`), and `max_price`
+is per CPU-hour too. Among those: own first, lowest rate, fewest free CPUs, node id.
+
 `place` is the plain linear scan, the reference. `PlacementIndex` (index.py) gives the same
 answers from buckets and is what the scheduler uses; tests check they agree.
 """
@@ -29,6 +36,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from gpufleet_contracts.catalog import catalog
+
+NO_CPUS = "offers no CPUs to CPU-only jobs"
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,10 @@ class NodeView:
     gpu_memory_mb: int | None = None
     # Its GPUs come from a simulated inventory (development, R-NODE-6): its owner's jobs only.
     simulated: bool = False
+    # CPU-only jobs (R-JOB-2): the CPUs it offers them, how many are free, their price.
+    cpus: int = 0
+    free_cpus: int = 0
+    price_per_cpu_hour: Decimal | None = None
 
     def share_slots(self) -> list[tuple[int, int]]:
         """(free shares, GPU) of every GPU with some room, ascending."""
@@ -66,6 +79,7 @@ class WorkerRequest:
     max_price: Decimal | None
     region: str | None = None  # pinned by a regional resource (R-RES-1)
     fraction: Decimal | None = None  # R-SCHED-4
+    cpu_count: int = 0  # a CPU-only worker's CPUs (gpu_types empty, gpu_count 0), R-JOB-2
 
     def shape(self) -> tuple[object, ...]:
         """What placement depends on, besides the job's identity."""
@@ -76,17 +90,24 @@ class WorkerRequest:
             self.max_price,
             self.region,
             self.fraction,
+            self.cpu_count,
         )
+
+    @property
+    def size(self) -> int:
+        """How much of a node it needs: its GPUs, or a CPU-only worker's CPUs."""
+        return self.cpu_count or self.gpu_count
 
 
 @dataclass(frozen=True)
 class Placement:
     node: NodeView
     gpu_indices: tuple[int, ...]
-    rate: Decimal  # what this worker pays per hour per GPU it holds (the share's rate)
+    rate: Decimal  # what this worker pays per hour per GPU (or CPU) it holds
     charge: str  # "usage" | "market"
     rate_per_gpu_hour: Decimal = Decimal(0)
     shares: int = 0  # shares of gpu_indices[0] for a fractional worker; 0: whole GPUs
+    cpus: int = 0  # a CPU-only worker's CPUs (no GPU; `rate` per CPU-hour)
 
     @property
     def fraction(self) -> Decimal | None:
@@ -130,6 +151,17 @@ def rate_for(node: NodeView, owner: str) -> tuple[Decimal, str] | None:
     return None
 
 
+def cpu_rate_for(node: NodeView, owner: str) -> tuple[Decimal, str] | None:
+    """The CPU-hour rate `owner` pays on `node` for a CPU-only worker, or None."""
+    if node.owner == owner:
+        return catalog().usage_fee_per_cpu_hour, "usage"
+    if node.simulated:
+        return None  # a development node: its owner's jobs only, as for GPU jobs
+    if node.allow_public_jobs and node.price_per_cpu_hour is not None:
+        return node.price_per_cpu_hour, "market"
+    return None
+
+
 def shares_needed(fraction: Decimal, gpu_shares: int) -> int:
     return max(1, math.ceil(fraction * gpu_shares))
 
@@ -149,11 +181,14 @@ def rule_out(
     """Why `node` cannot take `req` now, or None."""
     if node.state != "active":
         return f"{node.state}, not active"
-    if node.gpu_model not in req.gpu_types:
+    if req.cpu_count:
+        if not node.cpus:
+            return NO_CPUS
+    elif node.gpu_model not in req.gpu_types:
         return f"no {' or '.join(req.gpu_types)}"
     if req.region is not None and node.region != req.region:
         return f"not in pinned region {req.region}"
-    priced = rate_for(node, req.owner)
+    priced = cpu_rate_for(node, req.owner) if req.cpu_count else rate_for(node, req.owner)
     if priced is None and node.simulated:
         return "another account's node with simulated GPUs"
     if priced is None:
@@ -161,11 +196,17 @@ def rule_out(
     rate = priced[0]
     if req.max_price is not None and rate > req.max_price:
         return f"{_fmt(rate)} > max price {_fmt(req.max_price)}"
+    if req.cpu_count and node.cpus < req.cpu_count:
+        return f"offers {node.cpus} CPUs to CPU-only jobs, job needs {req.cpu_count}"
     if len(node.gpu_indices) < req.gpu_count:
         return f"has {len(node.gpu_indices)} GPUs, job needs {req.gpu_count}"
     holder = (reserved or {}).get(node.node_id)
     if holder is not None and holder != req.job_id:
         return "held for an older waiting job"
+    if req.cpu_count:
+        if node.free_cpus < req.cpu_count:
+            return f"busy ({node.free_cpus} of {node.cpus} CPUs free, needs {req.cpu_count})"
+        return None
     if req.fraction is not None:
         need = shares_needed(req.fraction, node.gpu_shares)
         if not any(s >= need for s, _ in node.share_slots()):
@@ -181,10 +222,15 @@ def rule_out(
 
 def fit(req: WorkerRequest, node: NodeView) -> tuple[tuple[object, ...], Placement]:
     """The sort key and placement of `req` on `node`, which `rule_out` accepted."""
-    priced = rate_for(node, req.owner)
+    priced = cpu_rate_for(node, req.owner) if req.cpu_count else rate_for(node, req.owner)
     assert priced is not None
     rate, charge = priced
     own = 0 if node.owner == req.owner else 1
+    if req.cpu_count:
+        key = (own, rate, node.free_cpus, node.node_id)
+        return key, Placement(
+            node=node, gpu_indices=(), rate=rate, charge=charge, cpus=req.cpu_count
+        )
     if req.fraction is not None:
         need = shares_needed(req.fraction, node.gpu_shares)
         free, gpu = next((s, i) for s, i in node.share_slots() if s >= need)

@@ -36,18 +36,21 @@ def place_worker(
     node = d.node
     placement_id = uuid.uuid4().hex
     fraction = d.fraction
+    # A CPU-only worker (R-JOB-2) holds CPUs, no GPU: its rate is per CPU-hour.
+    gpu_model = None if d.cpus else node.gpu_model
     w.update(
         state=WorkerState.placed.value,
         placement_id=placement_id,
         node_id=node.node_id,
         minion_id=node.minion_id,
         region=node.region,
-        gpu_model=node.gpu_model,
+        gpu_model=gpu_model,
         gpu_indices=list(d.gpu_indices),
         claims=[[g, s] for _, g, s in slots],
         gpu_fraction=None if fraction is None else str(fraction),
+        cpu_count=d.cpus or None,
         rate=str(d.rate),
-        rate_per_gpu_hour=str(d.rate_per_gpu_hour),
+        rate_per_gpu_hour=None if d.cpus else str(d.rate_per_gpu_hour),
         charge=d.charge,
         placed_at=now,
         epoch=epoch,
@@ -63,9 +66,10 @@ def place_worker(
             node_id=node.node_id,
             minion_id=node.minion_id,
             region=node.region,
-            gpu_model=node.gpu_model or "",
+            gpu_model=gpu_model or "",
             gpu_indices=list(d.gpu_indices),
             gpu_count=len(d.gpu_indices),
+            cpu_count=d.cpus,
             rate=d.rate,
             charge=d.charge,
             payer=job["owner"],
@@ -74,7 +78,7 @@ def place_worker(
             creator=job["creator"],
             job_type=spec.type,
             gpu_fraction=fraction,
-            rate_per_gpu_hour=d.rate_per_gpu_hour,
+            rate_per_gpu_hour=None if d.cpus else d.rate_per_gpu_hour,
         ),
     )
     mp = mounts.plan(spec, w["index"])
@@ -96,6 +100,7 @@ def place_worker(
             output_upload=mp.output_upload,
             gpu_fraction=fraction,
             gpu_memory_limit_mb=memory,
+            cpu_count=d.cpus or None,
             disk_size_gb=spec.disk_size_gb,
             image=spec.environment.image,
             registry_auth=secrets.registry_auth,

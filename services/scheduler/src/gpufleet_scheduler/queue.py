@@ -4,13 +4,13 @@ Order. Waiting workers are considered oldest job first (then worker number), R-J
 
 Backfill. A worker that cannot start does not block younger ones: they are placed wherever
 they fit. Capacity only shrinks during a pass, so once a request *shape* (owner, types,
-count, price, region, fraction) has failed, later workers of the same shape fail at once
+count, price, region, fraction, CPUs) has failed, later workers of the same shape fail at once
 without another search.
 
 Anti-starvation. Backfill alone can starve a large job forever: small jobs keep taking each
 GPU as it frees. A worker that has waited longer than `starve_after_ms` gets a *hold* on the
 node it is closest to fitting on (of the nodes it could use if they were free: the most
-free GPUs/shares, then the reference order): younger workers may not be placed there, so as
+free GPUs/shares/CPUs, then the reference order): younger workers may not be placed there, so as
 the work running on that node ends its GPUs accumulate until the old worker fits. Holds are
 recomputed every pass (at most `max_holds`), so they follow the fleet; a held node still
 takes the worker that holds it, and nothing running on it is disturbed.
@@ -112,19 +112,21 @@ def plan(
 def _closest(req: WorkerRequest, index: PlacementIndex, holds: dict[str, str]) -> NodeView | None:
     """The node `req` is closest to fitting on: one it could use were it free, not held."""
     best: tuple[tuple[object, ...], NodeView] | None = None
-    for t in req.gpu_types:
-        for node_id in index.active_of(t):
-            node = index.nodes[node_id]
-            reason = rule_out(req, node, holds)
-            if reason is None or not reason.startswith("busy"):
-                continue
-            room = (
-                max((s for s, _ in node.share_slots()), default=0)
-                if req.fraction is not None
-                else len(node.free_indices)
-            )
-            everything_free = replace(node, free_indices=node.gpu_indices, partial=())
-            key = (-room, *fit(req, everything_free)[0])
-            if best is None or key < best[0]:
-                best = (key, node)
+    for node_id in index.active_for(req):
+        node = index.nodes[node_id]
+        reason = rule_out(req, node, holds)
+        if reason is None or not reason.startswith("busy"):
+            continue
+        if req.cpu_count:
+            room = node.free_cpus
+        elif req.fraction is not None:
+            room = max((s for s, _ in node.share_slots()), default=0)
+        else:
+            room = len(node.free_indices)
+        everything_free = replace(
+            node, free_indices=node.gpu_indices, partial=(), free_cpus=node.cpus
+        )
+        key = (-room, *fit(req, everything_free)[0])
+        if best is None or key < best[0]:
+            best = (key, node)
     return None if best is None else best[1]

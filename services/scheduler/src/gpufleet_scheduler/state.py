@@ -156,6 +156,7 @@ class State:
                         max_price=req.max_price,
                         region=req.region,
                         fraction=req.fraction,
+                        cpu_count=req.cpu_count,
                     ),
                     queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
                 )
