@@ -172,7 +172,7 @@ def test_a_cpu_only_worker_sees_no_gpu() -> None:
         "m1",
         PodmanConfig(),
         job_env={"NVIDIA_VISIBLE_DEVICES": "all"},
-        real_gpus=True,
+        gpu=GPUS,
         limits=share_limits(PodmanConfig(), 2, 0, node_memory_mb=8000, node_cpus=16, cpu_count=8),
     )
     assert c.devices == []
@@ -180,7 +180,7 @@ def test_a_cpu_only_worker_sees_no_gpu() -> None:
     argv = run_argv(c)
     assert argv[argv.index("--cpus") + 1] == "8" and argv[argv.index("--memory") + 1] == "4000m"
     assert "NVIDIA_VISIBLE_DEVICES=all" not in argv and "--device" not in argv
-    gpu = container_spec(spec(), WD, "m1", PodmanConfig(), real_gpus=True)
+    gpu = container_spec(spec(), WD, "m1", PodmanConfig(), gpu=GPUS)
     assert "NVIDIA_VISIBLE_DEVICES" not in gpu.env
 
 
