@@ -289,9 +289,13 @@ def run_slurm(a: argparse.Namespace, root: Path, out: dict[str, Any]) -> None:
         out["slurm"] = {"ran": False, "why": why}
         return
     log(f"Slurm harness: {harness} -n {a.nodes} -m {a.jobs}")
-    out["slurm"] = slurm.run_harness(
-        harness, root / "slurm", a.nodes, a.jobs, a.slurm_mode, a.slurm_deadline_s
-    )
+    base = slurm.own_base()
+    try:
+        out["slurm"] = slurm.run_harness(
+            harness, base, a.nodes, a.jobs, a.slurm_mode, a.slurm_deadline_s
+        )
+    finally:
+        slurm.remove_base(base, a.keep)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

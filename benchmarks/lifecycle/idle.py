@@ -101,7 +101,11 @@ async def run(a: argparse.Namespace, root: Path, log: Callable[[str], None]) -> 
             out["slurm"] = {"measured": False, "why": why}
         else:
             log(f"idle slurmd: {harness} -n {k} -m 1 --keep")
-            out["slurm"] = await asyncio.to_thread(
-                slurm.idle_slurmd, harness, root / "slurm-idle", k, a.idle_window_s
-            )
+            base = slurm.own_base()
+            try:
+                out["slurm"] = await asyncio.to_thread(
+                    slurm.idle_slurmd, harness, base, k, a.idle_window_s
+                )
+            finally:
+                slurm.remove_base(base, a.keep)
     return out

@@ -40,7 +40,7 @@ def lifecycle(out: dict[str, Any]) -> str:
         ("jobs charged twice", _v(b.get("jobs_charged_more_than_once")), None),
         ("jobs run twice (at once)", _twice(g.get("doubled")), None),
         ("nodes marked lost", _v(g.get("nodes_lost")), None),
-        ("machine CPU busy (cores)", _v(c.get("machine_busy_cores")), _slurm_busy(sl)),
+        ("machine CPU busy (cores)", _v(c.get("machine_busy_cores")), _busy(sl, s["cpus"])),
     ]
     lines = [f"### {head}", "", "| same run | gpufleet | Slurm |", "|---|---|---|"]
     lines += [f"| {k} | {gv} | {_v(sv) if sv is not None else '-'} |" for k, gv, sv in rows]
@@ -65,9 +65,10 @@ def _twice(d: dict[str, int] | None) -> str:
     return f"{d['jobs_run_more_than_once']} ({d['jobs_run_twice_at_once']})" if d else "-"
 
 
-def _slurm_busy(sl: dict[str, Any] | None) -> float | None:
+def _busy(sl: dict[str, Any] | None, cpus: int) -> float | None:
+    """The harness's mean CPU busy % of the host (vmstat) as cores."""
     if sl and sl.get("cpu_busy_pct") is not None:
-        return round(float(sl["cpu_busy_pct"]) / 100 * 2, 2)  # 2-core figure, as %/100 x cores
+        return round(float(sl["cpu_busy_pct"]) / 100 * cpus, 2)
     return None
 
 

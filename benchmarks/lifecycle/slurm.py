@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,16 @@ from fleetstack import pct
 from gpufleet_devstack import port_in_use
 
 DEFAULT_HARNESS = Path("../shared/peers/slurm/run.sh")  # relative to the repository root
+
+
+def own_base() -> Path:
+    """A directory for the harness's BASE, open to all as munged requires (harness_env)."""
+    return Path(tempfile.mkdtemp(prefix="gpufleet-lifebench-slurm-"))
+
+
+def remove_base(base: Path, keep: bool) -> None:
+    if not keep:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def find_harness(path: Path | None, repo: Path) -> tuple[Path | None, str]:
@@ -46,6 +58,10 @@ def free_ports(count: int) -> tuple[int, int]:
 
 
 def harness_env(base: Path, nodes: int, deadline_s: int) -> dict[str, str]:
+    """munged wants every directory above its socket open to all (execute): `base` is made
+    0755 (a directory of its own: the gpufleet run directory, with credentials, stays 0700)."""
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)
     ctld, slurmd0 = free_ports(nodes)
     return {
         **os.environ,
