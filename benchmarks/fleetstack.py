@@ -180,6 +180,26 @@ class Fleet:
             started.append(proc)
         return started
 
+    async def wait_services_up(self, limit_s: float = 300) -> None:
+        """Until every service started answers its health request (a loaded machine may take
+        minutes; the agents' enrolment asks the provisioner with a shorter patience)."""
+        from gpufleet_devstack.health import health_subject
+
+        nc = await connect_admin(self)
+
+        async def up(name: str) -> bool:
+            try:
+                await nc.request(health_subject(name), b"{}", timeout=2)
+            except Exception:
+                return False
+            return True
+
+        try:
+            for name in self.services:
+                await wait_for_async(functools.partial(up, name), timeout=limit_s, interval=0.5)
+        finally:
+            await nc.close()
+
     async def wait_nodes_up(self, nc: Any, minions: Iterable[str], limit_s: float = 180) -> None:
         """Until every node answers its health request (it enrolled and connected)."""
 

@@ -98,6 +98,7 @@ class Bench:
     async def start(self) -> tuple[Any, Any]:
         await self.fleet.start_servers()
         self.fleet.start_services(MODULES)  # all five, as `just up`
+        await self.fleet.wait_services_up()
         specs = [AgentSpec(f"lc-{i:03d}", ACCOUNT, self.agent_env()) for i in range(self.a.nodes)]
         await self.fleet.start_agents(specs)
         admin = await connect_admin(self.fleet)

@@ -78,6 +78,7 @@ async def run(a: argparse.Namespace, root: Path, log: Callable[[str], None]) -> 
     try:
         await fleet.start_servers()
         fleet.start_services(MODULES)
+        await fleet.wait_services_up()
         specs = [
             AgentSpec(f"idle-{i:03d}", ACCOUNT, {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"})
             for i in range(k)

@@ -99,6 +99,7 @@ class System(Fleet):
     async def start(self) -> None:
         await self.start_servers()
         self.start_services(["provisioner", "scheduler"])
+        await self.wait_services_up()
         for mode, (account, bare) in MODES.items():
             env = {
                 "GPUFLEET_ALLOW_BARE_PROCESSES": bare,
