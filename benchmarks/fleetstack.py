@@ -15,10 +15,12 @@ benchmarks/lifecycle (import it after `sys.path.insert(0, <benchmarks/>)`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -214,6 +216,10 @@ class Fleet:
             await wait_for_async(functools.partial(up, minion), timeout=limit_s, interval=0.5)
 
     def stop(self) -> None:
+        for p in self.agents:  # all told at once: 100 agents stopping one by one take minutes
+            if p.alive and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
         for p in self.agents:
             p.stop(timeout=10)
         for p in reversed(list(self.services.values())):
