@@ -73,3 +73,7 @@ bench-outbox *args: setup
 # Worker runtime benchmark (not part of `just test`): submit->running, containers vs bare processes.
 bench-runtime *args: setup
     uv run python benchmarks/runtime/bench_runtime.py {{args}}
+
+# Whole job lifecycle benchmark (not part of `just test`): submit -> billed, N agents, M jobs; --slurm, --idle-agents K.
+bench-lifecycle *args: setup
+    uv run python benchmarks/lifecycle/bench_lifecycle.py {{args}}

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import platform
@@ -54,255 +53,67 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
-from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import (
-    JobSpec,
-    JobStateChanged,
-    SubmitJob,
-    WorkerPlaced,
-    WorkerStarted,
-)
-from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, identities, wait_for_async
-from gpufleet_node_agent.baseimage import default_containers_conf, podman_env
-from gpufleet_node_agent.podman_args import PodmanConfig, container_spec, run_argv
-
 HERE = Path(__file__).parent
-GPUS_PER_NODE = 8
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: the shared fleetstack and cpuacct
+
+from cpuacct import machine_cpu, proc_cpu  # noqa: E402
+from fleetstack import (  # noqa: E402
+    GPUS_PER_NODE,
+    AgentSpec,
+    Fleet,
+    Watch,
+    connect_admin,
+    connect_user,
+    payload,
+    pct,
+    stats_ms,
+    submit,
+)
+from gpufleet_devstack import ServiceProcess  # noqa: E402
+from gpufleet_node_agent import disk  # noqa: E402
+from gpufleet_node_agent.baseimage import default_containers_conf, podman_env  # noqa: E402
+from gpufleet_node_agent.podman_args import PodmanConfig, container_spec, run_argv  # noqa: E402
+
 MODES = {
     # mode: (the nodes' owner and the jobs' account, the agents' runtime setting)
     "bare": ("rbbare", "own-jobs"),
     "container": ("rbctr", "no"),
 }
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p * len(values)))] if values else float("nan")
-
-
-def stats_ms(values: list[float]) -> dict[str, float]:
-    ms = [v * 1000 for v in values]
-    return {
-        "p50_ms": round(pct(ms, 0.5)),
-        "p90_ms": round(pct(ms, 0.9)),
-        "p99_ms": round(pct(ms, 0.99)),
-        "max_ms": round(max(ms)) if ms else float("nan"),
-    }
-
-
-# --- CPU accounting -------------------------------------------------------------------
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, idle) CPU seconds of the whole machine since boot (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / TICKS, idle / TICKS
-
-
-def proc_cpu(pid: int | None) -> float:
-    """utime + stime of `pid` and of its waited-for children, seconds (0 when gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    f = stat[stat.rindex(")") + 2 :].split()
-    return sum(int(x) for x in f[11:15]) / TICKS
 
 
 # --- the system -----------------------------------------------------------------------
 
 
-def sim_inventory(path: Path) -> Path:
-    gpus = [
-        {
-            "index": i,
-            "uuid": f"GPU-sim-3090-bench-0000-0000-{i:012d}",
-            "nvml_name": "NVIDIA GeForce RTX 3090",
-            "memory_mb": 24576,
-            "pcie_gen": 4,
-            "pcie_width": 16,
-        }
-        for i in range(GPUS_PER_NODE)
-    ]
-    # Enough for the provisioner's R-NODE-4 checks (else the node stays out of service).
-    hardware = {
-        "drives": [
-            {"name": "nvme0n1", "kind": "nvme", "size_gb": 4000},
-            {"name": "nvme1n1", "kind": "nvme", "size_gb": 4000},
-            {"name": "sda", "kind": "sata", "size_gb": 4000, "rotational": True},
-            {"name": "sdb", "kind": "sata", "size_gb": 4000, "rotational": True},
-            {"name": "sdc", "kind": "sata", "size_gb": 4000, "rotational": True},
-        ],
-        "tpm_version": "2.0",
-        "nics": [{"name": "eth0", "speed_mbps": 10000}],
-        "memory_mb": 524288,
-        "cpu_cores": 64,
-        "gpu_form_factor": "pcie",
-    }
-    path.write_text(json.dumps({"gpus": gpus, "hardware": hardware}))
-    return path
+class System(Fleet):
+    """The provisioner, the scheduler and `nodes` agents per mode (fleetstack.Fleet)."""
 
-
-@dataclass
-class System:
-    root: Path
-    nodes: int
-    poll_s: float
-    nats: NatsServer = field(init=False)
-    mongo: EmbeddedMongo = field(init=False)
-    services: dict[str, ServiceProcess] = field(default_factory=dict)
-    agents: dict[str, list[ServiceProcess]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.nats = NatsServer(self.root / "nats")
-        self.mongo = EmbeddedMongo(self.root / "mongo")
-
-    def base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
-        env.update(
-            GPUFLEET_NATS_URL=self.nats.url,
-            GPUFLEET_MONGO_URL=self.mongo.url,
-            GPUFLEET_LOG_LEVEL="INFO",
-            PYTHONUNBUFFERED="1",
-        )
-        return env
-
-    def minion(self, mode: str, i: int) -> str:
-        return f"rb-{mode}-{i:02d}"
+    def __init__(self, root: Path, nodes: int, poll_s: float) -> None:
+        super().__init__(root)
+        self.nodes = nodes
+        self.poll_s = poll_s
+        self.by_mode: dict[str, list[ServiceProcess]] = {}
 
     async def start(self) -> None:
-        self.nats.start()
-        self.mongo.start()
-        for name, module in (
-            ("provisioner", "gpufleet_provisioner"),
-            ("scheduler", "gpufleet_scheduler"),
-        ):
-            env = {**self.base_env(), **identities.service_env(self.nats, name)}
-            proc = ServiceProcess(
-                name, [sys.executable, "-m", module], env, self.root / "logs" / f"{name}.log"
-            )
-            proc.start()
-            self.services[name] = proc
-        inventory = sim_inventory(self.root / "8x-rtx3090.json")
+        await self.start_servers()
+        self.start_services(["provisioner", "scheduler"])
+        await self.wait_services_up()
         for mode, (account, bare) in MODES.items():
-            self.agents[mode] = []
-            for i in range(self.nodes):
-                minion = self.minion(mode, i)
-                state = self.root / "agents" / minion
-                env = self.base_env()
-                env.update(
-                    GPUFLEET_MINION_ID=minion,
-                    GPUFLEET_ACCOUNT=account,
-                    GPUFLEET_AGENT_STATE_DIR=str(state),
-                    GPUFLEET_SIMULATED_GPUS=str(inventory),
-                    GPUFLEET_ALLOW_BARE_PROCESSES=bare,
-                    GPUFLEET_WORKER_POLL_S=str(self.poll_s),
-                )
-                env.update(await identities.prepare_node(self.nats, minion, state, account))
-                proc = ServiceProcess(
-                    minion,
-                    [sys.executable, "-m", "gpufleet_node_agent"],
-                    env,
-                    self.root / "logs" / f"{minion}.log",
-                )
-                proc.start()
-                self.agents[mode].append(proc)
-
-    def stop(self) -> None:
-        for procs in self.agents.values():
-            for p in procs:
-                p.stop(timeout=10)
-        for p in reversed(list(self.services.values())):
-            p.stop(timeout=10)
-        self.mongo.stop()
-        self.nats.stop()
-        # A container an agent had not removed yet (they are all ended by now).
-        env = podman_env(default_containers_conf())
-        for procs in self.agents.values():
-            for p in procs:
-                ids = subprocess.run(
-                    ["podman", "ps", "-aq", "--filter", f"label=gpufleet.minion={p.name}"],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                ).stdout.split()
-                if ids:
-                    subprocess.run(["podman", "rm", "-f", *ids], env=env, check=False)
+            env = {
+                "GPUFLEET_ALLOW_BARE_PROCESSES": bare,
+                "GPUFLEET_WORKER_POLL_S": str(self.poll_s),
+            }
+            specs = [AgentSpec(f"rb-{mode}-{i:02d}", account, env) for i in range(self.nodes)]
+            self.by_mode[mode] = await self.start_agents(specs)
 
     def cpu_by_process(self, mode: str) -> dict[str, float]:
         out = {name: proc_cpu(p.pid) for name, p in self.services.items()}
         out["nats-server"] = proc_cpu(self.nats.pid)
         out["mongod"] = proc_cpu(self.mongo.pid)
-        out["agents"] = sum(proc_cpu(p.pid) for p in self.agents[mode])
+        out["agents"] = sum(proc_cpu(p.pid) for p in self.by_mode[mode])
         return out
-
-
-# --- watching the events --------------------------------------------------------------
-
-
-class Watch:
-    """Arrival time (perf_counter) of each job's events, by job id: `placed`, `started`
-    (WorkerStarted), `running` and `finished`/`failed` (JobStateChanged)."""
-
-    def __init__(self) -> None:
-        self.at: dict[str, dict[str, float]] = {}
-        self.waiters: dict[str, asyncio.Event] = {}
-        self.ended: set[str] = set()
-
-    def _mark(self, job_id: str, what: str) -> None:
-        self.at.setdefault(job_id, {}).setdefault(what, time.perf_counter())
-
-    async def placed(self, msg: Any) -> None:
-        self._mark(json.loads(msg.data)["job_id"], "placed")
-
-    async def started(self, msg: Any) -> None:
-        self._mark(json.loads(msg.data)["job_id"], "started")
-
-    async def state(self, msg: Any) -> None:
-        body = json.loads(msg.data)
-        job_id, state = body["job_id"], body["state"]
-        self._mark(job_id, state)
-        if state in ("finished", "failed", "cancelled"):
-            self.ended.add(job_id)
-            if job_id in self.waiters:
-                self.waiters[job_id].set()
-
-    async def subscribe(self, nc: Any) -> None:
-        await nc.subscribe(WorkerPlaced.SUBJECT, cb=self.placed)
-        await nc.subscribe(WorkerStarted.SUBJECT.format(minion_id="*"), cb=self.started)
-        await nc.subscribe(JobStateChanged.SUBJECT, cb=self.state)
-
-    async def wait_ended(self, job_id: str, limit_s: float) -> None:
-        if job_id in self.ended:
-            return
-        ev = self.waiters.setdefault(job_id, asyncio.Event())
-        await asyncio.wait_for(ev.wait(), limit_s)
-
-
-def payload(name: str) -> bytes:
-    spec = JobSpec.model_validate(
-        {"name": name, "gpu_types": ["RTX 3090"], "max_price": "1.0", "command": ["true"]}
-    )
-    return SubmitJob(spec=spec).to_bytes()
-
-
-async def submit(nc: Any, account: str, body: bytes) -> tuple[str, float]:
-    t = time.perf_counter()
-    reply = await nc.request(subjects.as_account(SubmitJob.SUBJECT, account), body, timeout=60)
-    data = json.loads(reply.data)
-    if "id" not in data:
-        raise RuntimeError(f"submit refused: {data}")
-    return str(data["id"]), t
 
 
 # --- the phases -----------------------------------------------------------------------
@@ -414,7 +225,13 @@ def podman_breakdown(root: Path, n: int) -> dict[str, Any]:
         placement = uuid.uuid4().hex
         wdir = root / "breakdown" / placement
         wdir.mkdir(parents=True)
+        # The quota filesystem's directories (disk.py) as plain ones: podman's calls alone,
+        # without the loop mount the agent makes before them.
+        quota = [str(q.relative_to(wdir)) for q in disk.binds(wdir).values()]
         for sub in ("mnt/opt/ml/input", "mnt/opt/ml/models", "mnt/opt/ml/checkpoint", "output"):
+            (wdir / sub).mkdir(parents=True, exist_ok=True)
+            os.chown(wdir / sub, config.uid, config.uid)
+        for sub in quota:
             (wdir / sub).mkdir(parents=True, exist_ok=True)
             os.chown(wdir / sub, config.uid, config.uid)
         spec = {
@@ -491,24 +308,11 @@ async def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
     await sysm.start()
     try:
-        nc_admin = await nats.connect(sysm.nats.url, **sysm.nats.admin())
+        nc_admin = await connect_admin(sysm)
         watch = Watch()
         await watch.subscribe(nc_admin)
-        users = {}
-        for mode, (account, _) in MODES.items():
-            creds = identities.user_creds(sysm.nats, account, "bench")
-            users[mode] = await nats.connect(sysm.nats.url, **NatsServer.client(creds))
-
-        async def up(minion: str) -> bool:
-            try:
-                reply = await nc_admin.request(subjects.node_health(minion), b"{}", timeout=2)
-            except Exception:
-                return False
-            return bool(json.loads(reply.data).get("status") == "ok")
-
-        for procs in sysm.agents.values():
-            for p in procs:
-                await wait_for_async(functools.partial(up, p.name), timeout=120, interval=0.5)
+        users = {mode: await connect_user(sysm, account) for mode, (account, _) in MODES.items()}
+        await sysm.wait_nodes_up(nc_admin, [p.name for p in sysm.agents], limit_s=120)
         # Warm-up: a job on every node of each mode (imports, the base image check of
         # each container agent), until they all finished.
         for mode, (account, _) in MODES.items():
