@@ -91,7 +91,7 @@ class System:
             self.procs[spec.name] = proc
         wait_for(
             self._ready,
-            timeout=60,
+            timeout=180,  # generous: a loaded 2-core machine starts six Pythons slowly
             interval=0.3,
             message=f"services not healthy; logs in {self.root / 'logs'}",
         )
