@@ -32,10 +32,15 @@ BARE_OWN_JOBS = {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"}
 class System:
     def __init__(self, root: Path, nats_cluster: int = 1) -> None:
         self.root = root
-        self.cluster = NatsCluster(root / "nats", nats_cluster) if nats_cluster > 1 else None
+        # Generous start deadlines: six other Pythons share two loaded cores.
+        self.cluster = (
+            NatsCluster(root / "nats", nats_cluster, start_timeout=60) if nats_cluster > 1 else None
+        )
         # The server whose authority mints credentials (a cluster's members share it).
-        self.nats = self.cluster.members[0] if self.cluster else NatsServer(root / "nats")
-        self.mongo = EmbeddedMongo(root / "mongo")
+        self.nats = (
+            self.cluster.members[0] if self.cluster else NatsServer(root / "nats", start_timeout=60)
+        )
+        self.mongo = EmbeddedMongo(root / "mongo", start_timeout=60)
         self.procs: dict[str, ServiceProcess] = {}
 
     @property
@@ -125,7 +130,7 @@ class System:
         self,
         *args: str,
         check: bool = True,
-        timeout: float = 30,
+        timeout: float = 90,
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
