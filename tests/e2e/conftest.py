@@ -2,7 +2,8 @@
 
 `System` starts nats-server, the embedded MongoDB, every service and one node agent (the
 same list `just up` starts, from gpufleet_devstack.up.SERVICES), each a separate process
-that a test may kill -9 and restart.
+that a test may kill -9 and restart. `System(root, nats_cluster=3)` runs NATS as a 3-node
+cluster with R3 streams instead (the compose topology in miniature).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, identities, wait_for
+from gpufleet_devstack.cluster import NatsCluster
 from gpufleet_devstack.up import NODE_NAME, SERVICES
 
 CLI = [str(Path(sys.executable).parent / "gpufleet")]
@@ -28,12 +30,21 @@ BARE_OWN_JOBS = {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"}
 
 
 class System:
-    def __init__(self, root: Path, agent_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: Path, nats_cluster: int = 1, agent_env: dict[str, str] | None = None
+    ) -> None:
         self.root = root
         # the node agent's settings: by default the operator's opt-in to bare processes
         self.agent_env = dict(BARE_OWN_JOBS if agent_env is None else agent_env)
-        self.nats = NatsServer(root / "nats")
-        self.mongo = EmbeddedMongo(root / "mongo")
+        # Generous start deadlines: six other Pythons share two loaded cores.
+        self.cluster = (
+            NatsCluster(root / "nats", nats_cluster, start_timeout=60) if nats_cluster > 1 else None
+        )
+        # The server whose authority mints credentials (a cluster's members share it).
+        self.nats = (
+            self.cluster.members[0] if self.cluster else NatsServer(root / "nats", start_timeout=60)
+        )
+        self.mongo = EmbeddedMongo(root / "mongo", start_timeout=60)
         self.procs: dict[str, ServiceProcess] = {}
 
     @property
@@ -42,20 +53,30 @@ class System:
         (`cli_env` for another identity)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
         env.update(
-            GPUFLEET_NATS_URL=self.nats.url,
+            GPUFLEET_NATS_URL=self.nats_url,
             GPUFLEET_MONGO_URL=self.mongo.url,
             GPUFLEET_LOG_LEVEL="INFO",
             GPUFLEET_CONFIG_DIR=str(self.root / "cli-config"),
             PYTHONUNBUFFERED="1",
         )
+        if self.cluster is not None:
+            env.update(GPUFLEET_STREAM_REPLICAS=str(len(self.cluster.members)))
         return env
+
+    @property
+    def nats_url(self) -> str:
+        """Every NATS server's URL, comma-separated (one unless a cluster)."""
+        return self.cluster.url if self.cluster is not None else self.nats.url
 
     @property
     def cli_env(self) -> dict[str, str]:
         return {**self.env, "GPUFLEET_NATS_CREDS": str(identities.user_creds(self.nats))}
 
     def start(self) -> None:
-        self.nats.start()
+        if self.cluster is not None:
+            self.cluster.start()
+        else:
+            self.nats.start()
         self.mongo.start()
         for spec in SERVICES:
             env = self.env
@@ -81,7 +102,7 @@ class System:
             self.procs[spec.name] = proc
         wait_for(
             self._ready,
-            timeout=60,
+            timeout=180,  # generous: a loaded 2-core machine starts six Pythons slowly
             interval=0.3,
             message=f"services not healthy; logs in {self.root / 'logs'}",
         )
@@ -100,7 +121,10 @@ class System:
         for proc in reversed(list(self.procs.values())):
             proc.stop(timeout=5)
         self.mongo.stop()
-        self.nats.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+        else:
+            self.nats.stop()
 
     def kill(self, name: str) -> None:
         self.procs[name].kill()
@@ -112,7 +136,7 @@ class System:
         self,
         *args: str,
         check: bool = True,
-        timeout: float = 30,
+        timeout: float = 90,
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
@@ -176,7 +200,7 @@ class System:
 def _running_system(
     tmp_path_factory: pytest.TempPathFactory, agent_env: dict[str, str] | None = None
 ) -> Iterator[System]:
-    system = System(tmp_path_factory.mktemp("system"), agent_env)
+    system = System(tmp_path_factory.mktemp("system"), agent_env=agent_env)
     try:
         system.start()
         yield system
@@ -194,3 +218,14 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
 def fresh_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A system of this test's own, for tests that kill and restart its processes."""
     yield from _running_system(tmp_path_factory)
+
+
+@pytest.fixture
+def cluster_system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """A system of this test's own on a 3-node NATS cluster with R3 streams."""
+    system = System(tmp_path_factory.mktemp("system"), nats_cluster=3)
+    try:
+        system.start()
+        yield system
+    finally:
+        system.stop()

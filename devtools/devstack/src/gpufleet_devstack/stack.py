@@ -48,7 +48,14 @@ class Stack:
         self.out = out
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
-        self.nats = NatsServer(run_dir / "nats", port=nats_port, log_file=self.log_dir / "nats.log")
+        # fsync before every acknowledgement: an acknowledged write survives a power cut
+        # (docs/reliability.md); the tests' and benchmarks' throwaway servers keep the default.
+        self.nats = NatsServer(
+            run_dir / "nats",
+            port=nats_port,
+            log_file=self.log_dir / "nats.log",
+            sync_interval="always",
+        )
         self.mongo = EmbeddedMongo(
             run_dir / "mongo",
             port=mongo_port,
