@@ -1,0 +1,94 @@
+"""The scheduler's lifecycle at fleet speed (issue 15), against the real bus and database:
+the last word of a stopping leader, a requeued worker's old placement fenced off, worker
+reports handled in batches, burstable demand told only when it changed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from gpufleet_bus import Ports
+from gpufleet_contracts.jobs import PendingDemandChanged, WorkerFinished
+from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_scheduler.app import build_app
+from gpufleet_scheduler.settings import SchedulerSettings
+
+from ..bus.test_bus import read_stream
+from ..conftest import broker_for, running, store_for
+from .test_fleet import Sys, known, registered
+
+
+@pytest.fixture
+async def made(fresh_nats: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str) -> Any:
+    built = build_app(
+        Ports(
+            broker_for("scheduler", fresh_nats), store_for("scheduler", mongo_server.url, db_prefix)
+        ),
+        SchedulerSettings(starve_after_s=3600),
+    )
+    async with running(built.app):
+        s = Sys(fresh_nats, built.core)
+        yield s
+        await s.close()
+
+
+async def test_a_stopping_scheduler_places_nothing_after_its_final_checkpoint(made: Sys) -> None:
+    s = made
+    st = s.sched.state
+    await s.node(registered("a", gpus=1))
+    await known(s, "a")
+    first = await s.submit("first")
+    await s.until(first["id"], "starting")
+    second = await s.submit("second")
+    assert second["state"] == "queued"
+    [start] = await s.starts("a")
+    # The runtime's shutdown hook; the broker still consumes meanwhile (FastStream stops it
+    # after the hooks), so a worker's end can still arrive and free a GPU.
+    await s.sched.stop()
+    lease = await st.db.leases.find_one({"_id": "scheduler"})
+    assert lease is not None and lease["expires_ms"] == 0
+    checkpoints = await st.db.checkpoints.count_documents({})
+    await s.worker(
+        WorkerFinished(
+            job_id=first["id"],
+            worker=0,
+            placement_id=start.placement_id,
+            minion_id="a",
+            state="finished",
+            exit_code=0,
+            ended_at=datetime.now(UTC),
+        )
+    )
+    await s.until(first["id"], "finished")
+    await s.sched.passes.request_pass()  # what a pass asked for now would have done
+    assert (await s.job(second["id"]))["state"] == "queued"
+    assert await s.starts("a") == [start]
+    lease = await st.db.leases.find_one({"_id": "scheduler"})
+    assert lease is not None and lease["expires_ms"] == 0  # not taken back
+    assert await st.db.checkpoints.count_documents({}) == checkpoints
+
+
+async def test_only_burstable_demand_is_told_and_only_when_it_changes(made: Sys) -> None:
+    s = made
+    await s.node(registered("a", gpus=1))
+    await known(s, "a")
+    for i in range(5):  # nothing of this can burst: no PendingDemandChanged at all
+        await s.submit(f"local-{i}")
+    burst = await s.submit("burst", gpu_types=["H100 80GB"], allow_burst=True)
+
+    async def told() -> list[PendingDemandChanged]:
+        msgs = await read_stream(s.server, PendingDemandChanged.SUBJECT)
+        return [PendingDemandChanged.from_bytes(m.data) for m in msgs]
+
+    async def burst_told() -> bool:
+        return any(d.job_id == burst["id"] for e in await told() for d in e.demands)
+
+    await wait_for_async(burst_told, timeout=10)
+    for i in range(5):  # more that cannot burst: the demand is the same, nothing more told
+        await s.submit(f"more-{i}")
+    await s.sched.passes.request_pass()
+    events = await told()
+    assert len(events) == 1
+    assert [(d.job_id, d.burst_allowed) for d in events[0].demands] == [(burst["id"], True)]
+    assert events[0].waiting is not None and events[0].waiting >= 5
