@@ -4,6 +4,7 @@ reports handled in batches, burstable demand told only when it changed."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -174,3 +175,17 @@ def ended(job_id: str, placement_id: str, minion: str) -> WorkerFinished:
         exit_code=0,
         ended_at=datetime.now(UTC),
     )
+
+
+async def test_under_a_burst_of_submissions_every_waiting_job_is_queued_with_its_reason(
+    made: Sys,
+) -> None:
+    s = made
+    await s.node(registered("a", gpus=8))
+    await known(s, "a")
+    replies = await asyncio.gather(*(s.submit(f"j{i}") for i in range(200)))
+    jobs = [await s.job(r["id"]) for r in replies]
+    starting = [j for j in jobs if j["state"] == "starting"]
+    queued = [j for j in jobs if j["state"] == "queued"]
+    assert len(starting) == 8 and len(queued) == 192
+    assert all(j["queue_reason"] == "1 node: busy (0 of 8 GPUs free, needs 1)" for j in queued)
