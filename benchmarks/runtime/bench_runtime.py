@@ -366,7 +366,10 @@ def main() -> None:
     ap.add_argument("--breakdown", type=int, default=10, help="podman breakdown runs (0: none)")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "bench_runtime.json")
     ap.add_argument("--keep", action="store_true", help="keep the run directory (logs)")
+    ap.add_argument("--modes", default=",".join(MODES), help="modes to run (comma-separated)")
     a = ap.parse_args()
+    for mode in [m for m in MODES if m not in a.modes.split(",")]:
+        del MODES[mode]  # e.g. `--modes bare`: the control plane's figures, no podman
     root = Path(tempfile.mkdtemp(prefix="gpufleet-rbench-"))
     t0 = time.time()
     try:

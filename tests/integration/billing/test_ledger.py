@@ -8,6 +8,7 @@ from decimal import Decimal
 from gpufleet_billing.periods import to_ms
 from gpufleet_billing.queries import Queries
 from gpufleet_billing.service import MAX_HOURS_PER_TICK
+from gpufleet_contracts.jobs import WorkerState
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind
 from gpufleet_devstack import EmbeddedMongo
 
@@ -322,4 +323,33 @@ async def test_a_fact_before_its_placement_is_parked_and_applied_when_it_arrives
     p = await store.db.placements.find_one({"_id": "p2"})
     assert p is not None and "started_ms" not in p
     assert await store.db.parked.count_documents({}) == 0
+    await store.close()
+
+
+async def test_a_void_placement_is_billed_up_to_its_loss_and_never_after(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Its node declared lost, the scheduler closes the run at the loss (its own
+    WorkerFinished `failed`) and requeues the worker; the node, alive after all, reports the
+    old run late: its start and its end change nothing (issue 15: the overlap of the old run
+    and the new one is never charged)."""
+    billing, store = await billing_on(mongo_server.url, db_prefix, FakeClock(T0))
+    await billing.worker_placed(placed("p1"))
+    await billing.worker_started(started("p1"))
+    lost = finished("p1", T0 + HOUR).model_copy(
+        update={"state": WorkerState.failed, "exit_code": None, "reason": "node m-a lost"}
+    )
+    assert await billing.worker_finished(lost) == 3
+    assert await billing.worker_finished(finished("p1", T0 + 3 * HOUR)) == 0  # the node's, late
+    assert (await balances(store))["buyer"] == -2_780_000  # one hour, to the loss
+    # Closed before its start was recorded: a start reported after that bills nothing.
+    await billing.worker_placed(placed("p2"))
+    unstarted = {"placement_id": "p2", "job_id": "job-p2", "started_at": None}
+    assert await billing.worker_finished(lost.model_copy(update=unstarted)) == 0
+    await billing.worker_started(started("p2"))
+    assert await billing.tick(T0 + 5 * HOUR) == 0
+    assert await billing.worker_finished(finished("p2", T0 + 3 * HOUR)) == 0
+    p = await store.db.placements.find_one({"_id": "p2"})
+    assert p is not None and "started_ms" not in p
+    assert (await balances(store))["buyer"] == -2_780_000
     await store.close()

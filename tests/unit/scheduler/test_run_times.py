@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpufleet_scheduler.lifecycle import clamp_time
+from gpufleet_scheduler.reports import clamp_time
 
 T = datetime(2025, 6, 2, 10, 0, tzinfo=UTC)
 H = timedelta(hours=1)

@@ -19,11 +19,12 @@ from .requests import Request
 from .runner import StartError, run_service
 from .runtime import ServiceRuntime
 from .streams import STREAMS, ensure_streams, stream_for
-from .wiring import Delivery, Events, Ports, Service, Wired
+from .wiring import Batched, Delivery, Events, Ports, Service, Wired
 
 __all__ = [
     "MAX_DELIVER",
     "STREAMS",
+    "Batched",
     "BusSettings",
     "Delivery",
     "Events",

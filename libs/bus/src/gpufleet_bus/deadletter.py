@@ -157,7 +157,7 @@ def not_json(exc: ValueError) -> list[FieldError]:
     ]
 
 
-def _retry_delay(attempt: int) -> float:
+def retry_delay(attempt: int) -> float:
     return float(min(0.2 * 2 ** max(attempt - 1, 0), 15.0))
 
 
@@ -314,7 +314,7 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
                     )
                     await msg.reject()
                     return None
-                delay = _retry_delay(attempt)
+                delay = retry_delay(attempt)
                 log.warning(
                     "handler failed (attempt %d), retrying in %.1fs: %s", attempt, delay, exc
                 )

@@ -52,6 +52,7 @@ from gpufleet_store import IndexSpec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from .accounts import account_subject, received_at
+from .batches import BatchConsumer
 from .broker import VERSION, inbox_of
 from .deadletter import UnknownMessageType, check_envelope
 from .dlq import read_dead_letters
@@ -59,7 +60,7 @@ from .outbox import OutboxRelay
 from .periodic import Every
 from .requests import Handler, Request, Requests, model_of, qualname, schema_handler
 from .streams import ensure_streams, stream_for
-from .wiring import Delivery, EventHandler, Events, Ports, Service, T, Wired
+from .wiring import Batched, Delivery, EventHandler, Events, Ports, Service, T, Wired
 
 log = logging.getLogger("gpufleet.bus")
 
@@ -108,6 +109,7 @@ class ServiceRuntime:
         self.infrastructure = infrastructure
         self.inbox_prefix = (inbox_of(self.broker) + ".").encode()
         self._every: list[Every] = []
+        self.batches: list[BatchConsumer] = []
         self.app.on_startup(self._prepare)
         self.app.after_startup(self._started)
         self.app.on_shutdown(self._stopping)
@@ -139,7 +141,7 @@ class ServiceRuntime:
         requests: Mapping[str, Handler | Request] | None = None,
         admin: Mapping[str, Handler | Request] | None = None,
         direct: Mapping[str, Handler | Request] | None = None,
-        events: Mapping[str, EventHandler | Events] | None = None,
+        events: Mapping[str, EventHandler | Events | Batched] | None = None,
         signals: Mapping[str, Callable[..., Awaitable[None]]] | None = None,
         every: Sequence[Every] = (),
         publishes: Sequence[type[Message]] = (),
@@ -158,6 +160,9 @@ class ServiceRuntime:
             name = (entry.handler if isinstance(entry, Request) else entry).__name__
             self._request("direct", subject, entry, False, "direct", f"{self.service}:{name}")
         for durable, spec in (events or {}).items():
+            if isinstance(spec, Batched):
+                self._batched(durable, spec)
+                continue
             self._events(
                 durable, spec if isinstance(spec, Events) else Events({_typed(spec): spec})
             )
@@ -240,6 +245,24 @@ class ServiceRuntime:
             )(schema_handler(model))
             self._row("event", model.SUBJECT, fn, model.__name__)
 
+    def _batched(self, durable: str, spec: Batched) -> None:
+        """A consumer handled a batch at a time (batches.py), started once serving."""
+        subject = spec.subject or _shared_subject(list(spec.types))
+        stream = stream_for(subject)
+        if stream is None:
+            raise ValueError(f"no stream holds {subject}")
+        name = f"{self.service}-{durable}"
+        self.batches.append(
+            BatchConsumer(self.service, name, stream, subject, spec, self.inbox_prefix)
+        )
+        for model in spec.types:
+            self.schema_broker.subscriber(
+                subjects.wildcard(model.SUBJECT),
+                title=f"{self.service}:{durable}:{model.__name__}",
+                description=spec.handler.__doc__ or model.__doc__,
+            )(schema_handler(model))
+            self._row("event", model.SUBJECT, spec.handler, model.__name__)
+
     def _signal(self, subject: str, fn: Callable[..., Awaitable[None]]) -> None:
         """`fn` is `(body)` or `(body, delivery)`: the subject it arrived on (a wildcard
         subject's sender, e.g. the node of a heartbeat)."""
@@ -287,12 +310,18 @@ class ServiceRuntime:
 
     async def _started(self) -> None:
         await self.requests.start()
+        if self.batches:
+            nc = await self.broker.connect()
+            for consumer in self.batches:
+                await consumer.start(nc)
         if self.relay is not None:
             self.relay.start()
         for job in self._every:
             job.start()
 
     async def _stopping(self) -> None:
+        for consumer in self.batches:
+            await consumer.stop()
         for job in self._every:
             await job.stop()
         await self.requests.stop()
@@ -337,6 +366,7 @@ def _shared_subject(models: list[type[Message]]) -> str:
 
 
 __all__ = [
+    "Batched",
     "Delivery",
     "Events",
     "Every",

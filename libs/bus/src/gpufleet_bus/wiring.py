@@ -3,7 +3,7 @@ returns (`Service`), and the entries of a wiring table that are not plain handle
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -67,6 +67,18 @@ class Events:
     subject: str | None = None  # default: the one subject all the types share
     consumer: ConsumerConfig | None = None  # an existing consumer made by someone allowed to
     max_workers: int = 1
+
+
+@dataclass(frozen=True)
+class Batched:
+    """One consumer of several types whose messages are handled a batch at a time, in
+    stream order: `handler` takes [(message, delivery)] and the batch is acked once it
+    returned (batches.py)."""
+
+    types: Sequence[type[Message]]
+    handler: Callable[[list[tuple[Message, Delivery]]], Awaitable[object]]
+    subject: str | None = None  # default: the one subject all the types share
+    max_batch: int = 256
 
 
 @dataclass(frozen=True)

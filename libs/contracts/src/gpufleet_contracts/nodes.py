@@ -165,7 +165,9 @@ class NodeHeartbeat(Event):
     TYPE = "gpufleet.node.heartbeat.v1"
     SUBJECT = subjects.HEARTBEATS + ".{minion_id}"
     minion_id: Name
-    at: datetime
+    at: datetime  # when the node sent it (liveness measures the provisioner's delay by it)
+    # its heartbeats counted since its agent started: a gap says some were sent, not heard
+    seq: Int | None = None
     running: list[str] = Field(default_factory=list)  # "<job_id>/<worker>"
     gpus: list[GpuSample] = Field(default_factory=list)
     cpu_pct: float | None = None

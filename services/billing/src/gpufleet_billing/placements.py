@@ -69,7 +69,13 @@ class Placements(Keeper):
             return
         started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), _ms(received_at))
         await self.db.placements.update_one(
-            {"_id": evt.placement_id, "started_ms": {"$exists": False}},
+            # not once settled: a late start of a run the scheduler closed (its node was
+            # declared lost) is no run to bill
+            {
+                "_id": evt.placement_id,
+                "started_ms": {"$exists": False},
+                "ended_ms": {"$exists": False},
+            },
             {"$set": {"started_ms": started_ms}},
         )
 

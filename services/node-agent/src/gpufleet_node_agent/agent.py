@@ -93,6 +93,7 @@ class Agent:
         # the Publisher protocol declares them positional, hence the cast.
         self.publisher = cast(Publisher, broker)
         self.clock = clock
+        self._heartbeat_seq = 0  # NodeHeartbeat.seq
         self.read_inventory = inventory_reader
         self.started_at = clock()
         self.hostname = socket.gethostname()
@@ -237,9 +238,11 @@ class Agent:
     async def heartbeat(self) -> NodeHeartbeat:
         gpus = await asyncio.to_thread(sample_telemetry, self._inventory())
         cpu, ram = self._host.sample()
+        self._heartbeat_seq += 1
         return NodeHeartbeat(
             minion_id=self.minion_id,
             at=self.clock(),
+            seq=self._heartbeat_seq,
             running=self.workers.running(),
             gpus=gpus,
             cpu_pct=cpu,

@@ -55,8 +55,8 @@ class Provisioner:
     burst: Bursting
 
     async def tick(self) -> None:
-        """Liveness, then the burst decisions (both made again from stored state)."""
-        await self.liveness.sweep()
+        """The burst decisions (made again from stored state). Liveness has its own round
+        (liveness.py), never behind a burst pass."""
         await self.burst.burst_pass()
 
 
@@ -115,7 +115,10 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             "cloud-instance": burst.on_cloud_event,
         },
         signals={subjects.wildcard(NodeHeartbeat.SUBJECT): prov.liveness.heartbeat},
-        every=[Every(settings.provisioner_tick_s, prov.tick, "provisioner-tick", at_start=False)],
+        every=[
+            Every(settings.provisioner_tick_s, prov.liveness.round, "liveness", at_start=False),
+            Every(settings.provisioner_tick_s, prov.tick, "provisioner-tick", at_start=False),
+        ],
         publishes=[
             NodeRegistered,
             NodeStateChanged,

@@ -38,6 +38,7 @@ class Bursting:
         self.identity = identity
         self.lock = asyncio.Lock()
         self.retry_after: dict[tuple[str, str], int] = {}  # (account, region) -> ms
+        self._enabled = False  # some account has gcp enabled (it stays so once it has)
 
     async def on_pending_demand(self, evt: PendingDemandChanged) -> None:
         """The scheduler's waiting workers no node can take: kept, then a pass at once."""
@@ -81,7 +82,17 @@ class Bursting:
             )
         return out
 
+    async def enabled(self) -> bool:
+        """Whether any account has a cloud provider (gcp) to burst to: without one there is
+        nothing to scale up or down, and a pass is skipped (it read every gcp node, the
+        stored demand, and each owner's provider for nothing: issue 15)."""
+        if not self._enabled:
+            self._enabled = await self.db.providers.find_one({"provider": "gcp"}) is not None
+        return self._enabled
+
     async def burst_pass(self) -> None:
+        if not await self.enabled():
+            return
         async with self.lock:
             now = now_ms(self.records.clock())
             instances = await self._instances()

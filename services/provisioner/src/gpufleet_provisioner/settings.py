@@ -24,7 +24,10 @@ class ProvisionerSettings(BaseSettings):
     # period, from its registration), and never sooner than node_lost_min_s.
     node_lost_missed_heartbeats: int = Field(default=3, ge=1)
     node_lost_min_s: float = Field(default=10.0, gt=0)
-    provisioner_tick_s: float = Field(default=1.0, gt=0)
+    provisioner_tick_s: float = Field(default=1.0, gt=0)  # liveness rounds, burst passes
+    # A heartbeat handled this much later than its node's usual delay, or a liveness round
+    # this late, means the provisioner is behind: no silence is judged until it caught up.
+    heartbeat_late_s: float = Field(default=1.0, gt=0)
     # Burst policy defaults (per account overrides live on its gcp provider).
     burst_max_nodes: int = Field(default=4, ge=0)
     burst_max_nodes_per_region: int = Field(default=4, ge=0)

@@ -5,8 +5,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 from faststream.nats import NatsBroker
-from gpufleet_bus import Delivery, Events, Every, Ports, Request, Service, ServiceRuntime, publish
-from gpufleet_contracts import subjects
+from gpufleet_bus import (
+    Batched,
+    Delivery,
+    Every,
+    Ports,
+    Request,
+    Service,
+    ServiceRuntime,
+    publish,
+)
+from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.identity import AccountChanged
 from gpufleet_contracts.jobs import (
     CancelJob,
@@ -45,6 +54,7 @@ from pymongo import ASCENDING, IndexModel
 
 from . import keystore, projects
 from .leadership import Lease
+from .reports import REPORTS_BATCH
 from .scheduler import Scheduler
 from .settings import SchedulerSettings
 
@@ -155,15 +165,13 @@ class Handlers:
             msg_id = f"rejected:{account}:{body.request_id}"
             await publish(self.broker, rejected, source=self.source, msg_id=msg_id)
 
-    # A worker fact counts only on the subject of the node its body names (the only one that
-    # node may publish) and when that node is the placement's (lifecycle.py).
-    async def on_worker_started(self, body: WorkerStarted, delivery: Delivery) -> None:
-        received = delivery.received_at or self.sched.state.clock()
-        await self.sched.lifecycle.worker_started(body, received, delivery.subject)
-
-    async def on_worker_finished(self, body: WorkerFinished, delivery: Delivery) -> None:
-        received = delivery.received_at or self.sched.state.clock()
-        await self.sched.lifecycle.worker_finished(body, received, delivery.subject)
+    async def on_worker_reports(self, batch: list[tuple[Message, Delivery]]) -> None:
+        """Workers started and finished, as their nodes report them, a batch at a time in
+        stream order; each counts only on the subject of the node its body names and when
+        that node is the placement's (reports.py)."""
+        await self.sched.reports.reported(
+            [(m, d) for m, d in batch if isinstance(m, WorkerStarted | WorkerFinished)]
+        )
 
     async def on_sync(self, body: SchedulerSync) -> None:
         """Another instance changed these jobs and nodes: the leader reads them again."""
@@ -223,10 +231,13 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "node-state-changed": on.on_node_state_changed,
             "enqueue-job": on.on_enqueue_job,
             # One consumer of what nodes report of their workers, in stream order: a start
-            # is seen before its finish (the scheduler's own WorkerPlaced is not read back).
-            "worker-events": Events(
-                {WorkerStarted: on.on_worker_started, WorkerFinished: on.on_worker_finished},
+            # is seen before its finish (the scheduler's own WorkerPlaced is not read back);
+            # applied a batch (one transaction) at a time.
+            "worker-events": Batched(
+                [WorkerStarted, WorkerFinished],
+                on.on_worker_reports,
                 subject=subjects.WORKER_REPORTS,
+                max_batch=REPORTS_BATCH,
             ),
         },
         signals={subjects.SCHEDULER_SYNC: on.on_sync},

@@ -1,29 +1,30 @@
-"""The lifecycle of nodes and workers: nodes registered, changing state or lost; workers
-started and finished as their nodes report; jobs cancelled.
+"""The lifecycle of nodes and jobs: nodes registered, changing state or lost (their
+workers requeued); jobs cancelled. Workers started and finished are reports.py's.
 
-Worker facts come from one consumer of the worker stream, in stream order (app.py): a
-worker's start is seen before its finish. A fact counts only when it arrived on the subject
-of the node its body names (the only one that node may publish) and that node is the one the
-placement named; applying one again changes nothing (the worker is past that point).
+A requeued worker's old placement is void: its node is told to stop it (StopWorker, kept in
+the node's command stream until it reads it, so a node that comes back stops it before it
+runs anything newer), its run is closed at the loss (the scheduler's own WorkerFinished
+`failed`: billing charges up to there and no further), and a later report of it, from a node
+that was not dead after all, changes nothing here or in billing (its placement id is no
+longer the worker's). Between the requeue and the StopWorker reaching a live node the old
+run may overlap a new one briefly; that overlap is never charged.
 """
 
 from __future__ import annotations
 
 import contextlib
-from datetime import UTC, datetime
+from datetime import datetime
 
-from gpufleet_bus import emit, on_its_own_subject
+from gpufleet_bus import emit
 from gpufleet_contracts.jobs import (
     JobState,
     JobType,
     StopWorker,
     WorkerFinished,
-    WorkerStarted,
     WorkerState,
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_store import Doc, Transaction, now_ms
-from gpufleet_telemetry.instruments import METRICS
 
 from . import jobdoc
 from .fleet import node_view
@@ -177,86 +178,6 @@ class Lifecycle:
 
         await st.store.transaction(body)
 
-    # --- workers ----------------------------------------------------------------------
-
-    async def worker_started(
-        self, evt: WorkerStarted, received_at: datetime | None = None, subject: str | None = None
-    ) -> None:
-        """`received_at`: the stream's timestamp of the event; the node's `started_at` is kept
-        within [placed_at, received_at] (a job's shown run time; billing clamps the same).
-        `subject`: where it arrived (None: called in-process)."""
-        if subject is not None and not on_its_own_subject(subject, evt.minion_id):
-            return
-        st = self.state
-        async with st.lock:
-            job = await st.db.jobs.find_one({"_id": evt.job_id})
-            w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
-            if job is None or w is None or w["state"] != WorkerState.placed.value:
-                return  # unknown, superseded or already past this point: nothing to do
-            if not jobdoc.reported_by_its_node(w, evt.minion_id):
-                return
-            started = clamp_time(evt.started_at, w.get("placed_at"), received_at)
-            w["state"] = WorkerState.running.value
-            w["started_at"] = started
-
-            async def body(tx: Transaction) -> None:
-                await st.save(tx, job, started)
-
-            await st.store.transaction(body)
-            await st.changed([job])
-            st.committed(job["rev"])
-
-    async def worker_finished(
-        self, evt: WorkerFinished, received_at: datetime | None = None, subject: str | None = None
-    ) -> None:
-        """The node's times are clamped as in `worker_started`; the end to [start, received_at].
-        A worker that finished without a start seen (it failed to start) keeps the start the
-        node claims, if any."""
-        if subject is not None and not on_its_own_subject(subject, evt.minion_id):
-            return
-        st = self.state
-        async with st.lock:
-            job = await st.db.jobs.find_one({"_id": evt.job_id})
-            w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
-            if job is None or w is None or WorkerState(w["state"]).terminal:
-                return
-            if not jobdoc.reported_by_its_node(w, evt.minion_id):
-                return
-            claimed = evt.started_at
-            started = w.get("started_at") or (
-                clamp_time(claimed, w.get("placed_at"), received_at) if claimed else None
-            )
-            ended = clamp_time(evt.ended_at, started, received_at)
-            slots = jobdoc.held_slots(w)
-            w.update(
-                state=evt.state.value,
-                exit_code=evt.exit_code,
-                reason=evt.reason,
-                ended_at=ended,
-                started_at=started,
-                log_tail=evt.log_tail[-4000:],
-            )
-            reason = evt.reason or (
-                f"worker {evt.worker} exited with code {evt.exit_code}"
-                if evt.state is WorkerState.failed
-                else None
-            )
-
-            async def body(tx: Transaction) -> None:
-                await st.db.claims.delete_many(
-                    {"placement_id": evt.placement_id}, session=tx.session
-                )
-                await st.save(tx, job, ended, reason)
-
-            await st.store.transaction(body)
-            METRICS.worker_runs.add(1, {"state": evt.state.value})
-            node_id = w.get("node_id")
-            if st.loaded and node_id is not None and st.fleet.node(node_id) is not None:
-                st.fleet.release(node_id, slots)
-            await st.changed([job], [] if st.loaded else [str(node_id)])
-            st.committed(job["rev"])
-        await self.passes.request_pass()
-
 
 def stop(job: Doc, w: Doc, reason: str) -> StopWorker:
     return StopWorker(
@@ -294,18 +215,3 @@ def _node_fields(evt: NodeRegistered) -> Doc:
         else str(evt.price_per_cpu_hour),
         "updated_ms": now_ms(evt.at),
     }
-
-
-def clamp_time(at: datetime, lo: object, hi: datetime | None) -> datetime:
-    """A node's claimed time kept within [lo, hi]: not after `hi` (when its report was
-    received), not before `lo` (a stored time: the placement, or the start)."""
-    at = _aware(at)
-    if hi is not None:
-        at = min(at, _aware(hi))
-    if isinstance(lo, datetime):
-        at = max(at, _aware(lo))
-    return at
-
-
-def _aware(at: datetime) -> datetime:
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -2,29 +2,29 @@
 came meanwhile (up to ADMIT_MAX) into the pass that stores them (commit.py).
 
 The decisions are queue.py's (oldest first, backfill, holds for starving workers; pure);
-here they are applied to memory, committed, and their reasons to wait stored and told
-(PendingDemandChanged, what the provisioner may burst for).
+here they are applied to memory, committed, and their reasons to wait stored; what may
+burst is told by demand.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import datetime
 
-from gpufleet_bus import emit
-from gpufleet_contracts.jobs import Demand, PendingDemandChanged
-from gpufleet_store import Doc, Transaction, from_ms, now_ms
+from gpufleet_store import Doc, Transaction, now_ms
 from gpufleet_telemetry.instruments import METRICS
 from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure
 
 from .commit import Placed, Slots, commit
+from .demand import DemandTeller
 from .leadership import Deposed
 from .memory import CHECKPOINT_AFTER, Memory
 from .placement import NoPlacement, Placement
-from .queue import PassResult, Waiting, plan
+from .queue import PassResult, plan
 from .state import StaleJob, State
 from .submissions import Submission, store_unplaced
 
@@ -41,34 +41,67 @@ class Passes:
         self.holds: dict[str, str] = {}
         self.last_pass: PassResult | None = None
         self.submits: list[Submission] = []  # waiting for the next pass (admission.py)
-        self._demand: frozenset[tuple[str, int, str | None]] = frozenset()
+        self.demand = DemandTeller(state)  # what the provisioner may burst for
         self._waiters: list[asyncio.Future[int]] = []
         self._passer: asyncio.Task[None] | None = None
         self._passes = 0
         self._explain_more = False  # shapes wait for a first explanation: pass again soon
+        self.closed = False  # stopping: no pass runs any more (close())
+        self._late: set[asyncio.Task[None]] = set()  # submissions stored while closing
 
     # --- asking for passes ------------------------------------------------------------
 
     def request_pass(self) -> asyncio.Future[int]:
         """Ask for a placement pass; passes asked for meanwhile are run as one."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            fut.set_result(0)
+            return fut
         self._waiters.append(fut)
         self.kick()
         return fut
 
     def add(self, sub: Submission) -> None:
-        """A submission for the next pass."""
+        """A submission for the next pass (stored unplaced once stopping)."""
+        if self.closed:
+            task = asyncio.create_task(store_unplaced(self.state, [sub]))
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+            return
         self.submits.append(sub)
         self.kick()
 
     def kick(self) -> None:
+        if self.closed:
+            return
         if self._passer is None or self._passer.done():
             self._passer = asyncio.create_task(self._run_passes())
+
+    async def close(self) -> None:
+        """Stopping: the pass under way ends, no other starts (nor renews the lease), the
+        submissions it did not take are stored unplaced; after this the final checkpoint
+        is the last word of this leader (scheduler.stop). Before, events still consumed
+        while stopping asked for passes, and one took the released lease back and placed
+        a job after the checkpoint (issue 15)."""
+        self.closed = True
+        if self._passer is not None and not self._passer.done():
+            with contextlib.suppress(Exception):
+                await self._passer
+        left, self.submits = self.submits, []
+        if left:
+            await store_unplaced(self.state, left)
+        for f in self._waiters:
+            if not f.done():
+                f.set_result(0)
+        self._waiters = []
+        if self._late:
+            await asyncio.gather(*self._late, return_exceptions=True)
+        await self.demand.stop()
 
     async def _run_passes(self) -> None:
         """Run passes while some are asked for or submissions wait; each pass takes every
         request and up to ADMIT_MAX submissions that came meanwhile."""
-        while self._waiters or self.submits or self._explain_more:
+        while not self.closed and (self._waiters or self.submits or self._explain_more):
             self._explain_more = False
             waiters, self._waiters = self._waiters, []
             batch, self.submits = self.submits[:ADMIT_MAX], self.submits[ADMIT_MAX:]
@@ -213,8 +246,8 @@ class Passes:
         return sets
 
     async def _explain(self, result: PassResult, sets: list[tuple[str, Doc]], now: datetime) -> int:
-        """Store the reasons that changed (`_reasons`); say when unplaceable demand changes.
-        Returns how many jobs' reasons were rewritten."""
+        """Store the reasons that changed (`_reasons`); tell the burstable demand when it
+        changed (demand.py). Returns how many jobs' reasons were rewritten."""
         st = self.state
         if sets:
 
@@ -225,47 +258,5 @@ class Passes:
                 return rev
 
             st.committed(await st.store.transaction(write))
-        # Each waiting worker with its job's current reason (explained in this pass or, for
-        # a shape over this pass's budget, an earlier one).
-        demand = frozenset(
-            (w.req.job_id, w.req.worker, self._reason_of(w.req.job_id)) for w in result.waiting
-        )
-        if demand == self._demand:
-            return len(sets)
-        self._demand = demand
-        oldest = sorted(result.waiting, key=lambda w: w.queued_ms)[
-            : PendingDemandChanged.MAX_DEMANDS
-        ]
-        demands = [d for d in (self._demand_of(w) for w in oldest) if d]
-        waiting = len(result.waiting)
-
-        async def body(tx: Transaction) -> None:
-            emit(tx, PendingDemandChanged(demands=demands, at=now, waiting=waiting))
-
-        await st.store.transaction(body)
+        await self.demand.after_pass(result.waiting)
         return len(sets)
-
-    def _reason_of(self, job_id: str) -> str | None:
-        job = self.state.jobs.get(job_id)
-        return None if job is None else job.get("queue_reason")
-
-    def _demand_of(self, w: Waiting) -> Demand | None:
-        job = self.state.jobs.get(w.req.job_id)
-        if job is None:
-            return None
-        req = self.state.request(job)
-        return Demand(
-            job_id=w.req.job_id,
-            worker=w.req.worker,
-            owner=w.req.owner,
-            project=req.project,
-            gpu_types=list(w.req.gpu_types),
-            gpu_count=w.req.gpu_count,
-            max_price=w.req.max_price,
-            region=w.req.region,
-            burst_allowed=req.allow_burst,
-            waiting_since=from_ms(w.queued_ms) or self.state.clock(),
-            gpu_fraction=w.req.fraction,
-            reason=job.get("queue_reason"),
-            cpu_count=w.req.cpu_count,
-        )

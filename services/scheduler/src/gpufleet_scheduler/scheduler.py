@@ -2,7 +2,8 @@
 
     State ── memory (lead, load, catch up, checkpoints)
       │  └── passes (placement passes; commit.py writes them) ── admission (submissions)
-      │                                                      └── lifecycle (nodes, workers)
+      │                                                      ├── lifecycle (nodes, cancel)
+      │                                                      └── reports (workers' reports)
       └── queries (jobs, logs)          projects (projects and plans, its own collections)
                                         keys (accounts' attached keys, sealed: keystore.py)
 
@@ -31,6 +32,7 @@ from .lifecycle import Lifecycle
 from .memory import Memory
 from .passes import Passes
 from .queries import JetStream, Queries
+from .reports import Reports
 from .settings import SchedulerSettings
 from .state import Notify, State
 
@@ -62,6 +64,7 @@ class Scheduler:
         self.passes = Passes(self.state, self.memory)
         self.admission = Admission(self.state, self.passes, self.projects, self.keys)
         self.lifecycle = Lifecycle(self.state, self.passes)
+        self.reports = Reports(self.state, self.passes)
         self.queries = Queries(self.state, jetstream, inbox_prefix)
 
     async def enqueue(self, cmd: EnqueueJob, account: str) -> JobRejected | None:
@@ -95,6 +98,9 @@ class Scheduler:
         self.memory.checkpoint_soon()
 
     async def stop(self) -> None:
+        """In this order: no pass after the one under way (none renews the lease), the
+        final checkpoint, the lease given up."""
+        await self.passes.close()
         if self.state.loaded:  # the next leader starts from here, not from every document
             try:
                 await self.memory.write_checkpoint()

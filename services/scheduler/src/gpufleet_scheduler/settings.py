@@ -21,6 +21,8 @@ class SchedulerSettings(BaseSettings):
     starve_after_s: float = 300.0
     max_holds: int = 16
     explain_budget: int = 32  # request shapes explained per pass (queue.py)
+    # PendingDemandChanged at most this often (demand.py; GPUFLEET_DEMAND_EVERY_S)
+    demand_every_s: float = 1.0
     # the leader reads what changed this often (bounds staleness)
     resync_s: float = Field(
         30.0, validation_alias=AliasChoices("GPUFLEET_SCHEDULER_RESYNC_S", "resync_s")
