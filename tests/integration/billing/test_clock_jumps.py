@@ -74,3 +74,31 @@ async def test_a_clock_an_hour_behind_skips_no_hour_once_it_catches_up(
     assert await billing.worker_finished(finished("p2", ended), ended) == 3
     assert (await balances(store))["buyer"] == -9_266_667  # 3 h 20 min x 2.78, rounded
     await store.close()
+
+
+async def test_a_scheduler_clock_an_hour_ahead_does_not_erase_the_run(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """The placement's `placed_at` comes from the scheduler's clock. An hour ahead, it is after
+    the bus received the worker's start: that cannot be true, so it bounds nothing; the run is
+    billed from its start as the node and the bus saw it."""
+    billing, store = await billing_on(mongo_server.url, db_prefix, FakeClock(T0))
+    await billing.worker_placed(placed("p3", placed_at=T0 + HOUR))
+    await billing.worker_started(started("p3", T0), T0 + MIN)
+    ended = T0 + 30 * MIN
+    assert await billing.worker_finished(finished("p3", ended), ended + MIN) == 3
+    assert (await balances(store))["buyer"] == -A100_HOUR // 2
+    await store.close()
+
+
+async def test_a_scheduler_clock_an_hour_behind_bills_the_run_once(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    billing, store = await billing_on(mongo_server.url, db_prefix, FakeClock(T0))
+    await billing.worker_placed(placed("p4", placed_at=T0 - HOUR))
+    await billing.worker_started(started("p4", T0), T0 + MIN)
+    ended = T0 + 30 * MIN
+    assert await billing.worker_finished(finished("p4", ended), ended + MIN) == 3
+    assert await billing.worker_finished(finished("p4", ended), ended + MIN) == 0
+    assert (await balances(store))["buyer"] == -A100_HOUR // 2
+    await store.close()
