@@ -77,3 +77,8 @@ bench-runtime *args: setup
 # Whole job lifecycle benchmark (not part of `just test`): submit -> billed, N agents, M jobs; --slurm, --idle-agents K.
 bench-lifecycle *args: setup
     uv run python benchmarks/lifecycle/bench_lifecycle.py {{args}}
+
+# Seeded chaos (issue 16, not part of `just test`; tests/e2e/test_chaos.py is its short run):
+# faults under a steady job load, then the invariants as figures. `just chaos --seconds 600 --seed 7`.
+chaos *args: setup
+    uv run python -m tests.e2e.chaos {{args}}

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpufleet_contracts.clock import configured_clock
 from gpufleet_store import Store
 
 from .broker import BusSettings, make_broker
@@ -34,11 +35,15 @@ def run_service(
 ) -> None:
     async def main() -> None:
         bus = BusSettings()
+        try:
+            clock = configured_clock()  # GPUFLEET_CLOCK_OFFSET_S, development only
+        except ValueError as exc:
+            raise StartError(str(exc)) from exc
         if credential is not None:
             bus = await credential(bus)
         broker = make_broker(service, bus, dead_letters_as=dead_letters_as)
         store = Store.connect(service) if uses_store else None
-        await build(Ports(broker=broker, store=store, bus=bus)).app.run()
+        await build(Ports(broker=broker, store=store, bus=bus, clock=clock)).app.run()
 
     try:
         asyncio.run(main())

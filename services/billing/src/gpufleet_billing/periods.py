@@ -27,9 +27,12 @@ def full_hours(started_ms: int, until_ms: int) -> int:
 
 def run_start_ms(claimed_ms: int, placed_ms: int | None, received_ms: int | None) -> int:
     """A node's claimed start, kept within what billing saw: not after the event carrying it
-    was received (the bus's timestamp), not before the worker was placed."""
+    was received (the bus's timestamp), not before the worker was placed. A placement time
+    after that receipt cannot be true (the scheduler's clock is ahead): it bounds nothing."""
     ms = claimed_ms if received_ms is None else min(claimed_ms, received_ms)
-    return ms if placed_ms is None else max(ms, placed_ms)
+    if placed_ms is None or (received_ms is not None and placed_ms > received_ms):
+        return ms
+    return max(ms, placed_ms)
 
 
 def run_end_ms(claimed_ms: int, started_ms: int | None, received_ms: int | None) -> int:

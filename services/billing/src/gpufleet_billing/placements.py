@@ -99,7 +99,7 @@ class Placements(Keeper):
                 return 0  # already settled: a redelivery or a replay
             received_ms = _ms(received_at)
             started_ms = p.get("started_ms")
-            if evt.started_at is not None:
+            if evt.started_at is not None and started_ms is None:  # else: bounded at its receipt
                 started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), received_ms)
             ended_ms = run_end_ms(to_ms(evt.ended_at), started_ms, received_ms)
             fields: Doc = {"ended_ms": ended_ms}
