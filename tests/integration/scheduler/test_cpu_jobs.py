@@ -56,7 +56,8 @@ async def test_cpu_jobs_are_placed_on_offered_cpus_wait_with_a_reason_and_free_t
         (8, 0, "", "0.0125")
     ]
 
-    big = await s.submit("big", **cpu_job(cpu_count=8))
+    # burstable: only such waiting work is demand the provisioner is told of (scheduler README)
+    big = await s.submit("big", **cpu_job(cpu_count=8, allow_burst=True))
     assert big["state"] == "queued"
     assert big["queue_reason"] == (
         "1 node: busy (4 of 12 CPUs free, needs 8); 1 node: offers no CPUs to CPU-only jobs"
