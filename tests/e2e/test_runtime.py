@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gpufleet_devstack.pyindex import LocalIndex, debian_reachable, host_address, wheel
 from gpufleet_devstack.registry import LocalRegistry, find_registry
 from gpufleet_node_agent.baseimage import (
     BASE_IMAGE,
@@ -53,13 +54,32 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry) -> Iterator[System]:
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """A PEP 503 index of one test wheel on the host's own address (a build container
+    reaches it, never the host's loopback); None where packages cannot be built here."""
+    address = host_address()
+    if address is None or not debian_reachable():  # pip itself comes from Debian's packages
+        yield None
+        return
+    root = tmp_path_factory.mktemp("index")
+    wheel(root, "gpufleet-e2e", "1.0", "VERSION = 'e2e 1.0'\n")
+    local = LocalIndex(root, address).start()
+    yield local.url
+    local.stop()
+
+
+@pytest.fixture(scope="module")
+def system(
+    tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry, index: str | None
+) -> Iterator[System]:
     error = asyncio.run(ensure_image(BASE_IMAGE, ENV))
     assert error is None, error
     agent = {
         "GPUFLEET_WORKER_INSECURE_REGISTRIES": registry.address,
         "GPUFLEET_WORKER_MEMORY_MB": "256",
     }
+    if index is not None:
+        agent["GPUFLEET_PACKAGE_INDEX_URL"] = index
     yield from _running_system(tmp_path_factory, agent)
 
 
@@ -165,6 +185,18 @@ def test_a_customer_image_is_pulled_with_the_accounts_attached_registry_key(
     job = system.wait_state(denied, "failed", "finished", timeout=120)
     assert job["state"] == "failed"
     assert "cannot pull image" in json.dumps(job["history"][-1])
+
+
+def test_a_base_environment_job_gets_its_pip_package_installed_before_it_runs(
+    system: System, index: str | None
+) -> None:
+    if index is None:
+        pytest.skip("no non-loopback address or deb.debian.org here: no package build")
+    code = "import gpufleet_e2e; print('PKG', gpufleet_e2e.VERSION)"
+    job_id = system.submit("--pip", "gpufleet-e2e==1.0", "--", "python3", "-c", code, name="pip")
+    job = system.wait_state(job_id, "finished", "failed", timeout=600)
+    assert job["state"] == "finished", job
+    assert "PKG e2e 1.0" in logs(system, job_id)
 
 
 def test_an_agent_restart_mid_job_reattaches_its_container(system: System) -> None:

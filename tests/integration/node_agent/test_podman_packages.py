@@ -12,17 +12,11 @@ from the build container); the tests are skipped where it cannot be reached.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import http.server
 import json
 import shutil
 import socket
 import subprocess
-import threading
-import urllib.request
 import uuid
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +25,7 @@ from typing import Any
 import pytest
 from gpufleet_contracts.jobs import StartWorker, WorkerState
 from gpufleet_contracts.jobspec import BaseEnvironment, Packages
+from gpufleet_devstack.pyindex import LocalIndex, debian_reachable, host_address, wheel
 from gpufleet_node_agent.baseimage import BASE_IMAGE, podman_env
 from gpufleet_node_agent.builds import BuildConfig, build_argv
 from gpufleet_node_agent.environments import ENV_REPO
@@ -41,60 +36,11 @@ from gpufleet_node_agent.workers import WorkerManager
 
 from .podman_support import CONF, Broker, until_finished
 
-
-def debian_reachable() -> bool:
-    try:
-        with urllib.request.urlopen(
-            "http://deb.debian.org/debian/dists/bookworm/Release", timeout=10
-        ) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
-def host_address() -> str | None:
-    """The host's own non-loopback address (a build container's slirp4netns reaches it;
-    the host's loopback it does not)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
-        except OSError:
-            return None
-        addr = str(s.getsockname()[0])
-    return None if addr.startswith("127.") else addr
-
-
 pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
     pytest.mark.skipif(host_address() is None, reason="the host has no non-loopback address"),
     pytest.mark.skipif(not debian_reachable(), reason="deb.debian.org is not reachable"),
 ]
-
-
-def wheel(dist: Path, name: str, version: str, source: str) -> None:
-    """A pure-Python wheel of module `name` whose __init__ is `source`."""
-    module = name.replace("-", "_")
-    info = f"{module}-{version}.dist-info"
-    files = {
-        f"{module}/__init__.py": source,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    project = dist / "simple" / name
-    project.mkdir(parents=True, exist_ok=True)
-    filename = f"{module}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(project / filename, "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
-    links = "".join(f'<a href="{f.name}">{f.name}</a>\n' for f in sorted(project.glob("*.whl")))
-    (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
 
 
 @dataclass
@@ -111,20 +57,9 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     wheel(root, "gpufleet-tiny", "1.0", "VERSION = '1.0'\n")
     wheel(root, "gpufleet-req", "1.0", "VALUE = 'from requirements.txt'\n")
     wheel(root, "torch", "2.3.0", "__version__ = '2.3.0+gpufleet-test'\n")
-    requests: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, directory=str(root), **kw)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            requests.append(self.path)
-
-    server = http.server.ThreadingHTTPServer((str(host_address()), 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Index(f"http://{host_address()}:{server.server_address[1]}/simple", requests)
-    server.shutdown()
+    local = LocalIndex(root, str(host_address())).start()
+    yield Index(local.url, local.requests)
+    local.stop()
 
 
 def podman(*args: str) -> str:
