@@ -60,6 +60,16 @@ def wait_for(cond: Any, timeout: float = 15.0) -> None:
         time.sleep(0.02)
 
 
+async def eventually(cond: Any, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        if cond():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.02)
+
+
 def gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -166,17 +176,16 @@ async def test_sigkill_after_the_grace_period(tmp_path: Path) -> None:
     w = make_worker(tmp_path, [PY, "-c", code], stop_grace_s=0.5)
     rt.launch(w)
     log = w.file("log")
-    while not (log.exists() and log.read_text().strip()):
-        await asyncio.sleep(0.02)
+    await eventually(lambda: log.exists() and log.read_text().strip() != "")
     child = int(log.read_text())
     w.file("stop_requested").write_text("cancelled by user")
-    rt.request_stop(w)
-    assert w.proc is not None
-    while w.proc.poll() is None:
-        await asyncio.sleep(0.05)
+    rt.request_stop(w)  # no await: the grace period's SIGKILL comes from the event loop
+    proc = w.proc
+    assert proc is not None
+    await eventually(lambda: proc.poll() is not None)
     # The whole group was killed, its shell too: no `exit`, and the manager records the
     # end as stopped (test_workers.py); nothing of the job is left.
-    assert w.proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL
     assert not rt.alive(w) and not w.file("exit.json").exists()
     assert gone(child)
 
