@@ -4,7 +4,7 @@ container; bare processes only for the node owner's own jobs, on the operator's 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +93,13 @@ class FakeContainers:
     """A container runtime that records what it was handed and never runs anything."""
 
     name = "podman"
+    pulls_images = False
     lost_at_restart = "gone at restart"
     lost_at_runtime = "gone"
 
     def __init__(self) -> None:
         self.launched_ids: list[str] = []
+        self.notify: Callable[[], None] = lambda: None
 
     def launch(self, w: Worker) -> str | None:
         self.launched_ids.append(w.placement_id)
@@ -118,7 +120,7 @@ class FakeContainers:
     def kill_orphan(self, w: Worker) -> None:
         pass
 
-    async def poll(self, workers: Sequence[Worker]) -> None:
+    async def poll(self, workers: Sequence[Worker], full: bool = False) -> None:
         pass
 
 
