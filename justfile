@@ -73,3 +73,7 @@ bench-outbox *args: setup
 # Worker runtime benchmark (not part of `just test`): submit->running, containers vs bare processes.
 bench-runtime *args: setup
     uv run python benchmarks/runtime/bench_runtime.py {{args}}
+
+# Node agent benchmark (not part of `just test`): one node's CPU and latency per job, and idle.
+bench-agent *args: setup
+    uv run python benchmarks/node_agent/bench_agent.py {{args}}
