@@ -349,3 +349,18 @@ def test_dir_name_is_safe() -> None:
         name = dir_name(bad)
         assert name.startswith("h-") and "/" not in name
     assert dir_name("a/b") != dir_name("a/c")
+
+
+async def test_the_watch_loop_stops_when_cancelled_as_news_arrives(
+    managers: Callable[..., WorkerManager],
+) -> None:
+    """The agent's stop cancels the loop; news arriving at that moment must not keep it
+    running (3.11's asyncio.wait_for could swallow such a cancellation)."""
+    m = managers()
+    for _ in range(20):
+        loop = asyncio.create_task(m.run(interval=60, check_s=60))
+        await asyncio.sleep(0.01)  # waiting for news
+        m.wake()
+        loop.cancel()
+        done, _ = await asyncio.wait({loop}, timeout=5)
+        assert done == {loop} and loop.cancelled()

@@ -322,8 +322,11 @@ class WorkerManager(Reports):
         last_full = time.monotonic()
         while True:
             timeout = interval if self._active else check_s
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
+            # comes as the news does, and the agent's stop then waits on this loop forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._news.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._news.wait()
             self._news.clear()
             full = time.monotonic() - last_full >= check_s
             if full:
