@@ -134,10 +134,16 @@ def job(minion: str, gpu: int, owner: str = "local") -> StartWorker:
     )
 
 
-def manager(mode: str, state: Path, minion: str, rec: Recorder) -> WorkerManager:
+def manager(mode: str, state: Path, minion: str, rec: Recorder, parallel: int = 4) -> WorkerManager:
     if mode == "process":
         return WorkerManager(state, minion, rec, gpu_indices=range(GPUS), runtime=ProcessRuntime())
     config = PodmanConfig(image=BASE_IMAGE, containers_conf=default_containers_conf())
+    if parallel != 4:  # an older PodmanConfig has no `parallel`: leave it out by default
+        config = PodmanConfig(
+            image=BASE_IMAGE,
+            containers_conf=default_containers_conf(),
+            parallel=parallel,  # type: ignore[call-arg,unused-ignore]
+        )
     rt = PodmanRuntime(config, minion)
     rt.node_gpus = GPUS
     calls = rec.podman_calls
@@ -155,7 +161,7 @@ async def run_mode(mode: str, server: NatsServer, root: Path, args: argparse.Nam
     nc = await nats.connect(server.url, **server.admin())
     rec = Recorder(nc)
     minion = f"ba-{mode}-{uuid.uuid4().hex[:6]}"
-    m = manager(mode, root / minion, minion, rec)
+    m = manager(mode, root / minion, minion, rec, args.podman_parallel)
     loop = asyncio.create_task(m.run())
     out: dict[str, Any] = {}
     try:
@@ -172,14 +178,18 @@ async def run_mode(mode: str, server: NatsServer, root: Path, args: argparse.Nam
             finished.append(t_fin - t0)
             started.append(rec.acked[f"started:{c.placement_id}"] - t0)
             await asyncio.sleep(0.05)
-        out["latency_ms"] = {
-            name: {
-                "p50": round(pct(v, 0.5) * 1000),
-                "p90": round(pct(v, 0.9) * 1000),
-                "max": round(max(v) * 1000),
+        out["latency_ms"] = (
+            {}
+            if not finished
+            else {
+                name: {
+                    "p50": round(pct(v, 0.5) * 1000),
+                    "p90": round(pct(v, 0.9) * 1000),
+                    "max": round(max(v) * 1000),
+                }
+                for name, v in (("start_to_started", started), ("start_to_finished", finished))
             }
-            for name, v in (("start_to_started", started), ("start_to_finished", finished))
-        }
+        )
         await asyncio.sleep(1.0)
         rec.podman_calls.clear()
         cpu0, busy0, t0 = cpu_now(), machine_busy(), time.monotonic()
@@ -306,6 +316,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200, help="throughput jobs per mode")
     ap.add_argument("--latency-jobs", type=int, default=20)
     ap.add_argument("--modes", default="process,podman")
+    ap.add_argument("--podman-parallel", type=int, default=4, help="`podman run`s at once")
     ap.add_argument("--idle-s", type=float, default=30.0, help="idle agent measure (0: none)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = ap.parse_args()
