@@ -16,7 +16,8 @@ into `log` (no podman call); a stop request is sent once (`podman stop`); and on
 there is news (a conmon gone: the container has ended) or at the periodic safety-net round
 (`full`), one `podman ps` of this node's containers (by label) says how each ended (its
 exit code, no `inspect`) and which are gone (reported lost); ended containers are removed
-together, one `podman rm` per round. A worker's disk quota (disk.py) is released (its
+together, one `podman rm` at the start of the next round (awaited there, not left running
+beside it). A worker's disk quota (disk.py) is released (its
 output kept) before its end is written.
 """
 
@@ -76,6 +77,7 @@ class PodmanRuntime(ContainerStarts):
         self._gone: set[str] = set()  # launched, and missing from a listing: lost
         self._stop_sent: set[str] = set()
         self._removed: set[str] = set()  # containers `podman rm` was asked to remove
+        self._to_remove: list[str] = []  # ended ones, removed at the start of the next round
         self._tasks = set()
         self._limit = None
         self._image_ok = False
@@ -177,6 +179,9 @@ class PodmanRuntime(ContainerStarts):
     # --- the watch round --------------------------------------------------------------
 
     async def poll(self, workers: Sequence[Worker], full: bool = False) -> None:
+        if self._to_remove:  # last round's ended containers, in one call
+            batch, self._to_remove = self._to_remove, []
+            await self._remove(batch)
         await self._launch_pending()
         for w in workers:
             if w.file(MARKER).exists():
@@ -220,9 +225,8 @@ class PodmanRuntime(ContainerStarts):
         self._stop_sent &= ours
         self._removed &= set(listing)  # the ones gone from the listing are removed
         fresh = [n for n in ended if n not in self._removed]
-        if fresh:
-            self._removed.update(fresh)
-            self._spawn(self._remove(fresh))
+        self._removed.update(fresh)
+        self._to_remove.extend(fresh)
 
     def _stop_if_asked(self, w: Worker) -> None:
         p = w.placement_id
