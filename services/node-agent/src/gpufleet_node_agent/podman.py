@@ -179,10 +179,10 @@ class PodmanRuntime(ContainerStarts):
     # --- the watch round --------------------------------------------------------------
 
     async def poll(self, workers: Sequence[Worker], full: bool = False) -> None:
+        await self._launch_pending()  # tasks: their `podman run`s go on beside what follows
         if self._to_remove:  # last round's ended containers, in one call
             batch, self._to_remove = self._to_remove, []
             await self._remove(batch)
-        await self._launch_pending()
         for w in workers:
             if w.file(MARKER).exists():
                 self.convert_log(w)
