@@ -82,3 +82,7 @@ bench-lifecycle *args: setup
 # faults under a steady job load, then the invariants as figures. `just chaos --seconds 600 --seed 7`.
 chaos *args: setup
     uv run python -m tests.e2e.chaos {{args}}
+
+# Node agent benchmark (not part of `just test`): one node's CPU and latency per job, and idle.
+bench-agent *args: setup
+    uv run python benchmarks/node_agent/bench_agent.py {{args}}

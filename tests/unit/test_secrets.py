@@ -20,6 +20,8 @@ from gpufleet_bus.deadletter import dead_letter_bytes
 from gpufleet_contracts import limits
 from gpufleet_contracts.jobs import JobQueued, JobSpec, StartWorker, SubmitJob
 from gpufleet_contracts.secrets import REDACTED
+from gpufleet_node_agent.runtime import ProcessRuntime
+from gpufleet_node_agent.workdir import Worker
 from gpufleet_node_agent.workers import ENV_FILE, WorkerManager
 from gpufleet_scheduler import jobdoc, jobrequest
 from gpufleet_store import SecretBox, SecretError
@@ -159,6 +161,13 @@ def token_check() -> str:
     )
 
 
+class Idle(ProcessRuntime):
+    """Launches nothing: the worker's directory stays as `start` wrote it."""
+
+    def launch(self, w: Worker) -> str | None:
+        return None
+
+
 class Broker:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
@@ -181,9 +190,9 @@ async def test_the_worker_gets_its_env_and_only_a_0600_file_held_it(tmp_path: Pa
         gpu_indices=[0],
         placement_id="p1",
     )
-    # As the directory appears: spec.json without the value, env.json 0600 (a supervisor
-    # that does nothing leaves them as they are).
-    idle = WorkerManager(tmp_path / "idle", "m1", broker, gpu_indices=[0], python="true")
+    # As the directory appears: spec.json without the value, env.json 0600 (a runtime that
+    # launches nothing leaves them as they are).
+    idle = WorkerManager(tmp_path / "idle", "m1", broker, gpu_indices=[0], runtime=Idle())
     assert idle.start(cmd) is True
     written = idle.worker_dir("p1")
     assert stat.S_IMODE((written / ENV_FILE).stat().st_mode) == 0o600

@@ -4,7 +4,7 @@ container; bare processes only for the node owner's own jobs, on the operator's 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +93,14 @@ class FakeContainers:
     """A container runtime that records what it was handed and never runs anything."""
 
     name = "podman"
+    pulls_images = False
     lost_at_restart = "gone at restart"
     lost_at_runtime = "gone"
     secrets_uid = 10000
 
     def __init__(self) -> None:
         self.launched_ids: list[str] = []
+        self.notify: Callable[[], None] = lambda: None
 
     def launch(self, w: Worker) -> str | None:
         self.launched_ids.append(w.placement_id)
@@ -119,7 +121,7 @@ class FakeContainers:
     def kill_orphan(self, w: Worker) -> None:
         pass
 
-    async def poll(self, workers: Sequence[Worker]) -> None:
+    async def poll(self, workers: Sequence[Worker], full: bool = False) -> None:
         pass
 
 

@@ -231,7 +231,7 @@ async def test_log_chunks_and_resume_after_crash(
     d = m.worker_dir("pl-1")
     await until(m, lambda: (d / "exit.json").exists())
     await m.poll_once()
-    assert (d / "log.pending").read_text() == "1000"
+    assert (d / "log.pending").read_text() == "5000"  # a round's chunks go as one batch
     assert not (d / "log.offset").exists()
     broker.ids.add("pl-1:0")
     broker.fail_logs = False
@@ -317,10 +317,11 @@ async def test_supervisor_killed_while_running_is_lost(
     managers: Callable[..., WorkerManager], broker: FakeBroker
 ) -> None:
     m = managers()
-    m.start(cmd(command=[PY, "-c", "import time; time.sleep(60)"]))
-    d = m.worker_dir("pl-1")
-    await until(m, lambda: (d / "started.json").exists())
-    child = json.loads((d / "started.json").read_text())["pid"]
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
+    m.start(cmd(command=[PY, "-c", code]))
+    log = m.worker_dir("pl-1") / "log"
+    await until(m, lambda: log.exists() and log.read_text().strip() != "")
+    child = int(log.read_text())
     sup = m.active["pl-1"].proc
     assert sup is not None
     sup.kill()  # kill -9 of the supervisor
@@ -348,3 +349,18 @@ def test_dir_name_is_safe() -> None:
         name = dir_name(bad)
         assert name.startswith("h-") and "/" not in name
     assert dir_name("a/b") != dir_name("a/c")
+
+
+async def test_the_watch_loop_stops_when_cancelled_as_news_arrives(
+    managers: Callable[..., WorkerManager],
+) -> None:
+    """The agent's stop cancels the loop; news arriving at that moment must not keep it
+    running (3.11's asyncio.wait_for could swallow such a cancellation)."""
+    m = managers()
+    for _ in range(20):
+        loop = asyncio.create_task(m.run(interval=60, check_s=60))
+        await asyncio.sleep(0.01)  # waiting for news
+        m.wake()
+        loop.cancel()
+        done, _ = await asyncio.wait({loop}, timeout=5)
+        assert done == {loop} and loop.cancelled()

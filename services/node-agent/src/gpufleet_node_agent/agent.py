@@ -44,6 +44,7 @@ def container_runtime(settings: AgentSettings) -> PodmanRuntime:
         memory_mb=settings.worker_memory_mb,
         cpus=settings.worker_cpus,
         pids=settings.worker_pids,
+        parallel=settings.podman_parallel,
         disk_quota=settings.worker_disk_quota == "loop",
         containers_conf=settings.podman_containers_conf or default_containers_conf(),
         insecure_registries=tuple(
@@ -178,7 +179,8 @@ class Agent:
         """After the broker connected: register, then heartbeat and watch workers."""
         self._spawn(self._register(), "register")
         self._spawn(self._heartbeats(), "heartbeat")
-        self._spawn(self.workers.run(self.settings.worker_poll_s), "workers")
+        s = self.settings
+        self._spawn(self.workers.run(s.worker_poll_s, s.worker_check_s), "workers")
 
     async def stop(self) -> None:
         """Stop the loops. Workers are detached and keep running; a restart picks them up."""

@@ -112,6 +112,7 @@ class PodmanConfig:
     # and how images with packages are built (builds.py)
     base_environments: Mapping[str, str] = field(default_factory=dict)
     build: BuildConfig = field(default_factory=BuildConfig)
+    parallel: int = 4  # `podman run`s at once (podman_start.py)
 
 
 @dataclass(frozen=True)
@@ -291,13 +292,21 @@ def container_spec(
     )
 
 
-def run_argv(c: ContainerSpec, podman: str = "podman", env_file: Path | None = None) -> list[str]:
+def run_argv(
+    c: ContainerSpec,
+    podman: str = "podman",
+    env_file: Path | None = None,
+    conmon_pidfile: Path | None = None,
+) -> list[str]:
     """`podman run -d ...` for `c`. Env values of the job are never in the argv: names whose
     value podman takes from its own environment (`--env NAME`), and `env_file` for names
-    podman reads itself. gpufleet's own variables are given with their values."""
+    podman reads itself. gpufleet's own variables are given with their values.
+    `conmon_pidfile`: where conmon writes its pid (the agent watches it to hear of the end)."""
     # --init: catatonit is PID 1, so the command gets SIGTERM on a stop (a PID 1 without a
     # handler ignores it) and its orphans are reaped.
     argv = [podman, "run", "--detach", "--init", "--name", c.name]
+    if conmon_pidfile is not None:
+        argv += ["--conmon-pidfile", str(conmon_pidfile)]
     for k, v in c.labels.items():
         argv += ["--label", f"{k}={v}"]
     argv += [

@@ -3,6 +3,7 @@ with a message id of its own so that a copy re-sent after a crash is dropped by 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from .workdir import Worker
 
 LOG_TYPE = "gpufleet.worker.log.v1"
 LOG_TAIL_CHARS = 4000
-CHUNKS_PER_POLL = 64  # per worker, so one chatty worker cannot starve the others
+CHUNKS_PER_POLL = 64  # per worker and round, so one chatty worker cannot starve the others
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -59,36 +60,44 @@ class Reports:
         w.file("reported_started").touch()
 
     async def ship_log(self, w: Worker) -> bool:
-        """Publish new log bytes; True when everything written so far is published."""
+        """Publish new log bytes, all of a round's chunks at once (their acks awaited
+        together); True when everything written so far is published. `log.pending` marks
+        the end of the batch in flight: after a crash the same bytes go again, cut at the
+        same places, under the same ids (JetStream drops the copies it has)."""
         path = w.file("log")
-        if not path.exists():
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
             return True
         offset = read_int(w.file("log.offset")) or 0
         pending = read_int(w.file("log.pending"))
-        size = path.stat().st_size
-        subject = subjects.log(self.minion_id, w.job_id, w.worker)
+        if pending is not None and pending > offset:
+            end = pending
+        else:
+            end = min(size, offset + CHUNKS_PER_POLL * self.log_chunk_bytes)
+            if end <= offset:
+                return True
+            write_text_atomic(w.file("log.pending"), str(end))
         with path.open("rb") as f:
-            for _ in range(CHUNKS_PER_POLL):
-                if pending is not None and pending > offset:
-                    end = pending  # a chunk cut short by a crash: the same bytes, same id
-                elif offset >= size:
-                    return True
-                else:
-                    end = min(size, offset + self.log_chunk_bytes)
-                    write_text_atomic(w.file("log.pending"), str(end))
-                f.seek(offset)
-                data = f.read(end - offset)
-                await publish_raw(
+            f.seek(offset)
+            data = f.read(end - offset)
+        subject = subjects.log(self.minion_id, w.job_id, w.worker)
+        step = self.log_chunk_bytes
+        await asyncio.gather(
+            *(
+                publish_raw(
                     self.broker,
                     subject,
-                    data,
+                    data[i : i + step],
                     type_=LOG_TYPE,
                     source=self.source,
-                    msg_id=f"{w.placement_id}:{offset}",
+                    msg_id=f"{w.placement_id}:{offset + i}",
                 )
-                offset, pending = end, None
-                write_text_atomic(w.file("log.offset"), str(offset))
-        return offset >= size
+                for i in range(0, len(data), step)
+            )
+        )
+        write_text_atomic(w.file("log.offset"), str(end))
+        return end >= size
 
     def finished_event(
         self, w: Worker, exit_data: dict[str, Any], started: dict[str, Any] | None

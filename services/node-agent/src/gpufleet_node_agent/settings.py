@@ -74,7 +74,11 @@ class AgentSettings(BaseSettings):
     simulated_gpus: Path | None = None
     agent_state_dir: Path = Path("~/.local/state/gpufleet-agent")
     heartbeat_s: float = Field(default=5.0, gt=0)
+    # Workers' ends come as events (procwatch.py); while workers run, their new log is
+    # shipped every worker_poll_s (reading files only), and every worker_check_s a
+    # safety-net round checks on each of them (podman: one `podman ps`).
     worker_poll_s: float = Field(default=0.5, gt=0)
+    worker_check_s: float = Field(default=5.0, gt=0)
     price_per_gpu_hour: Decimal | None = Field(default=None, ge=0)
     # R-SCHED-4: the operator divides each GPU of this node into this many shares.
     gpu_shares: int = Field(default=1, ge=1, le=16)
@@ -101,6 +105,7 @@ class AgentSettings(BaseSettings):
     worker_memory_mb: int | None = Field(default=None, ge=16)  # None: the GPUs' share
     worker_cpus: float | None = Field(default=None, gt=0)  # None: the GPUs' share
     worker_pids: int = Field(default=4096, ge=16)
+    podman_parallel: int = Field(default=4, ge=1, le=64)  # `podman run`s at once
     # A container worker's writable space (README "Disk quota"): `loop`, its own loop-mounted
     # ext4 of disk_size_gb and a read-only image root; `off`: unlimited, on the host's disk.
     worker_disk_quota: Literal["loop", "off"] = "loop"

@@ -10,7 +10,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPERVISOR_MODULE = "gpufleet_node_agent.supervise"
+from .supervise import is_supervisor
+
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 # Supervisors this process spawned, until they are reaped. Module-wide, so that one that
@@ -29,7 +30,7 @@ def dir_name(placement_id: str) -> str:
     return "h-" + hashlib.sha256(placement_id.encode()).hexdigest()[:40]
 
 
-def _proc_args(pid: int) -> list[str]:
+def proc_args(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -59,8 +60,7 @@ def supervisor_alive(pid: int, worker_dir: Path) -> bool:
     """Is `pid` alive and the supervisor of `worker_dir`? (The cmdline guards against pid reuse.)"""
     if not pid_alive(pid):
         return False
-    args = _proc_args(pid)
-    return SUPERVISOR_MODULE in args and str(worker_dir) in args
+    return is_supervisor(proc_args(pid), worker_dir)
 
 
 def runs_in(pid: int, worker_dir: Path) -> bool:
@@ -70,6 +70,21 @@ def runs_in(pid: int, worker_dir: Path) -> bool:
     except OSError:
         return False
     return f"ML_OUTPUT_PATH={worker_dir / 'output'}".encode() in environ.split(b"\0")
+
+
+def group_of(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass

@@ -29,12 +29,13 @@ alive) and reports.py (the WorkerStarted, log chunks and WorkerFinished it publi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
-import sys
+import time
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -81,7 +82,6 @@ class WorkerManager(Reports):
         log_chunk_bytes: int = 16384,
         gpu_indices: Collection[int] | None = None,
         clock: Callable[[], datetime] = utcnow,
-        python: str = sys.executable,
         source: str = SOURCE,
         runtime: WorkerRuntime | None = None,
         others: Iterable[WorkerRuntime] = (),
@@ -93,16 +93,18 @@ class WorkerManager(Reports):
         self.log_chunk_bytes = log_chunk_bytes
         self.gpu_indices = None if gpu_indices is None else set(gpu_indices)
         self.clock = clock
-        self.python = python
         self.source = source
         # How workers run (runtime.py): `runtime` unless `policy` (policy.py) chooses one of
         # `others` for a worker; bare supervised processes unless told otherwise. A worker's
         # runtime is kept in its spec.json, so a restart finds it with the same one.
-        self.runtime: WorkerRuntime = runtime or ProcessRuntime(python)
+        self.runtime: WorkerRuntime = runtime or ProcessRuntime()
         self.runtimes: dict[str, WorkerRuntime] = {r.name: r for r in others}
         self.runtimes[self.runtime.name] = self.runtime
+        for rt in self.runtimes.values():
+            rt.notify = self.wake  # a worker's end (or start) is reported at once
         self.policy = policy
         self._active: dict[str, Worker] = {}
+        self._news = asyncio.Event()
 
     # --- queries --------------------------------------------------------------------
 
@@ -220,7 +222,9 @@ class WorkerManager(Reports):
         self._active[cmd.placement_id] = w
         if "exit.json" in files:
             log.warning("refused %s: %s", w.key, files["exit.json"]["error"])
+            self.wake()
             return False
+        self.wake()
         # the keys become the worker's files first (for its uid), then it runs
         error = keyfiles.materialize(d, self.rt(w).secrets_uid) or self.rt(w).launch(w)
         if error is not None:
@@ -265,6 +269,7 @@ class WorkerManager(Reports):
             )
             if created is not None:
                 self._active[placement_id] = Worker(placement_id, created, job_id, worker)
+                self.wake()
             return
         w = self._active.get(placement_id)
         if w is None or w.file("exit.json").exists():
@@ -273,6 +278,7 @@ class WorkerManager(Reports):
             write_text_atomic(w.file("stop_requested"), reason)
         log.info("stopping worker %s: %s", w.key, reason)
         self.rt(w).request_stop(w)
+        self.wake()
 
     # --- restart --------------------------------------------------------------------
 
@@ -320,24 +326,43 @@ class WorkerManager(Reports):
 
     # --- watching -------------------------------------------------------------------
 
-    async def run(self, interval: float = 0.5) -> None:
-        """Watch the workers until cancelled."""
-        while True:
-            await self.poll_once()
-            await asyncio.sleep(interval)
+    def wake(self) -> None:
+        """Something happened (a start, a stop, a runtime's news of an end): a round now."""
+        self._news.set()
 
-    async def poll_once(self) -> None:
+    async def run(self, interval: float = 0.5, check_s: float = 5.0) -> None:
+        """Watch the workers until cancelled. A round runs when there is news (`wake`:
+        workers' ends come as events, procwatch.py), every `interval` while workers are
+        active (their new log is shipped), and at least every `check_s` as a safety net
+        (`full`: the runtimes check on every worker, e.g. podman lists its containers).
+        Idle, the loop sleeps until news or the safety net."""
+        last_full = time.monotonic()
+        while True:
+            timeout = interval if self._active else check_s
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
+            # comes as the news does, and the agent's stop then waits on this loop forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._news.wait()
+            self._news.clear()
+            full = time.monotonic() - last_full >= check_s
+            if full:
+                last_full = time.monotonic()
+            await self.poll_once(full=full)
+
+    async def poll_once(self, full: bool = True) -> None:
         workers = list(self._active.values())
         for rt in self.runtimes.values():
             try:
-                await rt.poll([w for w in workers if self.rt(w) is rt])
+                await rt.poll([w for w in workers if self.rt(w) is rt], full)
             except Exception as exc:  # podman failing, say: the files say what is known
                 log.warning("worker runtime %s: %s", rt.name, exc)
-        for w in workers:
-            try:
-                await self._watch(w)
-            except Exception as exc:  # NATS down, say: try again next round
-                log.warning("worker %s: will retry reporting: %s", w.key, exc)
+        # Every worker's reports at once (no await per message): a round costs about one
+        # round trip to JetStream however many workers it reports on (reports.py).
+        results = await asyncio.gather(*(self._watch(w) for w in workers), return_exceptions=True)
+        for w, res in zip(workers, results, strict=True):
+            if isinstance(res, Exception):  # NATS down, say: try again next round
+                log.warning("worker %s: will retry reporting: %s", w.key, res)
 
     async def _watch(self, w: Worker) -> None:
         ended = w.file("exit.json").exists()
@@ -346,12 +371,14 @@ class WorkerManager(Reports):
             self._mark_gone(w, rt.lost_at_runtime)
             ended = True
         started = read_json(w.file("started.json"))
+        pending: list[Awaitable[object]] = []
         if started is not None and not w.file("reported_started").exists():
-            await self._report_started(w, started)
-        shipped_all = await self.ship_log(w)
+            pending.append(self._report_started(w, started))
+        pending.append(self.ship_log(w))
+        done = await asyncio.gather(*pending)
         if ended:
             keyfiles.remove(w.dir)  # its keys leave the node with it
-        if ended and shipped_all:
+        if ended and done[-1] is True:
             exit_data = read_json(w.file("exit.json")) or {}
             evt = self.finished_event(w, exit_data, started)
             await publish(self.broker, evt, source=self.source, msg_id=f"finished:{w.placement_id}")
