@@ -102,3 +102,20 @@ async def test_a_scheduler_clock_an_hour_behind_bills_the_run_once(
     assert await billing.worker_finished(finished("p4", ended), ended + MIN) == 0
     assert (await balances(store))["buyer"] == -A100_HOUR // 2
     await store.close()
+
+
+async def test_an_agent_an_hour_behind_is_billed_the_time_its_run_took(
+    mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """The node's start and end, both an hour early by its clock: the start is kept at the
+    placement, the end is that start plus the run's length on the node's own clock (it was
+    clamped to the start before, and the run billed as nothing)."""
+    clock = FakeClock(T0)
+    billing, store = await billing_on(mongo_server.url, db_prefix, clock)
+    await billing.worker_placed(placed("p1"))
+    behind = T0 - HOUR
+    await billing.worker_started(started("p1", behind), T0)
+    ended = T0 + 30 * MIN
+    assert await billing.worker_finished(finished("p1", ended - HOUR, behind), ended) == 3
+    assert (await balances(store))["buyer"] == -int(0.5 * A100_HOUR)
+    await store.close()

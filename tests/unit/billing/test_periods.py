@@ -19,3 +19,18 @@ def test_an_end_is_kept_between_the_start_and_its_receipt() -> None:
     assert run_end_ms(150, started_ms=100, received_ms=200) == 150
     assert run_end_ms(900, started_ms=100, received_ms=200) == 200
     assert run_end_ms(900, started_ms=None, received_ms=None) == 900
+
+
+def test_a_runs_end_is_its_length_on_the_nodes_own_clock_from_the_kept_start() -> None:
+    hour = 3_600_000
+    placed, received_start, received_end = 10 * hour, 10 * hour + 50, 10 * hour + 1_800_100
+    # an agent an hour behind: it claims a start before the placement and an end 30 min later
+    claimed_start, claimed_end = placed - hour + 40, placed - hour + 40 + 1_800_000
+    start = run_start_ms(claimed_start, placed_ms=placed, received_ms=received_start)
+    assert start == placed
+    assert run_end_ms(claimed_end, start, received_end) == start  # alone: clamped to nothing
+    end = run_end_ms(claimed_end, start, received_end, claimed_start_ms=claimed_start)
+    assert end - start == 1_800_000  # with its own start: the 30 minutes it ran
+    # an agent an hour ahead: the end is still not after its receipt
+    ahead = run_end_ms(placed + hour + 9 * hour, placed, received_end, placed + hour)
+    assert ahead == received_end

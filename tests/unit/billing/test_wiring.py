@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from gpufleet_billing.app import BillingSettings, build_app
 from gpufleet_bus import BusSettings, Ports, make_broker
+from gpufleet_contracts import subjects
 from gpufleet_contracts.billing import EntriesQuery
 from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted
 from gpufleet_store import Store, StoreSettings
@@ -16,18 +17,24 @@ def test_the_worker_stream_is_one_consumer_dispatching_by_type() -> None:
     store = Store.connect("billing", StoreSettings(mongo_url="mongodb://127.0.0.1:1"))
     svc = build_app(Ports(broker, store), BillingSettings(tick_s=0))
     events = {w.message: w.handler for w in svc.runtime.table if w.kind == "event"}
-    assert events[WorkerPlaced.__name__].endswith("Placements.worker_placed")
-    assert events[WorkerStarted.__name__].endswith("Handlers.worker_started")
-    assert events[WorkerFinished.__name__].endswith("Handlers.worker_finished")
+    for model in (WorkerPlaced, WorkerStarted, WorkerFinished):
+        assert events[model.__name__].endswith("Handlers.worker_events")
     consumers = sorted(cast(Any, s).config.durable_name for s in broker.subscribers)
-    # One consumer for the worker stream (subjects.WORKER_EVENTS): the stream's order is
-    # the order applied.
     assert consumers == [
         "billing-device-added",
         "billing-device-removed",
         "billing-provider-enabled",
-        "billing-worker-events",
     ]
+    # One consumer for the worker stream (subjects.WORKER_EVENTS), a batch at a time: the
+    # stream's order is the order applied.
+    (worker_events,) = svc.runtime.batches
+    assert worker_events.durable == "billing-worker-events"
+    assert worker_events.subject == subjects.WORKER_EVENTS
+    assert {m.TYPE for m in worker_events.spec.types} == {
+        WorkerPlaced.TYPE,
+        WorkerStarted.TYPE,
+        WorkerFinished.TYPE,
+    }
     requests = sorted(w.subject.split(".")[4] for w in svc.runtime.table if w.kind == "request")
     assert requests == ["balance", "dead_letters", "earnings", "entries", "health", "job_cost"]
 

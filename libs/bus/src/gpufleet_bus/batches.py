@@ -5,12 +5,24 @@ It fetches up to `max_batch` messages at once (as many as are there: a fetch ret
 without waiting for a full batch), checks each one's envelope and body as every consumer
 does (deadletter.py: a message that cannot be valid is dead-lettered and termed, alone),
 hands the valid ones to the handler in stream order, and acks them all once it returned.
-If it raises, each is nak'ed with the growing delay and, after MAX_DELIVER attempts,
-dead-lettered as poison: the same ack policy as one message at a time, so the handler must
-be idempotent per message (a redelivered batch may mix old and new messages).
+If it raises, the batch is handled again **one message at a time**, in order, so that one
+message the handler cannot take never holds back (or dead-letters) the others: each that
+succeeds is acked, each that fails is nak'ed with the growing delay and, after MAX_DELIVER
+attempts, dead-lettered as poison: the same ack policy as one message at a time. So the
+handler must be idempotent per message (a redelivered batch may mix old and new messages,
+and a failed batch's first messages may be applied twice).
 
 Served on the raw nats-py connection: FastStream hands a pull batch's messages to its
 handler one by one (runtime.py), which gives no place to commit them together.
+
+At stop, the fetch under way ends (within its 1 s timeout) and the pull subscription is
+given up (`_release`): a fetch that timed out on the client leaves the server's later
+`408 Request Timeout` in the subscription's queue, and a lingering pull request may still
+deliver a message after the last fetch. Left there, the connection's drain waited for
+that queue to be read, which nothing did, for its whole `drain_timeout` (30 s: every
+service's stop, and ~30 s per integration test). Now the subscription is unsubscribed at
+once, which also makes the server drop the pull requests still pending for this inbox
+(nats-server checks a pull request's interest before delivering to it).
 """
 
 from __future__ import annotations
@@ -61,29 +73,50 @@ class BatchConsumer:
         self.by_type: Mapping[str, type[Message]] = {m.TYPE: m for m in spec.types}
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._psub: Any = None  # nats-py's JetStreamContext.PullSubscription
         self._nc: Client | None = None
 
     async def start(self, nc: Client) -> None:
         self._nc = nc
-        js = nc.jetstream()
+        self._psub = await self._subscribe()
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=f"{self.durable}-batches")
+
+    async def _subscribe(self) -> Any:
+        """The pull subscription (its durable consumer made if missing: idempotent)."""
+        assert self._nc is not None
         config = ConsumerConfig(
             durable_name=self.durable,
             ack_wait=60,
             max_deliver=-1,
             deliver_policy=DeliverPolicy.ALL,
         )
-        psub = await js.pull_subscribe(
+        return await self._nc.jetstream().pull_subscribe(
             self.subject,
             durable=self.durable,
             stream=self.stream,
             config=config,
             inbox_prefix=self.inbox_prefix,
         )
-        self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._run(psub), name=f"{self.durable}-batches")
+
+    async def _resubscribe(self) -> None:
+        """A fresh pull subscription after a failed fetch: if the durable consumer is gone
+        (a server restarted without it, an operator deleted it), every fetch of the old one
+        fails for good, and subscribing again makes the consumer anew. Until the server
+        answers, the old one is kept and this is tried again after the next failure."""
+        try:
+            fresh = await self._subscribe()
+        except Exception as exc:
+            log.warning("%s: cannot subscribe again yet: %s", self.durable, exc)
+            return
+        old, self._psub = self._psub, fresh
+        with contextlib.suppress(Exception):
+            await old.unsubscribe()
+        log.info("%s: pull subscription made again", self.durable)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """The batch in hand is applied and acked (within `grace_s`); no other is fetched."""
+        """The batch in hand is applied and acked (within `grace_s`); no other is fetched;
+        the subscription is given up (`_release`)."""
         self._stop.set()
         task, self._task = self._task, None
         if task is None:
@@ -94,16 +127,32 @@ class BatchConsumer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            await self._release(psub)
 
-    async def _run(self, psub: Any) -> None:
+    async def _release(self, psub: Any) -> None:
+        """Unsubscribe at once, so that the connection's drain finds nothing left to wait
+        for (the server then drops this inbox's pull requests that still linger). Not the
+        subscription's own drain: nats-py's fetch takes discarded status messages off the
+        queue without marking them done, so that drain would wait for ever. A message a
+        lingering pull request delivered after the last fetch is not acked: the server
+        delivers it again after `ack_wait`, to whoever consumes next."""
+        try:
+            await psub.unsubscribe()
+        except Exception as exc:  # a closed connection has nothing left to drain
+            log.warning("%s: releasing the pull subscription failed: %s", self.durable, exc)
+
+    async def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                msgs: list[Msg] = await psub.fetch(self.spec.max_batch, timeout=1.0)
+                msgs: list[Msg] = await self._psub.fetch(self.spec.max_batch, timeout=1.0)
             except (NatsTimeout, TimeoutError):
                 continue
-            except Exception as exc:  # the connection reconnects; try again
+            except Exception as exc:  # the connection reconnects; subscribe again, try again
                 log.warning("%s: fetch failed: %s", self.durable, exc)
                 await asyncio.sleep(0.5)
+                await self._resubscribe()
                 continue
             try:
                 await self._handle(msgs)
@@ -121,7 +170,17 @@ class BatchConsumer:
         try:
             await self.spec.handler([item for _, item in valid])
         except Exception as exc:
-            await self._retry([m for m, _ in valid], exc)
+            if len(valid) == 1:
+                await self._retry([valid[0][0]], exc)
+                return
+            log.warning("%s: batch of %d failed (%s); one at a time", self.durable, len(valid), exc)
+            for msg, item in valid:
+                try:
+                    await self.spec.handler([item])
+                except Exception as one:
+                    await self._retry([msg], one)
+                else:
+                    await msg.ack()
             return
         for msg, _ in valid:
             await msg.ack()

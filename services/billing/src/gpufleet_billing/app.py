@@ -3,9 +3,9 @@ in the one wiring table below."""
 
 from __future__ import annotations
 
-from gpufleet_bus import Delivery, Events, Every, Ports, Service, ServiceRuntime
+from gpufleet_bus import Batched, Delivery, Every, Ports, Service, ServiceRuntime
 from gpufleet_bus.accounts import on_its_own_subject
-from gpufleet_contracts import subjects
+from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.billing import (
     Balance,
     DeviceFeeCharged,
@@ -85,6 +85,25 @@ class Handlers:
         if on_its_own_subject(delivery.subject, body.minion_id):
             await self.billing.worker_finished(body, delivery.received_at or self.billing.clock())
 
+    async def worker_events(self, batch: list[tuple[Message, Delivery]]) -> None:
+        """Placements, starts and ends, a batch at a time: the batch's placements first, then
+        its starts, then its ends (a worker's own facts come in that order: service.py), each
+        kind applied together (placements.py: one transaction settles many runs). Batches
+        spare a fetch, an ack and a few database round trips per fact, which kept billing
+        far behind a fleet of short jobs (billing README)."""
+        placed, started, finished = [], [], []
+        for body, d in batch:
+            at = d.received_at or self.billing.clock()
+            if isinstance(body, WorkerPlaced):
+                placed.append(body)
+            elif isinstance(body, WorkerStarted) and on_its_own_subject(d.subject, body.minion_id):
+                started.append((body, at))
+            elif isinstance(body, WorkerFinished) and on_its_own_subject(d.subject, body.minion_id):
+                finished.append((body, at))
+        await self.billing.workers_placed(placed)
+        await self.billing.workers_started(started)
+        await self.billing.workers_finished(finished)
+
 
 def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[Billing]:
     settings = settings or BillingSettings()
@@ -102,12 +121,9 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
         },
         events={
             # One consumer, in stream order: a placement before its node's facts (service.py).
-            "worker-events": Events(
-                {
-                    WorkerPlaced: billing.worker_placed,
-                    WorkerStarted: on.worker_started,
-                    WorkerFinished: on.worker_finished,
-                },
+            "worker-events": Batched(
+                [WorkerPlaced, WorkerStarted, WorkerFinished],
+                on.worker_events,
                 subject=subjects.WORKER_EVENTS,
             ),
             "device-added": on.device_added,

@@ -59,9 +59,7 @@ class Devices(Keeper):
             count = devices_charged(await self._spans(account, tx), day)
             target = device_fee_postings(account, count, day) if count else []
             have = await ledger.posted(self.db, group, tx)
-            entries = await ledger.write_stage(
-                self.db,
-                tx,
+            entries = ledger.stage_entries(
                 group=group,
                 stage=next_revision(have),
                 postings=delta(target, have),
@@ -73,6 +71,7 @@ class Devices(Keeper):
                     "memo": f"{count} device(s) on {day.isoformat()}",
                 },
             )
+            await ledger.insert(self.db, tx, entries)
             return len(entries)
 
         return await self._write(body)

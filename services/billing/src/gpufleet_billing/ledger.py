@@ -36,9 +36,7 @@ async def posted(db: AsyncDatabase[Doc], group: str, tx: Transaction | None = No
     ]
 
 
-async def write_stage(
-    db: AsyncDatabase[Doc],
-    tx: Transaction,
+def stage_entries(
     *,
     group: str,
     stage: str,
@@ -47,7 +45,8 @@ async def write_stage(
     recorded_at: datetime,
     meta: Doc,
 ) -> list[Doc]:
-    """Insert one stage of `group` and queue its events; returns the entries written."""
+    """The entries of one stage of `group` (none for no postings), pure; `insert` writes
+    them with their events."""
     if not postings:
         return []
     assert sum(p.amount_micro for p in postings) == 0, "a stage must balance"
@@ -69,9 +68,28 @@ async def write_stage(
                 "recorded_at": recorded_at,
             }
         )
+    return entries
+
+
+async def insert(db: AsyncDatabase[Doc], tx: Transaction, entries: list[Doc]) -> None:
+    """Insert entries (of any stages) and queue one event each, in the transaction."""
+    if not entries:
+        return
     await db.ledger.insert_many(entries, session=tx.session)
     for e in entries:
         METRICS.ledger_entries.add(1, {"kind": str(e.get("kind"))})
     for e in entries:
         emit(tx, event_for(e), msg_id=e["key"])
-    return entries
+
+
+async def posted_in(
+    db: AsyncDatabase[Doc], groups: list[str], tx: Transaction
+) -> dict[str, list[Posted]]:
+    """What the ledger holds for each of `groups`, in one query."""
+    out: dict[str, list[Posted]] = {g: [] for g in groups}
+    docs = await db.ledger.find({"group": {"$in": groups}}, session=tx.session).to_list(None)
+    for d in docs:
+        out[str(d["group"])].append(
+            Posted(d["account"], int(d["amount_micro"]), str(d["stage"]), str(d["kind"]))
+        )
+    return out

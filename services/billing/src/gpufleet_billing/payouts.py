@@ -68,9 +68,7 @@ class Payouts(Keeper):
             if amount == 0:
                 return 0
             have = await ledger.posted(self.db, group, tx)
-            entries = await ledger.write_stage(
-                self.db,
-                tx,
+            entries = ledger.stage_entries(
                 group=group,
                 stage=next_revision(have),
                 postings=[Posting(sub, -amount, "payout"), Posting(account, amount, "payout")],
@@ -82,6 +80,7 @@ class Payouts(Keeper):
                     "memo": f"earnings up to the end of {day.isoformat()}",
                 },
             )
+            await ledger.insert(self.db, tx, entries)
             return len(entries)
 
         return await self._write(body)

@@ -35,8 +35,20 @@ def run_start_ms(claimed_ms: int, placed_ms: int | None, received_ms: int | None
     return max(ms, placed_ms)
 
 
-def run_end_ms(claimed_ms: int, started_ms: int | None, received_ms: int | None) -> int:
-    """A node's claimed end: not after its WorkerFinished was received, not before the start."""
+def run_end_ms(
+    claimed_ms: int,
+    started_ms: int | None,
+    received_ms: int | None,
+    claimed_start_ms: int | None = None,
+) -> int:
+    """A node's claimed end: not after its WorkerFinished was received, not before the start.
+
+    With the node's own claimed start (`claimed_start_ms`, from the same clock as its end),
+    the end is the start billing kept plus the run's length on the node's clock: the node's
+    clock offset cancels out. Without it, an agent an hour behind would have every run under
+    an hour clamped to nothing (its end before the placement), and billed as nothing."""
+    if claimed_start_ms is not None and started_ms is not None:
+        claimed_ms = started_ms + max(0, claimed_ms - claimed_start_ms)
     ms = claimed_ms if received_ms is None else min(claimed_ms, received_ms)
     return ms if started_ms is None else max(ms, started_ms)
 

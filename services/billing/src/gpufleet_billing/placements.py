@@ -9,11 +9,14 @@ and applied when the placement arrives: see service.py for when that can happen 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from typing import TypeVar
 
 from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted
 from gpufleet_store import Doc, Transaction
+from pymongo import UpdateOne
 
 from . import ledger
 from .fees import MS_PER_HOUR, Posting, federated_postings, is_federated, usage_postings
@@ -24,60 +27,59 @@ from .settle import delta
 log = logging.getLogger("gpufleet.billing")
 
 MAX_HOURS_PER_TICK = 24  # hours the clock bills for one placement in one tick; later ticks go on
+FINISHED_PER_TRANSACTION = 64  # runs settled in one transaction (its outbox: ~3 events each)
 STARTED, FINISHED = "started", "finished"  # the kinds of a parked fact, applied in this order
+Fact = TypeVar("Fact", WorkerStarted, WorkerFinished)
 
 
 class Placements(Keeper):
     async def worker_placed(self, evt: WorkerPlaced) -> None:
-        await self.db.placements.update_one(
-            {"_id": evt.placement_id},
-            {
-                "$setOnInsert": {
-                    "job_id": evt.job_id,
-                    "worker": evt.worker,
-                    "rate": str(evt.rate),
-                    "gpu_count": evt.gpu_count,
-                    "gpu_model": evt.gpu_model,
-                    "charge": evt.charge,
-                    "payer": evt.payer,
-                    "node_owner": evt.node_owner,
-                    "creator": evt.creator,
-                    "job_type": str(evt.job_type),
-                    "node_id": evt.node_id,
-                    "minion_id": evt.minion_id,
-                    "region": evt.region,
-                    "placed_at": evt.placed_at,
-                    "gpu_fraction": str(evt.gpu_fraction) if evt.gpu_fraction else None,
-                    "cpu_count": evt.cpu_count,  # a CPU-only worker's: rate per CPU-hour
-                    "hours_billed": 0,
-                }
-            },
-            upsert=True,
+        await self.workers_placed([evt])
+
+    async def workers_placed(self, evts: Sequence[WorkerPlaced]) -> None:
+        """Record placements (the first copy of each stands), then apply what was parked
+        for them."""
+        if not evts:
+            return
+        await self.db.placements.bulk_write(
+            [
+                UpdateOne({"_id": e.placement_id}, {"$setOnInsert": _placement_doc(e)}, upsert=True)
+                for e in evts
+            ],
+            ordered=True,
         )
-        await self._unpark(evt.placement_id)
+        ids = list({e.placement_id: None for e in evts})
+        waiting = await self.db.parked.distinct("placement_id", {"placement_id": {"$in": ids}})
+        for placement_id in ids:
+            if placement_id in waiting:
+                await self._unpark(placement_id)
 
     async def worker_started(self, evt: WorkerStarted, received_at: datetime | None = None) -> None:
         """Record the start: from now on the clock bills each full running hour.
 
         The node's `started_at` is clamped to [placed_at, received_at] (`received_at`: the
         stream's timestamp of the event, the same on a replay; None only in direct calls)."""
-        p = await self.db.placements.find_one({"_id": evt.placement_id})
-        if p is None:
-            await self._park(STARTED, evt, received_at)
-            return
-        if not _from_its_node(p, evt.minion_id):
-            return
-        started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), _ms(received_at))
-        await self.db.placements.update_one(
-            # not once settled: a late start of a run the scheduler closed (its node was
-            # declared lost) is no run to bill
-            {
-                "_id": evt.placement_id,
-                "started_ms": {"$exists": False},
-                "ended_ms": {"$exists": False},
-            },
-            {"$set": {"started_ms": started_ms}},
-        )
+        await self.workers_started([(evt, received_at)])
+
+    async def workers_started(self, facts: Sequence[tuple[WorkerStarted, datetime | None]]) -> None:
+        """`worker_started` for many, in one read and one write."""
+        ops = []
+        for evt, received_at, p in await self._known(STARTED, facts):
+            started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), _ms(received_at))
+            ops.append(
+                UpdateOne(
+                    # not once settled: a late start of a run the scheduler closed (its node
+                    # was declared lost) is no run to bill
+                    {
+                        "_id": evt.placement_id,
+                        "started_ms": {"$exists": False},
+                        "ended_ms": {"$exists": False},
+                    },
+                    {"$set": {"started_ms": started_ms}},
+                )
+            )
+        if ops:
+            await self.db.placements.bulk_write(ops, ordered=True)
 
     async def worker_finished(
         self, evt: WorkerFinished, received_at: datetime | None = None
@@ -86,36 +88,64 @@ class Placements(Keeper):
 
         The node's times are clamped: the start to [placed_at, received_at], the end to
         [start, received_at] (`received_at` as for `worker_started`)."""
-        placed = await self.db.placements.find_one({"_id": evt.placement_id})
-        if placed is None:
-            await self._park(FINISHED, evt, received_at)
-            return 0
-        if not _from_its_node(placed, evt.minion_id):
+        return await self.workers_finished([(evt, received_at)])
+
+    async def workers_finished(
+        self, facts: Sequence[tuple[WorkerFinished, datetime | None]]
+    ) -> int:
+        """`worker_finished` for many: up to FINISHED_PER_TRANSACTION runs settled in one
+        transaction (one read of their placements, one of their groups' entries, one insert),
+        instead of a handful of round trips each; returns the entries written."""
+        written = 0
+        for i in range(0, len(facts), FINISHED_PER_TRANSACTION):
+            written += await self._finish(facts[i : i + FINISHED_PER_TRANSACTION])
+        return written
+
+    async def _finish(self, facts: Sequence[tuple[WorkerFinished, datetime | None]]) -> int:
+        known = [(evt, at) for evt, at, _ in await self._known(FINISHED, facts)]
+        if not known:
             return 0
 
         async def body(tx: Transaction) -> int:
-            p = await self.db.placements.find_one({"_id": evt.placement_id}, session=tx.session)
-            if p is None or "ended_ms" in p:
-                return 0  # already settled: a redelivery or a replay
-            received_ms = _ms(received_at)
-            started_ms = p.get("started_ms")
-            if evt.started_at is not None and started_ms is None:  # else: bounded at its receipt
-                started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), received_ms)
-            ended_ms = run_end_ms(to_ms(evt.ended_at), started_ms, received_ms)
-            fields: Doc = {"ended_ms": ended_ms}
-            if started_ms is not None:
-                fields["started_ms"] = started_ms
-            await self.db.placements.update_one(
-                {"_id": evt.placement_id}, {"$set": fields}, session=tx.session
-            )
-            if started_ms is None:
-                return 0  # never ran: nothing to charge
-            duration = max(0, ended_ms - started_ms)
-            covered = duration - int(p.get("hours_billed", 0)) * MS_PER_HOUR
-            return await self._settle_worker(tx, p, "end", duration, from_ms(ended_ms), covered)
+            placements = await self._placements({e.placement_id for e, _ in known}, tx)
+            updates, runs = [], []
+            for evt, received_at in known:
+                p = placements.get(evt.placement_id)
+                if p is None or "ended_ms" in p:
+                    continue  # already settled: a redelivery or a replay
+                fields, run = _end_of_run(p, evt, _ms(received_at))
+                p.update(fields)  # a second copy in this batch sees it settled
+                updates.append(UpdateOne({"_id": evt.placement_id}, {"$set": fields}))
+                if run is not None:  # else never ran: nothing to charge
+                    runs.append((p, *run))
+            if updates:
+                await self.db.placements.bulk_write(updates, ordered=True, session=tx.session)
+            return await self._settle_runs(tx, "end", runs)
 
         async with self.lock:
             return await self._write(body)
+
+    async def _known(
+        self, kind: str, facts: Sequence[tuple[Fact, datetime | None]]
+    ) -> list[tuple[Fact, datetime | None, Doc]]:
+        """The facts whose placement is recorded, with it, from the node it named; the
+        others are parked (no placement yet) or ignored (another node's)."""
+        if not facts:
+            return []
+        found = await self._placements({e.placement_id for e, _ in facts})
+        known = []
+        for evt, received_at in facts:
+            p = found.get(evt.placement_id)
+            if p is None:
+                await self._park(kind, evt, received_at)
+            elif _from_its_node(p, evt.minion_id):
+                known.append((evt, received_at, p))
+        return known
+
+    async def _placements(self, ids: set[str], tx: Transaction | None = None) -> dict[str, Doc]:
+        session = tx.session if tx is not None else None
+        docs = self.db.placements.find({"_id": {"$in": sorted(ids)}}, session=session)
+        return {str(p["_id"]): p for p in await docs.to_list(None)}
 
     # --- facts for a placement not recorded (yet) ---------------------------------------
 
@@ -160,41 +190,30 @@ class Placements(Keeper):
 
     # --- settling -----------------------------------------------------------------------
 
-    async def _settle_worker(
-        self, tx: Transaction, p: Doc, stage: str, duration_ms: int, at: datetime, covered: int
+    async def _settle_runs(
+        self, tx: Transaction, stage: str, runs: Sequence[tuple[Doc, int, datetime, int]]
     ) -> int:
-        """Bring every charge group of placement `p` to its total over `duration_ms`."""
-        written = 0
-        meta: Doc = {
-            "job_id": p["job_id"],
-            "worker": p["worker"],
-            "placement_id": p["_id"],
-            "node_id": p.get("node_id", ""),
-            "region": p.get("region", ""),
-            "gpu_count": p["gpu_count"],
-            "gpu_model": p["gpu_model"],
-            "cpu_count": int(p.get("cpu_count") or 0),
-            "rate": p["rate"],
-            "job_type": p.get("job_type", "training"),
-            "covered_ms": covered,
-            "duration_ms": duration_ms,
-        }
-        for group, target in worker_targets(p, duration_ms):
-            change = delta(target, await ledger.posted(self.db, group, tx))
-            memo = _worker_memo(p, group, stage, duration_ms)
-            written += len(
-                await ledger.write_stage(
-                    self.db,
-                    tx,
+        """Bring every charge group of each run (placement, duration_ms, at, covered_ms) to
+        its total over its duration, as stage `stage`: one read, one insert."""
+        targets = [(run, worker_targets(run[0], run[1])) for run in runs]
+        groups = [group for _, tg in targets for group, _ in tg]
+        if not groups:
+            return 0
+        posted = await ledger.posted_in(self.db, groups, tx)
+        entries: list[Doc] = []
+        for (p, duration_ms, at, covered), tg in targets:
+            meta = _run_meta(p, duration_ms, covered)
+            for group, target in tg:
+                entries += ledger.stage_entries(
                     group=group,
                     stage=stage,
-                    postings=change,
+                    postings=delta(target, posted[group]),
                     at=at,
                     recorded_at=self.clock(),
-                    meta={**meta, "memo": memo},
+                    meta={**meta, "memo": _worker_memo(p, group, stage, duration_ms)},
                 )
-            )
-        return written
+        await ledger.insert(self.db, tx, entries)
+        return len(entries)
 
     async def bill_running_hours(self, now_ms: int) -> int:
         """At the end of each running hour, bill that hour (R-BILL-4: earnings credited hourly).
@@ -222,10 +241,68 @@ class Placements(Keeper):
                 {"_id": placement_id}, {"$set": {"hours_billed": k}}, session=tx.session
             )
             at = from_ms(int(p["started_ms"]) + k * MS_PER_HOUR)
-            return await self._settle_worker(tx, p, f"h{k}", k * MS_PER_HOUR, at, MS_PER_HOUR)
+            return await self._settle_runs(tx, f"h{k}", [(p, k * MS_PER_HOUR, at, MS_PER_HOUR)])
 
         async with self.lock:
             return await self._write(body)
+
+
+def _placement_doc(evt: WorkerPlaced) -> Doc:
+    return {
+        "job_id": evt.job_id,
+        "worker": evt.worker,
+        "rate": str(evt.rate),
+        "gpu_count": evt.gpu_count,
+        "gpu_model": evt.gpu_model,
+        "charge": evt.charge,
+        "payer": evt.payer,
+        "node_owner": evt.node_owner,
+        "creator": evt.creator,
+        "job_type": str(evt.job_type),
+        "node_id": evt.node_id,
+        "minion_id": evt.minion_id,
+        "region": evt.region,
+        "placed_at": evt.placed_at,
+        "gpu_fraction": str(evt.gpu_fraction) if evt.gpu_fraction else None,
+        "cpu_count": evt.cpu_count,  # a CPU-only worker's: rate per CPU-hour
+        "hours_billed": 0,
+    }
+
+
+def _end_of_run(
+    p: Doc, evt: WorkerFinished, received_ms: int | None
+) -> tuple[Doc, tuple[int, datetime, int] | None]:
+    """The fields that close placement `p`, and its run to settle (duration_ms, at,
+    covered_ms: what the hourly stages have not covered), or None if it never started."""
+    started_ms = p.get("started_ms")
+    if evt.started_at is not None and started_ms is None:  # else: bounded at its receipt
+        started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), received_ms)
+    claimed_start = to_ms(evt.started_at) if evt.started_at is not None else None
+    ended_ms = run_end_ms(to_ms(evt.ended_at), started_ms, received_ms, claimed_start)
+    fields: Doc = {"ended_ms": ended_ms}
+    if started_ms is None:
+        return fields, None
+    fields["started_ms"] = started_ms
+    duration = max(0, ended_ms - started_ms)
+    covered = duration - int(p.get("hours_billed", 0)) * MS_PER_HOUR
+    return fields, (duration, from_ms(ended_ms), covered)
+
+
+def _run_meta(p: Doc, duration_ms: int, covered: int) -> Doc:
+    return {
+        "job_id": p["job_id"],
+        "worker": p["worker"],
+        "placement_id": p["_id"],
+        "node_id": p.get("node_id", ""),
+        "region": p.get("region", ""),
+        "gpu_count": p["gpu_count"],
+        "gpu_model": p["gpu_model"],
+        "cpu_count": int(p.get("cpu_count") or 0),
+        "rate": p["rate"],
+        "job_type": p.get("job_type", "training"),
+        "covered_ms": covered,
+        "duration_ms": duration_ms,
+    }
 
 
 def worker_targets(p: Doc, duration_ms: int) -> list[tuple[str, list[Posting]]]:

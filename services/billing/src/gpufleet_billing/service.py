@@ -8,9 +8,10 @@ correction. By responsibility: placements.py (workers' runs), devices.py (device
 payouts.py (payouts), keeper.py (the store, the lock, the cursors they share).
 
 The order of a worker's facts. Billing reads the worker stream (`gpufleet.v1.evt.worker.>`:
-WorkerPlaced, WorkerStarted, WorkerFinished) through one consumer, one message at a time, so
-it applies them in the order the EVENTS stream stored them. That order puts a placement
-before the node's facts about it:
+WorkerPlaced, WorkerStarted, WorkerFinished) through one consumer, a batch at a time
+(gpufleet_bus.batches): a batch's placements first, then its starts, then its ends, which is
+the order of one worker's facts, so a batch applies as the stream's order would. That order
+puts a placement before the node's facts about it:
 
 - the scheduler emits a WorkerPlaced and the StartWorker it goes with in one transaction,
   WorkerPlaced first (gpufleet_scheduler.placing), so into one outbox document, whose
