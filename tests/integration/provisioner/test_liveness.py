@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
@@ -29,6 +29,7 @@ class Nodes(threading.Thread):
         self.stopped = {m: threading.Event() for m in creds}  # a node that stops sending
         self.done = threading.Event()
         self.sent = dict.fromkeys(creds, 0)
+        self.clock_off = dict.fromkeys(creds, timedelta(0))  # a node's clock, off ours
 
     def run(self) -> None:
         asyncio.run(self._send())
@@ -42,7 +43,9 @@ class Nodes(threading.Thread):
             for m, nc in conns.items():
                 if not self.stopped[m].is_set():
                     self.sent[m] += 1
-                    hb = NodeHeartbeat(minion_id=m, at=datetime.now(UTC), seq=self.sent[m])
+                    hb = NodeHeartbeat(
+                        minion_id=m, at=datetime.now(UTC) + self.clock_off[m], seq=self.sent[m]
+                    )
                     await nc.publish(subjects.heartbeat(m), hb.to_bytes())
             for nc in conns.values():
                 await nc.flush()

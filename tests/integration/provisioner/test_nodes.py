@@ -18,6 +18,7 @@ from gpufleet_auth.tokens import JoinToken
 from gpufleet_bus import BusSettings, Ports, make_broker, publish
 from gpufleet_bus.streams import node_consumer
 from gpufleet_contracts import subjects
+from gpufleet_contracts.clock import Clock, utcnow
 from gpufleet_contracts.identity import EnrollNode
 from gpufleet_contracts.nodes import (
     DriveInfo,
@@ -141,7 +142,11 @@ class Bus:
 
 @asynccontextmanager
 async def provisioner(
-    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str, **settings: Any
+    nats_server: NatsServer,
+    mongo_server: EmbeddedMongo,
+    db_prefix: str,
+    clock: Clock = utcnow,
+    **settings: Any,
 ) -> AsyncIterator[Bus]:
     values: dict[str, Any] = {
         "node_lost_min_s": 0.6,
@@ -158,6 +163,7 @@ async def provisioner(
             make_broker("provisioner", bus_settings),
             store_for("provisioner", mongo_server.url, db_prefix),
             bus=bus_settings,
+            clock=clock,
         ),
         config,
     )

@@ -85,7 +85,8 @@ async def test_submissions_are_kept_when_the_pass_is_fenced_off(
     sched = Scheduler(store, clock, lease=a)
     await sched.lifecycle.node_changed(registered("a", gpus=2))
     assert sched.state.loaded and a.fresh()
-    now["b"] += 120_000  # b's clock: a's lease has expired, so b takes over
+    assert not await b.acquire()  # b sees a's lease...
+    now["b"] += 120_000  # ...unrenewed for two TTLs on b's clock (a is paused): b takes over
     assert await b.acquire()
 
     jobs = list(

@@ -13,12 +13,19 @@ itself is behind with heartbeats (they are handled late, or its rounds run late)
 on their own periodic task (app.py), not behind the burst passes. Before, each heartbeat
 was a read and a write, "last seen" was when the provisioner got round to it, and on a
 loaded machine 41 of 50 healthy nodes were declared lost and their jobs run twice.
+
+Silence is measured on the monotonic clock (`mono_ms`), never on the wall clock (issue 16):
+stepped an hour forward, the wall clock made every node silent for an hour at the next
+sweep; stepped back, no node could be lost for an hour. The wall clock only stamps what
+is stored (`last_seen_ms`, `idle_since_ms`), for people and the idle-node scale-down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from gpufleet_bus import Delivery, on_its_own_subject
 from gpufleet_contracts.nodes import NodeHeartbeat, NodeState
@@ -32,13 +39,22 @@ from .records import LIVE_STATES, Records
 log = logging.getLogger("gpufleet.provisioner")
 
 
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
 class Liveness:
-    def __init__(self, records: Records) -> None:
+    def __init__(self, records: Records, mono_ms: Callable[[], int] = monotonic_ms) -> None:
         self.records = records
         self.db = records.db
         self.settings = records.settings
-        self.started_ms = now_ms(records.clock())
-        self.book = HeartbeatBook(self.started_ms, int(self.settings.heartbeat_late_s * 1000))
+        self.mono_ms = mono_ms  # every time the book keeps (heartbeats.py)
+        self.started_ms = mono_ms()
+        self.book = HeartbeatBook(
+            self.started_ms,
+            late_ms=int(self.settings.heartbeat_late_s * 1000),
+            relearn_ms=int(self.settings.node_lost_min_s * 1000),
+        )
         self._fresh: dict[str, NodeHeartbeat] = {}  # the latest heard of each, not yet stored
         self._missed: dict[str, int] = {}  # heartbeats sent in a silence and never heard
         self._round: float | None = None  # loop time of the last round (late rounds)
@@ -50,7 +66,8 @@ class Liveness:
             self.seen(body)
 
     def seen(self, hb: NodeHeartbeat) -> None:
-        missed = self.book.heard(hb.minion_id, now_ms(hb.at), hb.seq, now_ms(self.records.clock()))
+        wall = now_ms(self.records.clock())
+        missed = self.book.heard(hb.minion_id, now_ms(hb.at), hb.seq, self.mono_ms(), wall)
         if missed:
             self._missed[hb.minion_id] = self._missed.get(hb.minion_id, 0) + missed
         before = self._fresh.get(hb.minion_id)
@@ -71,7 +88,7 @@ class Liveness:
         if self._round is not None:
             late = t - self._round - self.settings.provisioner_tick_s
             if late * 1000 > self.book.late_ms:
-                self.book.was_behind(now_ms(self.records.clock()), int(late * 1000))
+                self.book.was_behind(self.mono_ms(), int(late * 1000))
         self._round = t
 
     async def flush(self) -> None:
@@ -80,7 +97,7 @@ class Liveness:
         fresh, self._fresh = self._fresh, {}
         if not fresh:
             return
-        heard_ms = {m: self.book.nodes[m].heard_ms for m in fresh if m in self.book.nodes}
+        heard_ms = {m: self.book.nodes[m].wall_ms for m in fresh if m in self.book.nodes}
         fields = ("minion_id", "state", "busy", "idle_since_ms", "lost_for_good")
         nodes = await self.db.nodes.find(
             {"minion_id": {"$in": list(fresh)}}, dict.fromkeys(fields, 1)
@@ -89,7 +106,7 @@ class Liveness:
         back: list[Doc] = []
         for node in nodes:
             hb = fresh[node["minion_id"]]
-            at = heard_ms.get(node["minion_id"], now_ms(self.records.clock()))
+            at = heard_ms.get(node["minion_id"]) or now_ms(self.records.clock())
             update: Doc = {"last_seen_ms": at, "telemetry": hb.model_dump(mode="json")}
             if hb.running:
                 update["busy"] = True
@@ -128,7 +145,7 @@ class Liveness:
     async def sweep(self) -> list[str]:
         """Mark `lost` every live node silent for longer than it may be, on evidence it
         could not send (heartbeats.py). Returns their minion ids."""
-        now = now_ms(self.records.clock())
+        now = self.mono_ms()
         if now - self.book.behind_ms < 1000 * self.settings.node_lost_min_s:
             return []  # we were behind (or just started): no node can be judged yet
         lost: list[str] = []
@@ -136,10 +153,9 @@ class Liveness:
             {"state": {"$in": list(LIVE_STATES)}, "kind": "compute"}
         ).to_list(None)
         for node in candidates:
-            seen = node.get("last_seen_ms")
-            if seen is None or node["minion_id"] in self._fresh:
-                continue
-            silent = self.book.silent_ms(node["minion_id"], int(seen), now)
+            if node.get("last_seen_ms") is None or node["minion_id"] in self._fresh:
+                continue  # never heard at all (not judged), or heard since the last flush
+            silent = self.book.silent_ms(node["minion_id"], now)
             if silent < self.lost_after_ms(node):
                 continue
 

@@ -130,7 +130,7 @@ def started(job: Doc, evt: WorkerStarted, received: datetime) -> tuple[datetime 
         return None, None
     if not jobdoc.reported_by_its_node(w, evt.minion_id):
         return None, None
-    at = clamp_time(evt.started_at, w.get("placed_at"), received)
+    at = clamp_time(evt.started_at, start_floor(w.get("placed_at"), received), received)
     w["state"] = WorkerState.running.value
     w["started_at"] = at
     return at, None
@@ -149,9 +149,11 @@ def finished(
         return None, None
     claimed = evt.started_at
     start = w.get("started_at") or (
-        clamp_time(claimed, w.get("placed_at"), received) if claimed else None
+        clamp_time(claimed, start_floor(w.get("placed_at"), received), received)
+        if claimed
+        else None
     )
-    ended = clamp_time(evt.ended_at, start, received)
+    ended = clamp_time(ended_claim(evt, start), start, received)
     if w.get("node_id") is not None:
         out.freed.append((str(w["node_id"]), jobdoc.held_slots(w)))
     out.placements.append(evt.placement_id)
@@ -170,6 +172,26 @@ def finished(
         else None
     )
     return ended, reason
+
+
+def start_floor(placed_at: object, received: datetime | None) -> object:
+    """The least a start may be: its placement, unless that is after the start's receipt
+    (the scheduler's clock ahead of the bus's: the bound would erase the run), as billing."""
+    ahead = (
+        isinstance(placed_at, datetime)
+        and received is not None
+        and _aware(placed_at) > _aware(received)
+    )
+    return None if ahead else placed_at
+
+
+def ended_claim(evt: WorkerFinished, start: object) -> datetime:
+    """The end a node claims, as its run's length on its own clock from the start we keep:
+    the node's clock offset cancels out (an agent an hour behind would otherwise have
+    every run shorter than an hour clamped to nothing). Clamped by the caller."""
+    if evt.started_at is None or not isinstance(start, datetime):
+        return evt.ended_at
+    return _aware(start) + (_aware(evt.ended_at) - _aware(evt.started_at))
 
 
 def clamp_time(at: datetime, lo: object, hi: datetime | None) -> datetime:
