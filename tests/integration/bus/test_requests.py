@@ -117,3 +117,32 @@ async def test_fast_request_failure_answers_internal_and_requests_run_concurrent
     assert refused["error"]["fields"][0]["rule"] == "R-X-1"
     assert missing["error"] == {"code": "not_found", "message": "job x not found", "fields": []}
     assert await read_stream(fresh_nats, subjects.dead_letter("svc", "*")) == []  # not invalid
+
+
+async def test_a_started_service_has_its_request_subscriptions_on_the_server(
+    fresh_nats: NatsServer,
+) -> None:
+    """Once app.start() returns, a request on another connection finds its responder: the
+    server already holds the service's subscriptions (CI once saw "no responders" for the
+    first request after a start on a loaded machine). Read from the server's monitor before
+    this loop can run the client's flusher again."""
+    import urllib.request
+
+    broker = broker_for("svc", fresh_nats)
+    rt = ServiceRuntime("svc", Ports(broker))
+
+    async def ping(body: SubmitJob, account: str) -> dict[str, str]:
+        return {"ok": "yes"}
+
+    rt.wire(requests={"verb0": ping})
+    await rt.app.start()
+    try:
+        # blocking on purpose: nothing else on this loop runs until the answer is read
+        asked = subjects.as_account(subjects.rpc("svc", "verb0"), "acme")
+        url = f"{fresh_nats.monitor_url}/subsz?subs=1&limit=100000&test={asked}"
+        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: ASYNC210
+            subs = json.loads(r.read())
+        held = {s["subject"] for s in subs.get("subscriptions_list", [])}
+        assert subjects.as_account(subjects.rpc("svc", "verb0"), "*") in held, sorted(held)
+    finally:
+        await rt.app.stop()

@@ -136,6 +136,9 @@ class Requests:
         nc = await self.broker.connect()
         for r in self.routes:
             self._subs.append(await nc.subscribe(r.subject, queue=r.queue, cb=self._dispatch(r)))
+        # A round trip to the server: once start() returns, the server holds every
+        # subscription, so a request sent on another connection finds its responder.
+        await nc.flush()
 
     async def stop(self) -> None:
         for sub in self._subs:
