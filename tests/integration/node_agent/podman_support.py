@@ -5,10 +5,13 @@ test_node_agent.py), the base image and a node whose containers are removed afte
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ from gpufleet_node_agent.baseimage import (
     ensure_image,
     podman_env,
 )
+from gpufleet_node_agent.runc import DEFAULT_ROOT as runc_root
 from gpufleet_node_agent.workers import WorkerManager
 
 CONF = default_containers_conf()
@@ -64,6 +68,21 @@ def minion() -> Iterator[str]:
         subprocess.run(
             ["podman", "rm", "-f", *ids], env=podman_env(CONF), capture_output=True, check=False
         )
+    # and of the containers runc started (runc.py)
+    runc = ["runc", "--root", str(runc_root)]
+    listed = subprocess.run([*runc, "list", "--format", "json"], capture_output=True, check=False)
+    for c in json.loads(listed.stdout or b"null") or []:
+        if (c.get("annotations") or {}).get("gpufleet.minion") == mid:
+            subprocess.run([*runc, "delete", "--force", c["id"]], capture_output=True, check=False)
+
+
+def container_record(worker_dir: Path) -> dict[str, Any] | None:
+    """{name, image} of a worker's container, whoever started it (runc.py or podman)."""
+    for marker in ("runc.json", "container.json"):
+        with contextlib.suppress(OSError):
+            data: dict[str, Any] = json.loads((worker_dir / marker).read_text())
+            return data
+    return None
 
 
 async def until_finished(m: WorkerManager, placement: str, within: float = 60) -> WorkerFinished:

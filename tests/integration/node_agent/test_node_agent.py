@@ -34,6 +34,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from ..conftest import JsPublisher
+from .podman_support import container_record
 
 PY = sys.executable
 
@@ -253,8 +254,7 @@ async def test_a_container_worker_survives_an_agent_restart(
 
             await wait_for_async(running, timeout=120)  # the first run builds the base image
             assert first.workers.running() == [f"{cmd.job_id}/0"]
-            assert (state / "workers" / placement / "container.json").exists()
-            assert (state / "workers" / placement / "container.json").exists()
+            assert container_record(state / "workers" / placement) is not None
         async with running_agent(nats_server, state, minion, **podman) as second:
             assert second.recovery is not None
             assert second.recovery.reattached == [placement]

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from gpufleet_contracts.images import RegistryAuth
 from gpufleet_contracts.jobs import StartWorker, WorkerState
-from gpufleet_devstack.registry import LocalRegistry, find_registry
+from gpufleet_devstack.registry import LocalRegistry, find_registry, running_registry
+from gpufleet_devstack.registry import build_and_push as registry_image
 from gpufleet_node_agent.baseimage import (
     BASE_IMAGE,
     ensure_image,
@@ -30,7 +31,7 @@ from gpufleet_node_agent.podman import PodmanRuntime
 from gpufleet_node_agent.podman_args import PodmanConfig
 from gpufleet_node_agent.workers import WorkerManager
 
-from .podman_support import CONF, Broker, until_finished
+from .podman_support import CONF, Broker, container_record, until_finished
 
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None or find_registry() is None,
@@ -49,27 +50,16 @@ def podman(*args: str) -> None:
 def build_and_push(context: Path, reg: LocalRegistry, name: str, files: dict[str, str]) -> str:
     """An image FROM the base image with `files` (name: how to make it) at /, pushed to
     `reg`; the local copy is removed, so a worker's pull must fetch it."""
-    context.mkdir(parents=True)
-    lines = [f"FROM localhost/{BASE_IMAGE}"]
-    for target, make in files.items():
-        subprocess.run(["bash", "-c", make], cwd=context, check=True)
-        lines.append(f"COPY {target} /{target}")
-    (context / "Containerfile").write_text("\n".join(lines) + "\n")
-    ref = f"{reg.address}/team/{name}:1"
-    podman("build", "--pull=never", "--quiet", "-t", ref, str(context))
-    podman("push", "--quiet", "--tls-verify=false", "--creds", f"{USER}:{PASSWORD}", ref)
-    podman("rmi", ref)
-    return ref
+    ref = f"team/{name}:1"
+    return registry_image(reg, context, ref, files, creds=(USER, PASSWORD), env=podman_env(CONF))
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
     error = asyncio.run(ensure_image(BASE_IMAGE, podman_env(CONF)))
     assert error is None, error
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry") / "data", users={USER: PASSWORD})
-    reg.start()
-    yield reg
-    reg.stop()
+    with running_registry(tmp_path_factory.mktemp("registry"), {USER: PASSWORD}) as reg:
+        yield reg
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +158,7 @@ async def test_an_image_too_big_for_the_disk_is_refused(
     done = await until_finished(m, cmd.placement_id, within=300)
     assert done.state == WorkerState.failed
     assert done.reason == "image of 1.4 GB does not fit disk_size_gb 1"
-    assert not (m.worker_dir(cmd.placement_id) / "container.json").exists()  # never ran
+    assert container_record(m.worker_dir(cmd.placement_id)) is None  # never ran
     fits = start(minion, ["true"], image=big, registry_auth=auth, disk_size_gb=2)
     assert m.start(fits)
     ok = await until_finished(m, fits.placement_id, within=300)

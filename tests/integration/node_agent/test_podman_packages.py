@@ -34,7 +34,7 @@ from gpufleet_node_agent.podman import PodmanRuntime
 from gpufleet_node_agent.podman_args import PodmanConfig
 from gpufleet_node_agent.workers import WorkerManager
 
-from .podman_support import CONF, Broker, until_finished
+from .podman_support import CONF, Broker, container_record, until_finished
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
@@ -106,7 +106,8 @@ def built(m: WorkerManager, repo: str = PKG_REPO) -> list[str]:
 
 
 def run_image(m: WorkerManager, placement: str) -> str:
-    return str((m.worker_dir(placement) / "container.json").read_text())
+    """The image its container ran."""
+    return str((container_record(m.worker_dir(placement)) or {})["image"])
 
 
 JOB = """
@@ -143,7 +144,7 @@ async def test_pip_and_requirements_from_the_index_in_order_once_per_node(
     assert sum("gpufleet: building localhost/gpufleet/pkgs:" in log for log in logs) == 1
     assert sum("gpufleet: waiting for localhost/gpufleet/pkgs:" in log for log in logs) == 1
     assert all("gpufleet: packages: requirements.txt (2), then pip (1)" in log for log in logs)
-    tag = run_image(m, first[0].placement_id).split('"image": "')[1].split('"')[0]
+    tag = run_image(m, first[0].placement_id)
     assert built(m) == [tag]
     image_id = podman("image", "inspect", "--format", "{{.Id}}", tag)
     fetched = len(index.requests)
@@ -154,7 +155,7 @@ async def test_pip_and_requirements_from_the_index_in_order_once_per_node(
     assert (done.state, done.exit_code) == (WorkerState.finished, 0), done.reason
     assert built(m) == [tag]
     assert len(index.requests) == fetched
-    assert tag in run_image(m, again.placement_id)
+    assert tag == run_image(m, again.placement_id)
     assert podman("image", "inspect", "--format", "{{.Id}}", tag) == image_id
     podman("rmi", "--force", tag)
 
@@ -173,7 +174,7 @@ async def test_a_failing_install_fails_the_worker_with_its_step_and_output(
     assert done.reason is not None
     assert done.reason.startswith("package step pip failed (exit 1): "), done.reason
     assert "No matching distribution found for gpufleet-missing==9" in done.reason
-    assert not (m.worker_dir(missing.placement_id) / "container.json").exists()  # never ran
+    assert container_record(m.worker_dir(missing.placement_id)) is None  # never ran
     done = await until_finished(m, conda.placement_id, within=600)
     assert done.state == WorkerState.failed
     assert done.reason == f"package step conda failed (exit 3): ==> gpufleet step conda\n{NO_CONDA}"
@@ -215,7 +216,7 @@ async def test_a_framework_environment_is_built_once_then_apt_then_pip(
     assert refused.reason is not None
     assert refused.reason.startswith("environment.python_version 3.10: "), refused.reason
     assert len(built(m, ENV_REPO)) == len(built(m)) == 1
-    tag = run_image(m, cmd.placement_id).split('"image": "')[1].split('"')[0]
+    tag = run_image(m, cmd.placement_id)
     await asyncio.to_thread(podman, "rmi", "--force", tag, env_image)
 
 

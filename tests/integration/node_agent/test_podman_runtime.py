@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -22,6 +24,7 @@ from gpufleet_node_agent.baseimage import (
 )
 from gpufleet_node_agent.podman import PodmanRuntime
 from gpufleet_node_agent.podman_args import PodmanConfig
+from gpufleet_node_agent.runc import DEFAULT_ROOT as runc_root
 from gpufleet_node_agent.workers import WorkerManager
 
 from .podman_support import CONF, Broker, until_finished, until_started
@@ -79,19 +82,25 @@ print(json.dumps({
     'output_writable': writable('/opt/ml/output/out.txt'),
     'input_writable': writable('/opt/ml/input/x'), 'nats': connects(4222),
     'ml': sorted(os.listdir('/opt/ml')),
+    'root_writable': writable('/etc/gpufleet-probe'),
+    'confined': {k: v.strip() for k, v in (l.split(':', 1) for l in open('/proc/self/status'))
+                 if k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Seccomp')},
+    'pid1': open('/proc/1/cmdline').read().split(chr(0))[0],
 }))
 """
 
 
+@pytest.mark.parametrize("launcher", ["runc", "podman"])
 async def test_a_worker_is_isolated_and_gets_its_env(
-    tmp_path: Path, minion: str, image: str
+    tmp_path: Path, minion: str, image: str, launcher: str
 ) -> None:
+    """The same container whoever starts it (runc.py or `podman run`)."""
     state = tmp_path / "state"
     secret = tmp_path / "host-secret.txt"
     secret.write_text("the host's")
     (state).mkdir()
     (state / "node.creds").write_text("the node's credential")
-    m = manager(state, minion, image)
+    m = manager(state, minion, image, launcher=launcher)
     other = start(minion, "import time; time.sleep(30)")
     assert m.start(other)
     code = PROBE % {
@@ -132,6 +141,15 @@ async def test_a_worker_is_isolated_and_gets_its_env(
         "input_writable": False,
         "nats": False,
         "ml": ["checkpoint", "input", "models", "output"],
+        "root_writable": False,
+        "confined": {  # no capability at all, no new privileges, a seccomp filter
+            "CapEff": "0000000000000000",
+            "CapPrm": "0000000000000000",
+            "CapBnd": "0000000000000000",
+            "NoNewPrivs": "1",
+            "Seccomp": "2",
+        },
+        "pid1": "/run/gpufleet-init" if launcher == "runc" else "/run/podman-init",
     }
     wd = m.worker_dir(cmd.placement_id)
     assert (wd / "output" / "out.txt").read_text() == "x"
@@ -139,15 +157,22 @@ async def test_a_worker_is_isolated_and_gets_its_env(
     # the env values are nowhere on disk, nor in the stored spec
     assert not (wd / "env.json").exists() and not (wd / "podman.env").exists()
     assert "line one" not in (wd / "spec.json").read_text()
+    for f in wd.rglob("*"):
+        # (its output, and the log of what the probe printed, are the job's own)
+        kept = ("log", "container.log")
+        if f.is_file() and f.name not in kept and not f.is_relative_to(wd / "output"):
+            assert b"line one" not in f.read_bytes(), f
+    assert (wd / "runc.json").exists() is (launcher == "runc")
     m.stop(other.job_id, 0, other.placement_id, "test over")
     stopped = await until_finished(m, other.placement_id)
     assert (stopped.state, stopped.reason) == (WorkerState.stopped, "test over")
 
 
+@pytest.mark.parametrize("launcher", ["runc", "podman"])
 async def test_a_memory_hog_is_reported_out_of_memory(
-    tmp_path: Path, minion: str, image: str
+    tmp_path: Path, minion: str, image: str, launcher: str
 ) -> None:
-    m = manager(tmp_path / "state", minion, image, memory_mb=64)
+    m = manager(tmp_path / "state", minion, image, memory_mb=64, launcher=launcher)
     code = "print('allocating', flush=True); x = bytearray(512 * 2**20); print('survived')"
     cmd = start(minion, code)
     m.start(cmd)
@@ -177,19 +202,23 @@ async def test_a_running_container_is_reattached_after_a_restart(
     assert len(second.broker.events(WorkerFinished)) == 1  # type: ignore[attr-defined]
 
 
+async def two_sleepers(m: WorkerManager, minion: str) -> tuple[StartWorker, StartWorker]:
+    """Two workers of a minute each, started and running."""
+    cmds = (start(minion, "import time; time.sleep(60)") for _ in range(2))
+    running, later = cmds
+    for cmd in (running, later):
+        m.start(cmd)
+        await until_started(m, cmd.placement_id)
+    return running, later
+
+
 async def test_a_container_whose_state_is_gone_is_reported_lost(
     tmp_path: Path, minion: str, image: str
 ) -> None:
+    """A container `podman run` started, removed behind the agent's back."""
     state = tmp_path / "state"
-    m = manager(state, minion, image)
-    running, later = (
-        start(minion, "import time; time.sleep(60)"),
-        start(minion, "import time; time.sleep(60)"),
-    )
-    m.start(running)
-    m.start(later)
-    await until_started(m, running.placement_id)
-    await until_started(m, later.placement_id)
+    m = manager(state, minion, image, launcher="podman")
+    running, later = await two_sleepers(m, minion)
     env = podman_env(CONF)
     # removed behind the agent's back while it runs ...
     await asyncio.to_thread(
@@ -209,10 +238,49 @@ async def test_a_container_whose_state_is_gone_is_reported_lost(
         check=True,
         capture_output=True,
     )
+    again = manager(state, minion, image, launcher="podman")
+    assert again.recover().lost == [later.placement_id]
+    gone = await until_finished(again, later.placement_id)
+    assert (gone.state, gone.reason) == (WorkerState.failed, PodmanRuntime.lost_at_restart)
+
+
+def runc_state(name: str) -> int:
+    return subprocess.run(
+        ["runc", "--root", str(runc_root), "state", name], capture_output=True, check=False
+    ).returncode
+
+
+async def test_a_runc_container_whose_supervisor_is_killed_is_reported_lost_and_ended(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    """runc.py: the worker's supervisor (and runc) killed behind the agent's back, while it
+    watches and while it is away: the worker is reported lost, and its container, which
+    runc's death left running, is killed and deleted (it would hold the GPUs)."""
+    state = tmp_path / "state"
+    m = manager(state, minion, image)
+    running, later = await two_sleepers(m, minion)
+
+    async def kill_supervisor(placement: str) -> str:
+        w = m.active[placement]
+        name = str(json.loads(w.file("runc.json").read_text())["name"])
+        for _ in range(100):  # started.json is written as runc starts: wait till it runs
+            if runc_state(name) == 0:
+                break
+            await asyncio.sleep(0.1)
+        os.killpg(int(w.file("supervisor.pid").read_text()), signal.SIGKILL)
+        return name
+
+    name = await kill_supervisor(running.placement_id)
+    assert runc_state(name) == 0  # still there: runc's death does not end the container
+    done = await until_finished(m, running.placement_id)
+    assert (done.state, done.reason) == (WorkerState.failed, PodmanRuntime.lost_at_runtime)
+    assert runc_state(name) != 0
+    name = await kill_supervisor(later.placement_id)
     again = manager(state, minion, image)
     assert again.recover().lost == [later.placement_id]
     gone = await until_finished(again, later.placement_id)
     assert (gone.state, gone.reason) == (WorkerState.failed, PodmanRuntime.lost_at_restart)
+    assert runc_state(name) != 0
 
 
 CGROUP_PROBE = """

@@ -79,3 +79,33 @@ def test_a_disk_bigger_than_the_nodes_free_space_is_refused(tmp_path: Path) -> N
     assert error is not None and error.startswith("the node's disk has ")
     assert error.endswith("GB free, less than disk_size_gb 1000000000")
     assert not (tmp_path / "disk.img").exists()
+
+
+def test_release_copies_only_what_the_job_left_and_unmounts_without_a_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: an empty output/ or checkpoint/ costs no `cp`; the unmount is umount(2)."""
+    mountpoint = tmp_path / "disk"
+    for name in ("output", "checkpoint", "tmp", "var-tmp"):
+        (mountpoint / name).mkdir(parents=True)
+    (mountpoint / "checkpoint" / "step-1").write_text("w")
+    (mountpoint / "tmp" / "scratch").write_text("dropped")
+    (tmp_path / "disk.img").write_bytes(b"")
+    ran: list[list[str]] = []
+    unmounted: list[tuple[Path, int]] = []
+
+    def run(argv: list[str], timeout: float = 0) -> str | None:
+        ran.append(argv)
+        return None
+
+    def umount2(path: Path, flags: int = 0) -> str | None:
+        unmounted.append((path, flags))
+        return None
+
+    monkeypatch.setattr(disk, "_run", run)
+    monkeypatch.setattr(disk, "_umount2", umount2)
+    monkeypatch.setattr(disk.os.path, "ismount", lambda p: Path(p) == mountpoint)
+    disk.release(tmp_path)
+    assert [a[-2] for a in ran] == [f"{mountpoint / 'checkpoint'}/."]  # one cp, not four
+    assert unmounted == [(mountpoint, 0)]
+    assert not (tmp_path / "disk.img").exists()

@@ -113,3 +113,18 @@ def test_without_the_mps_control_daemon_a_share_does_not_run(tmp_path: Path) -> 
     exe.write_text("#!/bin/sh\n")
     os.chmod(exe, 0o755)
     assert mps.find_control(str(exe)) == str(exe)
+
+
+def test_the_path_to_a_shares_pipes_must_be_searchable_by_the_workers_user(
+    tmp_path: Path,
+) -> None:
+    """Checking makes nothing: a directory not made yet is skipped, a 0700 one is named."""
+    closed = tmp_path / "state"
+    closed.mkdir(mode=0o700)
+    os.chmod(closed, 0o700)
+    target = closed / "mps"
+    assert mps.closed_ancestor(target) == closed
+    assert not target.exists()
+    os.chmod(closed, 0o711)
+    above = mps.closed_ancestor(target)  # pytest's own temporary directories are 0700
+    assert above is None or above in tmp_path.parents or above == tmp_path

@@ -4,27 +4,36 @@ It stands in for Docker Hub, GAR, ECR and NGC in `just up` and the tests: a job'
 image is pushed to it and the node agent pulls it from there (R-JOB-7). Plain HTTP on
 127.0.0.1, so the agent must declare it insecure (GPUFLEET_WORKER_INSECURE_REGISTRIES).
 With `users`, it asks for basic auth (an htpasswd file with bcrypt hashes, written here).
+
+`running_registry` and `build_and_push` are what the tests share: a registry for a block, and
+a small image built FROM the node's base image (Debian's packages, nothing from any other
+registry) pushed to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import urllib.error
 import urllib.request
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-with warnings.catch_warnings():  # deprecated in 3.11 (what this runs on), gone in 3.13
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import crypt  # bcrypt through libxcrypt, for the htpasswd file
+import bcrypt
+from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, podman_env
 
 from gpufleet_devstack._server import ServerProcess
-from gpufleet_devstack.processes import free_port
+from gpufleet_devstack.processes import DevstackError, free_port
 
-__all__ = ["LocalRegistry", "ensure_registry", "find_registry"]
+__all__ = [
+    "LocalRegistry",
+    "build_and_push",
+    "ensure_registry",
+    "find_registry",
+    "running_registry",
+]
 
 PACKAGE = "docker-registry"
 INSTALL_HINT = f"install it with `sudo apt-get install -y {PACKAGE}`"
@@ -56,7 +65,9 @@ def ensure_registry(log: Callable[[str], None] = print) -> bool:
 
 
 def htpasswd_line(user: str, password: str) -> str:
-    return f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
+    """An htpasswd entry with a bcrypt hash (`$2b$`), the only kind the registry accepts."""
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
+    return f"{user}:{hashed}\n"
 
 
 class LocalRegistry(ServerProcess):
@@ -128,3 +139,52 @@ class LocalRegistry(ServerProcess):
 
     def __repr__(self) -> str:
         return f"LocalRegistry({self.address}, data_dir={self.data_dir}, running={self.running})"
+
+
+@contextlib.contextmanager
+def running_registry(root: Path, users: Mapping[str, str] | None = None) -> Iterator[LocalRegistry]:
+    """A LocalRegistry storing under `root`/data (with basic auth for `users`), stopped
+    when the block ends."""
+    reg = LocalRegistry(Path(root) / "data", users=users)
+    reg.start()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+def build_and_push(
+    reg: LocalRegistry,
+    context: Path,
+    ref: str,
+    files: Mapping[str, str],
+    *,
+    creds: tuple[str, str] | None = None,
+    base: str = f"localhost/{BASE_IMAGE}",
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Build an image FROM `base` (already in podman's store: `--pull=never`) with `files`
+    (name: a shell command, run in `context`, that makes it) at /, push it to `reg` as
+    `reg.address/ref` with `creds` (user, password), then remove the local copy, so that a
+    worker's pull must fetch it. Returns the full reference."""
+    env = dict(env) if env is not None else podman_env(default_containers_conf())
+    context.mkdir(parents=True)
+    lines = [f"FROM {base}"]
+    for target, make in files.items():
+        subprocess.run(["bash", "-c", make], cwd=context, check=True)
+        lines.append(f"COPY {target} /{target}")
+    (context / "Containerfile").write_text("\n".join(lines) + "\n")
+    full = f"{reg.address}/{ref}"
+    push = ["push", "--quiet", "--tls-verify=false"]
+    if creds is not None:
+        push += ["--creds", f"{creds[0]}:{creds[1]}"]
+    for args in (
+        ["build", "--pull=never", "--quiet", "-t", full, str(context)],
+        [*push, full],
+        ["rmi", full],
+    ):
+        res = subprocess.run(["podman", *args], env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            said = " ".join(args).replace(creds[1], "***") if creds else " ".join(args)
+            raise DevstackError(f"podman {said}: {res.stderr}")
+    return full

@@ -45,6 +45,7 @@ def container_runtime(settings: AgentSettings) -> PodmanRuntime:
         cpus=settings.worker_cpus,
         pids=settings.worker_pids,
         parallel=settings.podman_parallel,
+        launcher=settings.container_launcher,
         disk_quota=settings.worker_disk_quota == "loop",
         containers_conf=settings.podman_containers_conf or default_containers_conf(),
         insecure_registries=tuple(

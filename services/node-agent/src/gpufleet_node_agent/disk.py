@@ -10,15 +10,17 @@ read-only (`--read-only`). A write beyond the quota fails in the job with ENOSPC
 filesystem only ever holds what the job wrote (the file is sparse), never more than the quota.
 
 When the worker has ended (its container gone), `release` copies what it left in output/ and
-checkpoint/ to the worker directory's own `output/` and `mnt/opt/ml/checkpoint/` (where the
-process runtime keeps them), then unmounts the filesystem and deletes the file. The mount is
-the host's, not the agent's: it outlives an agent restart, and a restarted agent releases it
+checkpoint/ (an empty one costs no `cp`) to the worker directory's own `output/` and
+`mnt/opt/ml/checkpoint/` (where the process runtime keeps them), then unmounts the
+filesystem (umount(2)) and deletes the file. The mount is the host's, not the agent's: it
+outlives an agent restart, and a restarted agent releases it
 when the worker ends. Every step is idempotent (a crash midway is finished by the next call).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -34,6 +36,8 @@ GB = 10**9  # decimal, as podman's image sizes (images.py)
 IMAGE = "disk.img"
 MOUNTPOINT = "disk"
 MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,noinit_itable"
+MNT_DETACH = 2  # umount2(2): detach now, clean up when no longer busy
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -135,15 +139,30 @@ def setup(worker_dir: Path, disk_size_gb: object, uid: int) -> str | None:
     return None
 
 
+def _umount2(mountpoint: Path, flags: int = 0) -> str | None:
+    """umount(2) itself: no `umount` process per worker (issue 15). The loop device goes
+    with the mount: mount(8) sets it up with autoclear."""
+    if _libc.umount2(os.fsencode(mountpoint), flags) == 0:
+        return None
+    return os.strerror(ctypes.get_errno())
+
+
 def _unmount(mountpoint: Path) -> bool:
     """Unmount (lazily when busy); True if it was mounted."""
     if not os.path.ismount(mountpoint):
         return False
-    error = _run([tool("umount"), str(mountpoint)], timeout=60)
+    error = _umount2(mountpoint)
     if error is not None:
         log.warning("%s: %s; detaching it lazily", mountpoint, error)
-        _run([tool("umount"), "--lazy", str(mountpoint)], timeout=60)
+        error = _umount2(mountpoint, MNT_DETACH)
+        if error is not None:
+            log.warning("%s: lazy unmount: %s", mountpoint, error)
     return True
+
+
+def _is_empty(path: Path) -> bool:
+    with os.scandir(path) as it:
+        return next(it, None) is None
 
 
 def in_use(worker_dir: Path) -> bool:
@@ -160,8 +179,8 @@ def release(worker_dir: Path) -> None:
     if os.path.ismount(mountpoint):
         for q in QUOTA_DIRS:
             src = mountpoint / q.name
-            if q.kept is None or not src.is_dir():
-                continue
+            if q.kept is None or not src.is_dir() or _is_empty(src):
+                continue  # nothing to keep: no `cp` process (issue 15)
             dst = worker_dir / q.kept
             dst.mkdir(parents=True, exist_ok=True)
             # -a: symlinks stay links (never followed), owners and modes kept

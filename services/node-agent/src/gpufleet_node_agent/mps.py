@@ -71,10 +71,10 @@ def share_env() -> dict[str, str]:
 def closed_ancestor(path: Path) -> Path | None:
     """The first directory on the way to `path` that others may not search. The MPS server
     runs as the workers' uid and makes its pipes in the share's directory: every directory
-    above must be o+x (the agent's state directory under /root is not: GPUFLEET_MPS_DIR)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o711)
+    above must be o+x (the agent's state directory under /root is not: GPUFLEET_MPS_DIR).
+    Only checks: directories not made yet are skipped (the caller makes them o+x)."""
     for d in [path, *path.parents]:
-        if not d.stat().st_mode & 0o001:
+        if d.is_dir() and not d.stat().st_mode & 0o001:
             return d
     return None
 
@@ -146,6 +146,7 @@ class Mps:
                 "fractional GPU: the NVIDIA MPS control daemon (nvidia-cuda-mps-control) "
                 "is not on this node, so a share's limits cannot be enforced"
             )
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
         unreachable = closed_ancestor(self.root)
         if unreachable is not None:
             return (

@@ -1,5 +1,10 @@
 """The podman runtime: each worker in its own container, through the podman CLI.
 
+Most containers are started by runc, not `podman run` (runc.py: podman then only prepares
+and mounts their image; `_poll_runc` watches them, no podman call). What follows is about
+the containers `podman run` starts: where runc cannot, or with
+GPUFLEET_CONTAINER_LAUNCHER=podman.
+
 conmon, not the agent, is the container's parent, so a worker outlives an agent restart.
 Beside the files of the supervisor protocol, a podman worker's directory has:
 
@@ -42,6 +47,8 @@ from .gpu_access import GpuAccess
 from .mps import Mps
 from .podman_args import LABEL, LOG_FILE, PodmanConfig, convert_k8s_log
 from .podman_start import MARKER, ContainerStarts
+from .runc import Runc, problem
+from .supervise import EXIT_FILE
 from .workdir import Worker
 
 log = logging.getLogger("gpufleet.node_agent.podman")
@@ -100,6 +107,14 @@ class PodmanRuntime(ContainerStarts):
         self._listing: dict[str, dict[str, Any]] | None = None  # by name; None: unknown
         self._listed_at = 0.0
         self.builder = Builder(self._podman, config.podman, self.env, config.build)
+        # runc.py: new containers started by runc where it can; a restarted agent still
+        # finds the runc containers of an earlier one whatever it is set to now
+        self.runc = Runc(self._podman, config.uid)
+        why_not = problem() if config.launcher == "runc" else None
+        if why_not is not None:
+            log.warning("containers started by podman, not runc: %s", why_not)
+        self.use_runc = config.launcher == "runc" and why_not is None
+        self._runc_stop_sent: set[str] = set()
 
     # --- the port's quick half ----------------------------------------------------------
 
@@ -109,15 +124,33 @@ class PodmanRuntime(ContainerStarts):
         return None
 
     def launched(self, w: Worker) -> bool:
-        return self._launching(w) or w.file(MARKER).exists()
+        return self._launching(w) or w.file(MARKER).exists() or Runc.ours(w)
 
     def alive(self, w: Worker) -> bool:
-        return self._launching(w) or w.placement_id not in self._gone
+        if self._launching(w):
+            return True
+        if Runc.ours(w):
+            if self.runc.alive(w):
+                return True
+            if w.file(EXIT_FILE).exists():  # ended: the next round records how
+                self._conmon_gone(w.placement_id)
+                return True
+            return False  # its supervisor is gone without a word: lost
+        return w.placement_id not in self._gone
 
     def request_stop(self, w: Worker) -> None:
         """Nothing now: the next round stops a running container with `stop_requested`."""
 
     def reattach(self, w: Worker) -> bool:
+        if Runc.ours(w):
+            if self.runc.alive(w):
+                if not self.runc.watch(w, self.ended(w)):
+                    self._unwatched.add(w.placement_id)
+                return True
+            if w.file(EXIT_FILE).exists():  # ended while no agent watched
+                self._conmon_gone(w.placement_id)
+                return True
+            return False
         if not w.file(MARKER).exists():  # accepted, never launched: launch it now
             self._pending[w.placement_id] = w
             return True
@@ -128,6 +161,10 @@ class PodmanRuntime(ContainerStarts):
         return True
 
     def kill_orphan(self, w: Worker) -> None:
+        if Runc.ours(w):
+            self.runc.kill(w)
+            self.runc.delete(w)
+            self._runc_stop_sent.discard(w.placement_id)
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
                 [self.config.podman, "rm", "--force", self.container_of(w)],
@@ -201,6 +238,9 @@ class PodmanRuntime(ContainerStarts):
         if self._to_remove:  # last round's ended containers, in one call
             batch, self._to_remove = self._to_remove, []
             await self._remove(batch)
+        started_by_runc = [w for w in workers if Runc.ours(w)]
+        await self._poll_runc(started_by_runc, full)
+        workers = [w for w in workers if not Runc.ours(w)]
         for w in workers:
             if w.file(MARKER).exists():
                 self.convert_log(w)
@@ -245,6 +285,34 @@ class PodmanRuntime(ContainerStarts):
         fresh = [n for n in ended if n not in self._removed]
         self._removed.update(fresh)
         self._to_remove.extend(fresh)
+
+    async def _poll_runc(self, workers: Sequence[Worker], full: bool) -> None:
+        """The containers runc started (runc.py): no podman call, their supervisors' files."""
+        for w in workers:
+            p = w.placement_id
+            if self._launching(w) or w.file("exit.json").exists():
+                continue
+            self.runc.forget_config(w)
+            if p not in self._runc_stop_sent and w.file("stop_requested").exists():
+                self._runc_stop_sent.add(p)
+                self.runc.stop(w, self.config.stop_grace_s)
+            if (p in self._ended or p in self._unwatched or full) and not self.runc.alive(w):
+                await self._record_runc_end(w)
+        self._ended -= {w.placement_id for w in workers if w.file("exit.json").exists()}
+        live = {w.placement_id for w in workers if not w.file("exit.json").exists()}
+        self._runc_stop_sent &= live | {w.placement_id for w in workers if self._launching(w)}
+
+    async def _record_runc_end(self, w: Worker) -> None:
+        fields = await asyncio.to_thread(self.runc.end_fields, w)
+        if fields is None:
+            return  # no `exit`: alive() says so and the manager reports it lost
+        if w.file("stop_requested").exists():
+            fields["stopped"] = True
+        # its filesystem is free: kept output first, then the end (as _record_end)
+        await asyncio.to_thread(disk.release, w.dir)
+        await self._end_share(w)
+        write_json_atomic(w.file("exit.json"), fields)
+        w.file(EXIT_FILE).unlink(missing_ok=True)
 
     def _stop_if_asked(self, w: Worker) -> None:
         p = w.placement_id

@@ -37,6 +37,7 @@ from .podman_args import (
     share_limits,
 )
 from .prepare import needs_preparing, prepare_image
+from .runc import Runc
 from .workdir import Worker, proc_args
 
 log = logging.getLogger("gpufleet.node_agent.podman")
@@ -62,11 +63,13 @@ class ContainerStarts:
     node_cpus: int | None
     cpu_job_cpus: int
     builder: Builder
+    runc: Runc
+    use_runc: bool  # new containers are started with runc where it can (runc.py)
     notify: Callable[[], None]
     _pending: dict[str, Worker]
     _pulling: set[str]  # placements whose image is being prepared
     _starting: set[str]  # placements whose `podman run` has not returned yet
-    _ended: set[str]  # placements whose conmon is gone: ask podman how they ended
+    _ended: set[str]  # placements whose conmon (or runc supervisor) is gone: how did they end?
     _unwatched: set[str]  # placements whose conmon cannot be watched: checked every round
     _tasks: set[asyncio.Task[Any]]
     _limit: asyncio.Semaphore | None
@@ -238,6 +241,9 @@ class ContainerStarts:
             ),
             image=image,
         )
+        if self.use_runc and Runc.unsuited(c) is None:
+            await self._start_runc(w, c, check=image is not None)
+            return
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
         if self._limit is None:
             self._limit = asyncio.Semaphore(max(1, self.config.parallel))
@@ -258,6 +264,24 @@ class ContainerStarts:
         )
         self.watch_conmon(w)
         log.info("started container %s for worker %s", c.name, w.key)
+
+    async def _start_runc(self, w: Worker, c: ContainerSpec, check: bool) -> None:
+        """Start it with runc on its image's node root (runc.py); `check`: its image was
+        prepared for it (pulled, say), the root must be of the image the tag names now."""
+        try:
+            root = await self.runc.node_root(c.image, check)
+            error = root if isinstance(root, str) else self.runc.launch(w, c, root, self.ended(w))
+        finally:
+            w.file("env.json").unlink(missing_ok=True)  # the values are in its bundle now
+        if error is not None:
+            await self._end_share(w)
+            self._fail(w, error)
+            return
+        log.info("started container %s for worker %s (runc)", c.name, w.key)
+
+    def ended(self, w: Worker) -> Callable[[], None]:
+        """What to call when `w`'s container has ended: the next round asks how."""
+        return lambda: self._conmon_gone(w.placement_id)
 
     async def _start_share(self, w: Worker, spec: dict[str, Any]) -> Path | str | None:
         """A fractional worker on a real GPU: its MPS daemon, limited (mps.py); the pipe

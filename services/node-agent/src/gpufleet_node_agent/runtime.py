@@ -5,8 +5,9 @@ and reports; a runtime only runs the worker and writes the files of the supervis
 
 Two implementations, chosen per worker by the runtime policy (policy.py):
 
-- `podman` (default): each worker in its own OCI container through the podman CLI
-  (`podman.py`).
+- `podman` (default): each worker in its own OCI container; podman pulls, builds and
+  mounts the images, and runc starts the containers under the worker's shell supervisor
+  (`runc.py`) or, where runc cannot, `podman run` does (`podman.py`).
 - `process` (the operator's opt-in for the node owner's own jobs): a bare host process under
   a tiny shell supervisor (`ProcessRuntime`, below; `supervise.py`).
 

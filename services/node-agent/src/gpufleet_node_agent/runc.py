@@ -1,0 +1,363 @@
+"""Containers started with runc under the worker's shell supervisor, not by `podman run`.
+
+Issue 15: `podman run` costs ~0.23 CPU-s a container on this kind of machine (podman
+itself, conmon, `podman container cleanup`, `podman ps`/`rm` shares); runc alone ~0.02.
+podman still does what it is good at, once per image and node: it pulls and builds images
+(images.py, prepare.py) and makes each image's **node root**: one container created from
+the image (`gpufleet-root-<hash>`, never run) and mounted, with the mount points a worker
+needs, a passwd entry for the worker's uid and a hosts file written into it. Every worker
+of that image runs on that root, read-only (the disk quota's binds, disk.py, hold what it
+writes), each in its own namespaces: nothing of one worker is visible to another.
+
+Per worker: `bundle/config.json` (oci.py; 0600, holds the job's env values: removed once
+runc has created the container), then `sh -c SUPERVISOR gpufleet-worker <dir> runc run
+--keep ...` in a session of its own (supervise.py): runc stays in the foreground as the
+container's parent, passes its stdout and stderr (the worker's `log`, plain bytes) and the
+signals it gets to catatonit (PID 1), and exits with the command's status, which the shell
+writes to `exit`. Like a bare worker's, the shell outlives an agent restart and is watched
+with a pidfd. Once it is gone the agent reads the container's OOM count from its cgroup
+(`--keep` leaves it), runs `runc delete`, releases the disk quota and writes exit.json.
+
+Files of the worker directory, beside the supervisor's (supervise.py):
+
+    runc.json        {name, image}: written before the supervisor starts
+    bundle/          config.json (until runc has read it)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import oci, procwatch
+from .files import read_int, read_json, write_json_atomic, write_text_atomic
+from .podman_args import ML_DIRS, ContainerSpec, container_name
+from .supervise import end_fields, supervisor_argv
+from .workdir import SPAWNED, Worker, supervisor_alive
+
+log = logging.getLogger("gpufleet.node_agent.runc")
+
+MARKER = "runc.json"
+BUNDLE = "bundle"
+CATATONIT = Path("/usr/libexec/podman/catatonit")
+SECCOMP_JSON = Path("/usr/share/containers/seccomp.json")
+DEFAULT_ROOT = Path("/run/gpufleet-agent/runc")
+APPARMOR = Path("/sys/module/apparmor/parameters/enabled")
+SELINUX = Path("/sys/fs/selinux/enforce")
+OOM = "out of memory"
+
+Podman = Callable[..., Awaitable[tuple[int, bytes, bytes]]]
+
+
+@dataclass(frozen=True)
+class NodeRoot:
+    """An image made ready for runc on this node: its mounted root, env and entrypoint."""
+
+    image_id: str
+    path: Path
+    env: dict[str, str]
+    entrypoint: list[str]
+
+    def there(self) -> bool:
+        """Still mounted (a `podman rm --all` or a reboot takes it away)?"""
+        return (self.path / "etc").is_dir()
+
+
+def root_name(image_id: str) -> str:
+    return f"gpufleet-root-{hashlib.sha256(image_id.encode()).hexdigest()[:16]}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def problem(runc: str | None = None) -> str | None:
+    """Why this node cannot start containers with runc (podman then starts them), or None.
+    Where AppArmor or SELinux is on, podman confines each container with its profile or
+    label; runc.py does not, so podman starts them there: never a weaker container."""
+    if shutil.which(runc or "runc") is None:
+        return "runc is not installed"
+    if not CATATONIT.exists():
+        return f"{CATATONIT} is missing (Debian's catatonit, a podman dependency)"
+    with contextlib.suppress(OSError):
+        if APPARMOR.read_text().strip().upper().startswith("Y"):
+            return "AppArmor is enabled (podman applies its profile to each container)"
+    if SELINUX.exists():
+        return "SELinux is enabled (podman labels each container)"
+    if not SECCOMP_JSON.exists():
+        return f"{SECCOMP_JSON} is missing (containers' seccomp profile)"
+    return None
+
+
+class Runc:
+    """The runc half of PodmanRuntime: node roots, launching, stopping, collecting ends."""
+
+    def __init__(self, podman: Podman, uid: int, root: Path = DEFAULT_ROOT, binary: str = "runc"):
+        self.podman = podman
+        self.uid = uid
+        self.root = root
+        self.binary = shutil.which(binary) or binary
+        self._roots: dict[str, NodeRoot] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._seccomp: dict[str, Any] | None = None
+        if SECCOMP_JSON.exists():
+            self._seccomp = oci.seccomp(json.loads(SECCOMP_JSON.read_text()))
+        self._kill_at: dict[str, asyncio.TimerHandle] = {}
+
+    # --- which containers ------------------------------------------------------------
+
+    @staticmethod
+    def unsuited(c: ContainerSpec) -> str | None:
+        """Why podman, not runc, must start `c` (None: runc can)."""
+        if not c.read_only:
+            return "a writable root (no disk quota) needs podman's overlay"
+        if c.network != "none":
+            return f"network {c.network!r} needs podman's"
+        if oci.device_nodes(c.devices) is None:
+            return "CDI devices need podman"
+        return None
+
+    @staticmethod
+    def ours(w: Worker) -> bool:
+        return w.file(MARKER).exists()
+
+    # --- node roots ------------------------------------------------------------------
+
+    async def node_root(self, image: str, check: bool = False) -> NodeRoot | str:
+        """The image's node root (made once per node and image), or why it cannot be.
+        `check`: the reference may name another image now (a job's image, pulled again just
+        before): ask podman which, and make that image's root if it is a new one."""
+        known = self._roots.get(image)
+        if known is not None and not check and known.there():
+            return known
+        async with self._locks.setdefault(image, asyncio.Lock()):
+            rc, out, err = await self.podman("image", "inspect", "--format", "json", image)
+            if rc != 0 or not out.strip():
+                why = err.decode(errors="replace").strip()
+                return f"image {image} is not on this node: {why}"
+            info = json.loads(out)[0]
+            known = self._roots.get(image)
+            if known is not None and known.image_id == info.get("Id") and known.there():
+                return known
+            made = await self._make_root(image, info)
+            if isinstance(made, NodeRoot):
+                self._roots[image] = made
+            return made
+
+    async def _make_root(self, image: str, info: dict[str, Any]) -> NodeRoot | str:
+        config = info.get("Config") or {}
+        env = dict(str(e).partition("=")[::2] for e in config.get("Env") or [])
+        entrypoint = [str(a) for a in config.get("Entrypoint") or []]
+        image_id = str(info.get("Id") or image)
+        name = root_name(image_id)
+        # Created once per node (another agent of this host may have made it: then it is
+        # there already); never started, only mounted.
+        await self.podman(
+            "create", "--name", name, "--label", "gpufleet.node-root=1", image_id, "true"
+        )
+        rc, out, err = await self.podman("mount", name)
+        if rc != 0:
+            return f"cannot mount image {image}: {err.decode(errors='replace').strip()}"
+        path = Path(out.decode().strip())
+        await asyncio.to_thread(self._prepare_root, path)
+        log.info("node root of %s at %s", image, path)
+        return NodeRoot(image_id, path, env, entrypoint)
+
+    def _prepare_root(self, path: Path) -> None:
+        """What every worker needs of the image's root: its mount points, the worker's user
+        and the loopback name (podman writes the last two per container)."""
+        for target in ("proc", "sys", "dev", "run", "tmp", "var/tmp"):
+            (path / target).mkdir(parents=True, exist_ok=True)
+        for target, _ in ML_DIRS:
+            (path / target.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        etc = path / "etc"
+        etc.mkdir(exist_ok=True)
+        self._add_line(
+            etc / "passwd", f":{self.uid}:", f"gpufleet:x:{self.uid}:{self.uid}::/tmp:/bin/sh"
+        )
+        self._add_line(etc / "group", f":{self.uid}:", f"gpufleet:x:{self.uid}:")
+        self._add_line(etc / "hosts", "localhost", "127.0.0.1\tlocalhost\n::1\tlocalhost")
+        self._add_line(etc / "hosts", oci.HOSTNAME, f"127.0.1.1\t{oci.HOSTNAME}")
+
+    @staticmethod
+    def _add_line(path: Path, present: str, line: str) -> None:
+        try:
+            text = path.read_text()
+        except OSError:
+            text = ""
+        if any(present in existing for existing in text.splitlines()):
+            return
+        if text and not text.endswith("\n"):
+            text += "\n"
+        path.write_text(f"{text}{line}\n")
+
+    # --- launching -------------------------------------------------------------------
+
+    def launch(
+        self, w: Worker, c: ContainerSpec, root: NodeRoot, notify: Callable[[], None]
+    ) -> str | None:
+        """Write its bundle and start its supervisor; None, or why it could not start."""
+        devices = oci.device_nodes(c.devices) or []
+        config = oci.oci_config(
+            c,
+            root.path,
+            init=CATATONIT,
+            image_env=root.env,
+            entrypoint=root.entrypoint,
+            devices=devices,
+            seccomp_profile=self._seccomp,
+        )
+        bundle = w.file(BUNDLE)
+        bundle.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(config, f)
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
+        argv = [
+            self.binary,
+            "--root",
+            str(self.root),
+            "run",
+            "--keep",
+            "--bundle",
+            str(bundle),
+            c.name,
+        ]
+        with w.file("log").open("ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    supervisor_argv(w.dir, argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.DEVNULL,
+                    env={"PATH": os.environ.get("PATH", os.defpath)},
+                    cwd=w.dir,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                return f"cannot start runc: {exc}"
+        w.proc = proc
+        SPAWNED.append(proc)
+        write_text_atomic(w.file("supervisor.pid"), f"{proc.pid}\n")
+        write_json_atomic(
+            w.file("started.json"), {"pid": proc.pid, "started_at": _now(), "container": c.name}
+        )
+        self.watch(w, notify)
+        return None
+
+    def watch(self, w: Worker, notify: Callable[[], None]) -> bool:
+        """Hear of its end at once (pidfd); False when it is gone already or unwatchable."""
+        pid = read_int(w.file("supervisor.pid"))
+        if pid is None or not self.alive(w):
+            return False
+        return procwatch.watch(pid, notify)
+
+    def alive(self, w: Worker) -> bool:
+        """Is its supervisor still there (and so may still write `exit`)?"""
+        if w.proc is not None:
+            return w.proc.poll() is None
+        pid = read_int(w.file("supervisor.pid"))
+        return pid is not None and supervisor_alive(pid, w.dir)
+
+    @staticmethod
+    def name(w: Worker) -> str:
+        """Its container's name, as container_spec names it (no file read per round)."""
+        return container_name(w.job_id, w.worker, w.placement_id)
+
+    def forget_config(self, w: Worker) -> None:
+        """The job's env values leave the disk once runc has created the container."""
+        config = w.file(BUNDLE) / "config.json"
+        if config.exists() and (
+            (self.root / self.name(w) / "state.json").exists() or not self.alive(w)
+        ):
+            config.unlink(missing_ok=True)
+
+    # --- stopping --------------------------------------------------------------------
+
+    def stop(self, w: Worker, grace_s: float) -> None:
+        """SIGTERM through runc to the container's PID 1, SIGKILL after `grace_s`."""
+        pid = read_int(w.file("supervisor.pid"))
+        if pid is None or not self.alive(w):
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGTERM)  # runc forwards it to catatonit, which to the job
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            old = self._kill_at.pop(w.placement_id, None)
+            if old is not None:
+                old.cancel()
+            self._kill_at[w.placement_id] = loop.call_later(grace_s, self.kill, w)
+
+    def kill(self, w: Worker) -> None:
+        """End it now: the container (its PID 1, so all of it), then its supervisor."""
+        self._kill_at.pop(w.placement_id, None)
+        self._runc("kill", self.name(w), "KILL")
+        pid = read_int(w.file("supervisor.pid"))
+        if pid is not None and self.alive(w):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def _runc(self, *args: str) -> int:
+        try:
+            return subprocess.run(
+                [self.binary, "--root", str(self.root), *args],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            ).returncode
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("runc %s: %s", " ".join(args), exc)
+            return -1
+
+    # --- ends ------------------------------------------------------------------------
+
+    def oom_killed(self, name: str) -> bool:
+        """Did the kernel kill it for memory? Its memory cgroup's count (`--keep` left it)."""
+        state = read_json(self.root / name / "state.json") or {}
+        memory = (state.get("cgroup_paths") or {}).get("memory") or (
+            state.get("cgroup_paths") or {}
+        ).get("")
+        if not memory:
+            return False
+        for fname in ("memory.oom_control", "memory.events"):
+            with contextlib.suppress(OSError):
+                for line in (Path(memory) / fname).read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                        return True
+        return False
+
+    def end_fields(self, w: Worker) -> dict[str, Any] | None:
+        """Its end, from the supervisor's `exit` (None without one), and its container
+        deleted. Call once the supervisor is gone."""
+        fields = end_fields(w.dir)
+        name = self.name(w)
+        timer = self._kill_at.pop(w.placement_id, None)
+        if timer is not None:
+            timer.cancel()
+        if fields is not None:
+            fields["container"] = name
+            if not fields.get("stopped") and self.oom_killed(name):
+                fields.update(reason=OOM, oom_killed=True)
+        self.delete(w)
+        return fields
+
+    def delete(self, w: Worker) -> None:
+        """Its runc state and cgroups removed (the container killed first if need be)."""
+        self._runc("delete", "--force", self.name(w))
+        shutil.rmtree(w.file(BUNDLE), ignore_errors=True)
