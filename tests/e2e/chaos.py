@@ -4,9 +4,17 @@ It starts the system as the e2e tests do (tests/e2e/conftest.py's System: nats-s
 nx-27017, the five services, one simulated node agent), keeps a steady job load on it
 (short `sleep` jobs submitted through the CLI, one after another), and meanwhile applies a
 random mix of faults drawn from the seed: kill -9 of a service, of the node agent, of
-nats-server or of the database (each restarted after a moment), and SIGSTOP/SIGCONT of one
-of them for a few seconds. Then it waits for every acknowledged job to end and prints the
-invariants as figures (invariants.py, replay.py read them from the system itself):
+nats-server or of the database (each restarted after a moment), SIGSTOP/SIGCONT of one
+of them for a few seconds, and long pauses (12-16 s) of the scheduler or the node agent,
+past the scheduler's lease (10 s) and the node's lost threshold (10 s): the scheduler,
+resumed, finds its lease lapsed and takes it again before it places; a paused agent's node
+is marked lost and its workers requeued, and when it resumes its old workers are stopped.
+One scheduler runs, as under `just up`: two scheduler processes on nx-27017 meet its
+"two transactions at once" gap (docs/nx-27017-gaps.md; a seed-2 run with a standby saw
+"no such savepoint", and two jobs stored finished whose stream says running); a leader replaced
+by a standby is tests/e2e/test_pauses.py's. Then it waits for every acknowledged job to
+end and prints the invariants as figures (invariants.py, replay.py read them from the
+system itself):
 
     acked jobs lost     acknowledged submissions the scheduler does not have
     GPUs given twice    pairs of workers of different jobs on one GPU at overlapping times
@@ -17,8 +25,8 @@ invariants as figures (invariants.py, replay.py read them from the system itself
 
 The schedule is a pure function of the seed and the duration (`schedule`): the seed and
 the schedule are printed first, so a failing run is reproduced with the same `--seed` and
-`--seconds` (the machine's timing still varies). Pauses stay shorter than the scheduler's
-lease (10 s) and the node's lost threshold (10 s): a pause past them is issue 15's fencing.
+`--seconds` (the machine's timing still varies). Faults are half kills, three tenths short
+pauses (2-6 s), two tenths long ones (tests/e2e/test_pauses.py tests each long pause alone).
 Exit status 0 when every figure is zero, 1 otherwise.
 """
 
@@ -52,6 +60,10 @@ from .replay import (
 SERVICES = ("scheduler", "billing", "provisioner", "device-fleet", "datastore")
 KILLABLE = (*SERVICES, "node-agent", "nats", "mongo")
 PAUSABLE = ("scheduler", "billing", "provisioner", "node-agent", "nats", "mongo")
+# Long pauses: past the scheduler's lease (10 s; the standby takes over) and the node's lost
+# threshold (10 s; its workers are requeued and, when it resumes, its old ones stopped).
+LONG_PAUSABLE = ("scheduler", "node-agent")
+LONG_PAUSE_S = (12.0, 16.0)
 ENDED = {"finished", "failed", "cancelled", "stopped", "rejected"}
 
 
@@ -68,10 +80,14 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
     rng = random.Random(seed)
     faults, at = [], 5.0
     while at < seconds - 10:
-        if rng.random() < 0.6:
+        draw = rng.random()
+        if draw < 0.5:
             fault = Fault(round(at, 1), "kill", rng.choice(KILLABLE), round(rng.uniform(0.5, 3), 1))
-        else:
+        elif draw < 0.8:
             fault = Fault(round(at, 1), "pause", rng.choice(PAUSABLE), round(rng.uniform(2, 6), 1))
+        else:  # past the lease / the lost threshold
+            target, hold = rng.choice(LONG_PAUSABLE), rng.uniform(*LONG_PAUSE_S)
+            fault = Fault(round(at, 1), "pause", target, round(hold, 1))
         faults.append(fault)
         at += rng.uniform(8, 20)
     return faults

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, identities, wait_for
 from gpufleet_devstack.cluster import NatsCluster
-from gpufleet_devstack.up import NODE_NAME, SERVICES
+from gpufleet_devstack.up import NODE_NAME, SERVICES, ServiceSpec
 
 CLI = [str(Path(sys.executable).parent / "gpufleet")]
 
@@ -79,33 +79,47 @@ class System:
             self.nats.start()
         self.mongo.start()
         for spec in SERVICES:
-            env = self.env
-            env.update({k: v.format(run_dir=self.root) for k, v in spec.env.items()})
-            env.update(identities.service_env(self.nats, spec.name))
-            if spec.name == "node-agent":
-                env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
-                # as `just up`: the simulated node (16 CPUs) offers 8 to CPU-only jobs
-                env.update(GPUFLEET_CPU_JOB_CPUS="8")
-                # Every e2e job is the node owner's (`local`): bare processes, on the
-                # operator's opt-in, keep the suite fast, but in test_runtime.py (containers,
-                # the default). Another account's job always runs in a container.
-                env.update(self.agent_env)
-                state = Path(env["GPUFLEET_AGENT_STATE_DIR"])
-                env.update(asyncio.run(identities.prepare_node(self.nats, NODE_NAME, state)))
-            proc = ServiceProcess(
-                spec.name,
-                [sys.executable, "-m", spec.module],
-                env,
-                self.root / "logs" / f"{spec.name}.log",
-            )
-            proc.start()
-            self.procs[spec.name] = proc
+            self._spawn(spec, spec.name)
         wait_for(
             self._ready,
             timeout=180,  # generous: a loaded 2-core machine starts six Pythons slowly
             interval=0.3,
             message=f"services not healthy; logs in {self.root / 'logs'}",
         )
+
+    def _spawn(self, spec: ServiceSpec, name: str, extra: dict[str, str] | None = None) -> None:
+        """Start a process of `spec` under `name` (its log is `logs/<name>.log`), with the
+        service's identity and settings and `extra` on top (a node agent's
+        GPUFLEET_MINION_ID and GPUFLEET_AGENT_STATE_DIR among them)."""
+        env = self.env
+        env.update({k: v.format(run_dir=self.root) for k, v in spec.env.items()})
+        env.update(identities.service_env(self.nats, spec.name))
+        if spec.name == "node-agent":
+            env.update(GPUFLEET_SIMULATED_GPUS="1", GPUFLEET_HEARTBEAT_S="1")
+            # as `just up`: the simulated node (16 CPUs) offers 8 to CPU-only jobs
+            env.update(GPUFLEET_CPU_JOB_CPUS="8")
+            # Every e2e job is the node owner's (`local`): bare processes, on the
+            # operator's opt-in, keep the suite fast, but in test_runtime.py (containers,
+            # the default). Another account's job always runs in a container.
+            env.update(self.agent_env)
+        env.update(extra or {})
+        if spec.name == "node-agent":
+            state = Path(env["GPUFLEET_AGENT_STATE_DIR"])
+            minion = env["GPUFLEET_MINION_ID"]
+            env.update(asyncio.run(identities.prepare_node(self.nats, minion, state)))
+        proc = ServiceProcess(
+            name, [sys.executable, "-m", spec.module], env, self.root / "logs" / f"{name}.log"
+        )
+        proc.start()
+        self.procs[name] = proc
+
+    def add(self, name: str, service: str, extra: dict[str, str]) -> None:
+        """One more process of a service, once the system runs: a standby scheduler (its
+        own GPUFLEET_SCHEDULER_INSTANCE; the same service credential, so the same
+        permissions), a second node agent (its own minion id and state directory; it
+        enrols with a join token of its own)."""
+        spec = next(s for s in SERVICES if s.name == service)
+        self._spawn(spec, name, extra)
 
     def _ready(self) -> bool:
         health = self.cli("health", "--json", check=False)

@@ -34,13 +34,14 @@ def charges_per_job(system: System) -> dict[str, int]:
 
 
 def gpus_given_twice(system: System, job_ids: list[str]) -> list[str]:
-    """Pairs of workers of different jobs that held one GPU at overlapping times."""
+    """Pairs of workers of different jobs that held one GPU (of one node) at overlapping
+    times."""
     spans = []
     for job_id in job_ids:
         for w in system.job(job_id)["workers"]:
             if w["started_at"] and w["ended_at"]:
                 for gpu in w["gpu_indices"]:
-                    spans.append((gpu, w["started_at"], w["ended_at"], job_id))
+                    spans.append((f"{w.get('node')}/{gpu}", w["started_at"], w["ended_at"], job_id))
     found = []
     for i, (gpu, start, end, job) in enumerate(spans):
         for gpu2, start2, end2, job2 in spans[i + 1 :]:

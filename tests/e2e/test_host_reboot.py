@@ -1,8 +1,9 @@
 """A node's host "rebooted": the node agent and every worker gone at once, containers too.
 
-The agent runs with its defaults (no opt-in to bare processes: each worker a podman
+The agent runs with its defaults (no opt-in to bare processes: each worker in a
 container, as in test_runtime.py). The reboot is simulated as kill -9 of the agent and
-`podman rm --force` of every container of the node; then the agent starts again. Each
+removal of every container of the node (kill -9 of runc's supervisors, `runc delete`;
+`podman rm --force`); then the agent starts again. Each
 worker that was running is then failed with a reason (its container is gone: the agent
 reports it lost), never run twice at once, and billed once; the node's GPUs are free again
 for the next job. Skipped only where podman is missing (`just setup` installs it).
@@ -11,17 +12,24 @@ for the next job. Skipped only where podman is missing (`just setup` installs it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from gpufleet_devstack import wait_for
 from gpufleet_devstack.up import NODE_NAME
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
+from gpufleet_node_agent.podman_args import LABEL
+from gpufleet_node_agent.runc import DEFAULT_ROOT
 
 from .conftest import System, _running_system
 from .invariants import (
@@ -37,16 +45,46 @@ pytestmark = pytest.mark.skipif(
 )
 
 ENV = make_podman_env(default_containers_conf())
+RUNC = ["runc", "--root", str(DEFAULT_ROOT)]
+MINION = f"{LABEL}.minion"
 
 
 def node_containers() -> list[str]:
-    """Names of the containers of the e2e node (every state)."""
+    """Names of the containers of the e2e node (every state): the ones runc started
+    (runc.py, the default) and any `podman run` did."""
+    return podman_containers() + [str(c["id"]) for c in runc_containers()]
+
+
+def podman_containers() -> list[str]:
     res = subprocess.run(
         ["podman", "ps", "--all", "--filter", f"label=gpufleet.minion={NODE_NAME}",
          "--format", "{{.Names}}"],
         env=ENV, capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
     return res.stdout.split()
+
+
+def runc_containers() -> list[dict[str, Any]]:
+    res = subprocess.run(
+        [*RUNC, "list", "--format", "json"], capture_output=True, check=True, timeout=60
+    )
+    listed = json.loads(res.stdout or b"null") or []
+    return [c for c in listed if (c.get("annotations") or {}).get(MINION) == NODE_NAME]
+
+
+def reboot_containers() -> None:
+    """What a reboot does to the node's containers: runc's gone with their supervisors (the
+    shell and runc in the foreground, killed first: a reboot leaves no `exit` behind), and
+    podman's."""
+    for c in runc_containers():
+        pid = (Path(c["bundle"]).parent / "supervisor.pid").read_text().strip()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(pid), signal.SIGKILL)
+        subprocess.run([*RUNC, "delete", "--force", c["id"]], capture_output=True, timeout=60)
+    podman = podman_containers()
+    if podman:
+        subprocess.run(["podman", "rm", "--force", "--time", "0", *podman], env=ENV,
+                       capture_output=True, check=True, timeout=120)  # fmt: skip
 
 
 @pytest.fixture
@@ -69,9 +107,7 @@ def test_a_rebooted_host_fails_its_workers_with_a_reason_and_bills_each_once(
 
     # The reboot: the agent and every container of its node gone at once.
     system.kill("node-agent")
-    gone = node_containers()
-    subprocess.run(["podman", "rm", "--force", "--time", "0", *gone], env=ENV,
-                   capture_output=True, check=True, timeout=120)  # fmt: skip
+    reboot_containers()
     assert node_containers() == []
     system.restart("node-agent")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from gpufleet_devstack.pyindex import LocalIndex, debian_reachable, host_address, wheel
-from gpufleet_devstack.registry import LocalRegistry, find_registry
+from gpufleet_devstack.registry import LocalRegistry, find_registry, running_registry
+from gpufleet_devstack.registry import build_and_push as registry_image
 from gpufleet_node_agent.baseimage import (
     BASE_IMAGE,
     default_containers_conf,
@@ -38,19 +38,10 @@ MARKER = "from the customer image"
 ENV = podman_env(default_containers_conf())
 
 
-def podman(*args: str) -> None:
-    res = subprocess.run(["podman", *args], env=ENV, capture_output=True, text=True)
-    assert res.returncode == 0, f"podman {' '.join(args)}: {res.stderr}"
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry") / "data", users={USER: PASSWORD})
-    reg.start()
-    try:
+    with running_registry(tmp_path_factory.mktemp("registry"), {USER: PASSWORD}) as reg:
         yield reg
-    finally:
-        reg.stop()
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +146,11 @@ def test_a_job_over_its_memory_is_killed_and_fails_saying_so(system: System) -> 
 
 
 def build_and_push(context: Path, reg: LocalRegistry) -> str:
-    context.mkdir(parents=True)
-    (context / "marker").write_text(MARKER + "\n")
-    (context / "Containerfile").write_text(f"FROM localhost/{BASE_IMAGE}\nCOPY marker /marker\n")
-    ref = f"{reg.address}/team/marker:{uuid.uuid4().hex[:8]}"
-    podman("build", "--pull=never", "--quiet", "-t", ref, str(context))
-    podman("push", "--quiet", "--tls-verify=false", "--creds", f"{USER}:{PASSWORD}", ref)
-    podman("rmi", ref)  # the worker's pull must fetch it
-    return ref
+    """The marker image, pushed to `reg`; the local copy is removed, so the worker's pull
+    must fetch it."""
+    ref = f"team/marker:{uuid.uuid4().hex[:8]}"
+    files = {"marker": f"echo '{MARKER}' > marker"}
+    return registry_image(reg, context, ref, files, creds=(USER, PASSWORD), env=ENV)
 
 
 def test_a_customer_image_is_pulled_with_the_accounts_attached_registry_key(

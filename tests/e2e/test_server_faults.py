@@ -46,6 +46,11 @@ def assert_survived(system: System, jobs: list[str]) -> None:
     assert history_gaps(system, jobs) == []
 
 
+def scheduler_answers(system: System) -> bool:
+    """Does the scheduler answer a user's request (`job list`)?"""
+    return system.cli("job", "list", "--json", check=False, timeout=30).returncode == 0
+
+
 def test_kill_9_of_nats_server_mid_flow_loses_no_acknowledged_fact(
     fresh_system: System,
 ) -> None:
@@ -55,6 +60,9 @@ def test_kill_9_of_nats_server_mid_flow_loses_no_acknowledged_fact(
     system.nats.kill()
     time.sleep(2)  # the running ones end while the bus is gone
     system.nats.start()  # same port, same store
+    # The services reconnect by themselves (a retry a second, nats-py's backoff): until
+    # then a request finds no responder, as a user's would while a service restarts.
+    wait_for(lambda: scheduler_answers(system), timeout=30, interval=0.5)
     jobs += submit_some(system, 1, "after")  # answered: the scheduler reconnected
     assert_survived(system, jobs)
 
