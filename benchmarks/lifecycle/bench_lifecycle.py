@@ -80,6 +80,20 @@ def job_cpu_calibration(n: int = 200) -> float:
     return ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) / n
 
 
+RUNC_CONTAINERS = "containers runc started (their cgroups, exact)"
+RUNC_CPUACCT = Path("/sys/fs/cgroup/cpuacct/gpufleet/cpuacct.usage")  # runc.py's parent
+
+
+def runc_containers_cpu() -> float:
+    """CPU seconds of every container runc started (node-agent runc.py: cgroupsPath
+    /gpufleet/<name>): cgroup v1 charges a child's time to its parents, so a deleted
+    container's stays here. runc's init counts from when it joined the cgroup."""
+    try:
+        return int(RUNC_CPUACCT.read_text()) / 1e9
+    except (OSError, ValueError):
+        return 0.0
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace, root: Path) -> None:
         self.a = a
@@ -154,6 +168,7 @@ class Bench:
         cpu[AGENTS_ALONE] = sum(own_cpu(p.pid) for p in self.fleet.agents if p.pid is not None)
         if self.a.runtime == "container":
             cpu["conmon + containers (sampled, lower bound)"] = self.conmon.total()
+            cpu[RUNC_CONTAINERS] = runc_containers_cpu()
         t = os.times()
         cpu["this benchmark (submit, watch, sample)"] = t.user + t.system
         return cpu
