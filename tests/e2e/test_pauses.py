@@ -90,8 +90,9 @@ def test_a_paused_leader_is_fenced_and_comes_back_a_standby(fresh_system: System
             wait_for(lambda: lease(system)["owner"] == STANDBY, timeout=PAUSE_S + 10)
             took_over_s = time.monotonic() - paused
             # Still paused, the old leader keeps its NATS connection (the server drops it
-            # only after missed pings, minutes): requests sent to it go unanswered (the CLI
-            # gives up after 10 s), so the pause lasts until one submission was answered.
+            # only after missed pings, minutes): requests sent to it go unanswered, and the
+            # CLI asks again (same request id) until the standby answers. The pause lasts
+            # until one submission was answered.
             wait_for(lambda: len(load.acked) > before, timeout=45, interval=0.5)
             time.sleep(max(0.0, PAUSE_S - (time.monotonic() - paused)))
             during = load.acked[before:]

@@ -188,7 +188,9 @@ def replying(monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any]) -> list[t
     """Replies by base subject; records (subject as sent, body)."""
     asked: list[tuple[str, Any]] = []
 
-    def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+    def send(
+        subject: str, payload: bytes, headers: dict[str, str], timeout: float, retry: bool = False
+    ) -> bytes:
         asked.append((subject, json.loads(payload)))
         return json.dumps(replies[subject.rsplit(".", 1)[0]]).encode()
 

@@ -30,6 +30,8 @@ T = TypeVar("T")
 
 SOURCE = "gpufleet/cli"
 CONNECT_TIMEOUT_S = 3.0
+RETRY_AFTER_S = 3.0  # a repeatable request still unanswered is asked again after this
+RETRY_PAUSE_S = 0.25  # after "no responders" (a service restarting)
 
 
 class CliError(Exception):
@@ -189,6 +191,38 @@ class Session:
         data: bytes = msg.data
         return data
 
+    async def send_retrying(
+        self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float
+    ) -> bytes:
+        """`send` for a request that is safe to repeat (a read, or one with a request id):
+        asked again every RETRY_AFTER_S, earlier asks still waiting, until one is answered or
+        `timeout_s` has passed. A service instance that holds a request without answering
+        (paused, overloaded) then costs the user seconds, not the whole timeout: another
+        instance of its queue group hears the next ask."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        asks: set[asyncio.Future[bytes]] = set()
+        failure: CliError | None = None
+        try:
+            while (left := deadline - loop.time()) > 0:
+                asks.add(asyncio.ensure_future(self.send(subject, payload, headers, left)))
+                done, asks = await asyncio.wait(
+                    asks, timeout=min(RETRY_AFTER_S, left), return_when=asyncio.FIRST_COMPLETED
+                )
+                for ask in done:
+                    exc = ask.exception()
+                    if exc is None:
+                        return ask.result()
+                    if not isinstance(exc, CliError) or exc.code == "forbidden":
+                        raise exc
+                    failure = exc  # nobody answered it (no responders: asked again soon)
+                if done and not asks:
+                    await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - loop.time())))
+        finally:
+            for ask in asks:
+                ask.cancel()
+        raise failure or _no_answer(subject)
+
     async def request(
         self,
         subject: str,
@@ -325,18 +359,29 @@ def run(fn: Callable[[Session], Awaitable[T]]) -> T:
 # --- the synchronous API the commands use -------------------------------------------
 
 
-def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
-    """Raw request/reply (tests replace this to capture what would be sent)."""
+def send(
+    subject: str, payload: bytes, headers: dict[str, str], timeout: float, retry: bool = False
+) -> bytes:
+    """Raw request/reply (tests replace this to capture what would be sent); with `retry`
+    (a request safe to repeat) asked again while unanswered (Session.send_retrying)."""
+    if retry:
+        return run(lambda s: s.send_retrying(subject, payload, headers, timeout))
     return run(lambda s: s.send(subject, payload, headers, timeout))
 
 
 def request(
-    subject: str, payload: bytes, *, ce_type: str | None = None, timeout: float | None = None
+    subject: str,
+    payload: bytes,
+    *,
+    ce_type: str | None = None,
+    timeout: float | None = None,
+    retry: bool = False,
 ) -> dict[str, Any]:
-    """Ask the service on `subject`; its JSON reply, or ServiceError / CliError."""
+    """Ask the service on `subject`; its JSON reply, or ServiceError / CliError. `retry`
+    only for a request that is safe to repeat: a read, or one that carries a request id."""
     headers = request_headers(subject, ce_type)
     timeout = timeout or settings_mod.load().request_timeout_s
-    data = send(addressed(subject), payload, headers, timeout)
+    data = send(addressed(subject), payload, headers, timeout, retry)
     return parse_reply(subject, data)
 
 

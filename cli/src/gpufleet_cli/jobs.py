@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListJobs, SubmitJob
+from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListJobs
 
 from . import client, logs, render, spec, views
 from .client import CliError, StreamRecord
@@ -36,7 +37,7 @@ def _terminal(value: Any) -> bool:
 def get_job(job_id: str) -> dict[str, Any]:
     """The scheduler's job object (not_found for another account's job too)."""
     msg = GetJob(job_id=job_id)
-    return client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+    return client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
 
 
 def job_cost(job_id: str) -> dict[str, Any]:
@@ -175,6 +176,15 @@ def submit(
             help="Spec as YAML or JSON; flags override its fields.",
         ),
     ] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Option(
+            "--request-id",
+            metavar="ID",
+            help="Makes the submission idempotent: the same ID again gets the job it queued "
+            "(default: a new random one, so an unanswered ask can be repeated safely).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Submit a job. The spec is validated here first; nothing is sent if it is not valid."""
@@ -200,8 +210,8 @@ def submit(
             "environment": spec.environment(base.get("environment"), image, key, pip),
         }
         job_spec = spec.build(base, flags, env or [])
-        msg = SubmitJob(spec=job_spec)
-        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+        msg = spec.submission(job_spec, request_id or uuid.uuid4().hex)
+        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
     if as_json:
         render.emit_json(reply)
         return
@@ -238,7 +248,7 @@ def list_(
     """Your jobs, newest first."""
     with render.reported(as_json):
         msg = ListJobs(limit=limit)
-        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
     if as_json:
         render.emit_json(reply)
     else:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, error, invalid
-from gpufleet_contracts.jobs import JobSpec
+from gpufleet_contracts.jobs import JobSpec, SubmitJob
 from pydantic import ValidationError
 
 from .client import ServiceError
@@ -38,6 +38,7 @@ FLAGS = {
     "environment.image": "--image",
     "environment.keys": "--key",
     "environment.packages.pip": "--pip",
+    "request_id": "--request-id",
 }
 
 
@@ -145,3 +146,12 @@ def build(base: dict[str, Any], flags: dict[str, Any], env_pairs: list[str]) -> 
             ErrorReply(error=ErrorBody(code="invalid", message=MESSAGE, fields=env_errors))
         )
     return job_spec
+
+
+def submission(job_spec: JobSpec, request_id: str) -> SubmitJob:
+    """The SubmitJob to send; a request id that is not valid is refused here, naming
+    `--request-id`."""
+    try:
+        return SubmitJob(spec=job_spec, request_id=request_id)
+    except ValidationError as exc:
+        raise _refused(invalid("the request id is not valid", exc, SubmitJob)) from exc

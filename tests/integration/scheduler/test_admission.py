@@ -6,9 +6,11 @@ transaction's events stay in the outbox to be read back."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import UTC, datetime
 
 import pytest
+from gpufleet_contracts.errors import Refused
 from gpufleet_contracts.jobs import (
     JobQueued,
     JobSpec,
@@ -146,4 +148,51 @@ async def test_a_pass_larger_than_a_chunk_commits_chunk_after_chunk(
     assert all(t.count(JobQueued.TYPE) <= 2 for t in txs) and len(txs) >= 4
     assert sum(t.count(WorkerPlaced.TYPE) for t in txs) == 7
     assert all(t.count(JobQueued.TYPE) == t.count(WorkerPlaced.TYPE) for t in txs)
+    await store.close()
+
+
+@pytest.mark.parametrize("first_leads", [True, False])
+async def test_a_request_heard_by_two_instances_queues_one_job(
+    mongo_server: EmbeddedMongo, db_prefix: str, monkeypatch: pytest.MonkeyPatch, first_leads: bool
+) -> None:
+    """A client that heard no answer asks again (SubmitJob with the same request id); the
+    second ask reaches another instance, which stores the job while the first instance is
+    still working on it. The first stores nothing more: both answer with the one job.
+    (first_leads: the first instance's pass hits the stored job; else its unplaced store.)"""
+    store = store_for("scheduler", mongo_server.url, db_prefix)
+    leases = {n: Lease(store.db, ttl_ms=60_000, owner=n, now_ms=lambda: 1_000_000) for n in "abc"}
+    assert await leases["a" if first_leads else "c"].acquire()
+    first = Scheduler(store, clock, lease=leases["a"])
+    other = Scheduler(store, clock, lease=leases["b"])  # never leads here
+    await first.lifecycle.node_changed(registered("a", gpus=2))
+    await store.db[OUTBOX].delete_many({})
+    answers: list[dict[str, object]] = []
+    resolve = first.admission.projects.resolve
+
+    async def meanwhile(*args: object) -> tuple[str, str]:
+        if not answers:  # the first instance has checked that no such job is stored yet
+            answers.append(await other.admission.submit(spec("twice"), "acme", request_id="r1"))
+        return await resolve(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(first.admission.projects, "resolve", meanwhile)
+    late = await first.admission.submit(spec("twice"), "acme", request_id="r1")
+
+    assert late["id"] == answers[0]["id"]
+    assert await store.db.jobs.count_documents({}) == 1
+    queued = [t for t in await transactions(store) for t in t if t == JobQueued.TYPE]
+    assert queued == [JobQueued.TYPE]
+    # The same request id from another account is another account's job.
+    theirs = await other.admission.submit(spec("twice"), "other", request_id="r1")
+    assert theirs["id"] != late["id"]
+    # Ids are 48 bits of a hash: one of another account's jobs that a request id happens to
+    # name is refused, never shown (R-TEN-2).
+    collided = "j" + hashlib.sha256(b"acme\nr9").hexdigest()[:12]
+    doc = await store.db.jobs.find_one({"_id": theirs["id"]})
+    assert doc is not None
+    await store.db.jobs.insert_one({**doc, "_id": collided})
+    with pytest.raises(Refused) as refused:
+        await first.admission.submit(spec("mine"), "acme", request_id="r9")
+    assert refused.value.reply.error.code == "conflict"
+    shown = refused.value.reply.model_dump_json()
+    assert theirs["id"] not in shown and '"other"' not in shown and "twice" not in shown
     await store.close()

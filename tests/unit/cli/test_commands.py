@@ -55,7 +55,9 @@ NODES = {
 def replying(monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any]) -> list[str]:
     asked: list[str] = []
 
-    def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+    def send(
+        subject: str, payload: bytes, headers: dict[str, str], timeout: float, retry: bool = False
+    ) -> bytes:
         base, account = subject.rsplit(".", 1)  # requests go to the acting account's subject
         assert account == "acme", subject
         asked.append(base)

@@ -27,7 +27,9 @@ VIEW = {
 def replying(monkeypatch: pytest.MonkeyPatch, replies: dict[str, Any]) -> list[tuple[str, Any]]:
     asked: list[tuple[str, Any]] = []
 
-    def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+    def send(
+        subject: str, payload: bytes, headers: dict[str, str], timeout: float, retry: bool = False
+    ) -> bytes:
         base, account = subject.rsplit(".", 1)
         assert account == "acme", subject
         asked.append((base, json.loads(payload)))

@@ -63,7 +63,14 @@ class Bus:
         self.replies = replies
         self.calls: list[tuple[str, dict[str, Any], dict[str, str]]] = []
 
-    def send(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
+    def send(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        timeout: float,
+        retry: bool = False,
+    ) -> bytes:
         subject, account = subject.rsplit(".", 1)  # the acting account's subject
         assert account == "acme"
         self.calls.append((subject, json.loads(payload), headers))

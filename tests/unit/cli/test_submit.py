@@ -30,8 +30,12 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Capture requests; the scheduler accepts every job as j1."""
     calls: list[dict[str, Any]] = []
 
-    def send(subject: str, payload: bytes, headers: dict[str, str], timeout: float) -> bytes:
-        calls.append({"subject": subject, "payload": json.loads(payload), "headers": headers})
+    def send(
+        subject: str, payload: bytes, headers: dict[str, str], timeout: float, retry: bool = False
+    ) -> bytes:
+        calls.append(
+            {"subject": subject, "payload": json.loads(payload), "headers": headers, "retry": retry}
+        )
         return json.dumps({"id": "j1", "state": "queued", "queue_reason": "none free"}).encode()
 
     monkeypatch.setattr(client, "send", send)
@@ -362,3 +366,28 @@ def test_a_cpu_only_job_naming_a_gpu_type_is_refused_locally(no_bus: None) -> No
     assert result.exit_code == 2
     fields = {f["field"]: f["rule"] for f in json.loads(result.stdout)["error"]["fields"]}
     assert fields == {"gpu_types": "R-JOB-2"}
+
+
+OK = [*BASE, "--gpu-type", "RTX 3090", "--", "true"]
+
+
+def test_every_submission_carries_a_request_id_and_may_be_asked_again(
+    sent: list[dict[str, Any]],
+) -> None:
+    """A new random id per submission, so the CLI can repeat an unanswered ask (retry)
+    without queueing a second job; `--request-id` sets it (a script's own key)."""
+    for args in (OK, OK, [*BASE, "--request-id", "nightly-2026-11-23", *OK[len(BASE) :]]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    ids = [c["payload"]["request_id"] for c in sent]
+    assert len(ids[0]) == 32 and ids[0] != ids[1]
+    assert ids[2] == "nightly-2026-11-23"
+    assert all(c["retry"] for c in sent)
+    assert SubmitJob.model_validate(sent[0]["payload"]).request_id == ids[0]
+
+
+def test_a_request_id_that_is_not_valid_is_refused_naming_the_flag(no_bus: None) -> None:
+    result = runner.invoke(app, [*BASE, "--request-id", "x" * 129, "--json", *OK[len(BASE) :]])
+    assert result.exit_code == 2
+    reply = json.loads(result.stdout)
+    assert [f["field"] for f in reply["error"]["fields"]] == ["request_id"]

@@ -38,11 +38,18 @@ from .states import WorkerState as WorkerState
 
 
 class SubmitJob(Command):
-    """Request (core NATS) to the scheduler. The acting account comes from the connection."""
+    """Request (core NATS) to the scheduler. The acting account comes from the connection.
+
+    With `request_id` the submission is idempotent for its account, as EnqueueJob is: the
+    job id is derived from the account and `request_id`, and the same request sent again
+    (a client that heard no answer and asks again, maybe another scheduler instance) gets
+    the job the first one queued, never a second job. The CLI sends one with every submit.
+    """
 
     TYPE = "gpufleet.job.submit.v1"
     SUBJECT = subjects.rpc("scheduler", "submit_job")
     spec: JobSpec
+    request_id: Name | None = Field(default=None, min_length=1, max_length=128)
 
 
 class EnqueueJob(Command):

@@ -10,7 +10,7 @@ import hashlib
 import uuid
 
 from gpufleet_contracts import FieldError
-from gpufleet_contracts.errors import Refused
+from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import JobSpec
 from gpufleet_store import Doc
 
@@ -36,8 +36,9 @@ class Admission:
     ) -> Doc:
         """Queue a job for `account` (its creator) in the project its spec names (R-TEN-1):
         owned by that project's owner; returns its view (jobdoc.view). With `request_id`
-        (EnqueueJob) the id is derived from it, and a job already queued for the same account
-        and request is returned instead of a new one.
+        (EnqueueJob, or a SubmitJob that carries one) the id is derived from it, and a job
+        already queued for the same account and request is returned instead of a new one
+        (one stored meanwhile by another instance too: store_unplaced).
 
         The job joins the next placement pass, which stores it in the same transaction as
         its placement (or its reason to wait): one write per job. An instance that does not
@@ -52,7 +53,7 @@ class Admission:
                 return jobdoc.view(await st.find_job(job_id, account))
             existing = await st.db.jobs.find_one({"_id": job_id})
             if existing is not None:
-                return jobdoc.view(existing)
+                return jobdoc.view(_created_by(existing, account))
         owner, project = await self.projects.resolve(spec.project, account)
         await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
         await self._check_region(spec)
@@ -73,9 +74,11 @@ class Admission:
         if wait and not considered:
             await self.passes.request_pass()
         cached = st.jobs.get(job_id) if st.loaded else None
-        if cached is not None:  # the leader knows it: no read needed
-            return jobdoc.view(cached)
-        return jobdoc.view(await st.find_job(job_id, account))
+        if cached is None:  # the leader knows it: no read needed
+            cached = await st.db.jobs.find_one({"_id": job_id})
+        if cached is None:
+            raise NotFound(f"job {job_id} not found")
+        return jobdoc.view(_created_by(cached, account))
 
     async def _check_keys(self, spec: JobSpec, account: str) -> None:
         """R-JOB-7: every key the job names is attached to its creator's account (or, for a
@@ -120,3 +123,15 @@ class Admission:
                 )
             ],
         )
+
+
+def _created_by(job: Doc, account: str) -> Doc:
+    """`job`, the one a request id of `account` names: a job of another account with the
+    same derived id (a hash collision, 48 bits) is refused, never shown (R-TEN-2)."""
+    if job.get("creator") != account:
+        raise Refused(
+            "conflict",
+            "this request id cannot be used (its job id is taken): send another",
+            [FieldError(field="request_id", rule="R-TEN-2", message="choose another request id")],
+        )
+    return job

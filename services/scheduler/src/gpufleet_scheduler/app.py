@@ -96,7 +96,8 @@ class Handlers:
 
     async def submit_job(self, body: SubmitJob, account: str) -> JobAccepted:
         """Validate and queue a job; replies its id, its state and why it waits."""
-        return JobAccepted.model_validate(await self.sched.admission.submit(body.spec, account))
+        job = await self.sched.admission.submit(body.spec, account, request_id=body.request_id)
+        return JobAccepted.model_validate(job)
 
     async def get_job(self, body: GetJob, account: str) -> JobView:
         """A job, its state and why it waits."""

@@ -133,7 +133,7 @@ class Passes:
                     await self.memory.catch_up()
                 return await self._pass(new)
             except (StaleJob, DuplicateKeyError, BulkWriteError, OperationFailure) as exc:
-                log.warning("placement pass lost a race (%s); reloading from the store", exc)
+                log.warning("placement pass lost a race (%s); reloading from the store", _race(exc))
                 await store_unplaced(st, self._unstored(new))
                 await self.memory.load()
                 return 0
@@ -260,3 +260,11 @@ class Passes:
             st.committed(await st.store.transaction(write))
         await self.demand.after_pass(result.waiting)
         return len(sets)
+
+
+def _race(exc: Exception) -> str:
+    """What a lost race was, short: a bulk write's error text holds whole job documents."""
+    if isinstance(exc, BulkWriteError):
+        first = (exc.details.get("writeErrors") or [{}])[0]
+        return f"BulkWriteError {first.get('code')}: {first.get('errmsg')}"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -46,16 +46,28 @@ def emit_queued(tx: Transaction, sub: Submission) -> None:
 
 async def store_unplaced(st: State, batch: list[Submission]) -> None:
     """Store submissions without placing them (this instance does not lead, or the pass
-    that took them failed): one transaction per SUBMIT_BATCH; errors go to the callers."""
+    that took them failed): one transaction per SUBMIT_BATCH; errors go to the callers.
+
+    A submission whose job is already stored (the same request id, stored by another
+    instance that also heard it) is not stored again: its caller reads the stored job."""
     for i in range(0, len(batch), SUBMIT_BATCH):
         part = batch[i : i + SUBMIT_BATCH]
+        stored: list[Submission] = []
 
-        async def body(tx: Transaction, part: list[Submission] = part) -> int:
-            rev = await st.next_rev(tx)
-            for s in part:
+        async def body(
+            tx: Transaction, part: list[Submission] = part, stored: list[Submission] = stored
+        ) -> int:
+            rev = await st.next_rev(tx)  # first: a write (docs/nx-27017-gaps.md)
+            ids = [s.doc["_id"] for s in part]
+            there = st.db.jobs.find({"_id": {"$in": ids}}, {"_id": 1}, session=tx.session)
+            known = {d["_id"] async for d in there}
+            stored[:] = [s for s in part if s.doc["_id"] not in known]
+            if not stored:
+                return rev
+            for s in stored:
                 s.doc["rev"] = rev
                 emit_queued(tx, s)
-            await st.db.jobs.insert_many([s.doc for s in part], session=tx.session)
+            await st.db.jobs.insert_many([s.doc for s in stored], session=tx.session)
             return rev
 
         try:
@@ -65,8 +77,9 @@ async def store_unplaced(st: State, batch: list[Submission]) -> None:
                 if not s.fut.done():
                     s.fut.set_exception(exc)
             continue
-        METRICS.jobs_submitted.add(len(part))
-        await st.changed([s.doc for s in part])
+        if stored:
+            METRICS.jobs_submitted.add(len(stored))
+            await st.changed([s.doc for s in stored])
         st.committed(rev)
         for s in part:
             if not s.fut.done():
