@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerStarted, WorkerState
+from gpufleet_node_agent import logcap
 from gpufleet_node_agent.workers import (
     LOST_AT_RESTART,
     LOST_AT_RUNTIME,
@@ -364,3 +365,31 @@ async def test_the_watch_loop_stops_when_cancelled_as_news_arrives(
         loop.cancel()
         done, _ = await asyncio.wait({loop}, timeout=5)
         assert done == {loop} and loop.cancelled()
+
+
+async def test_a_worker_that_prints_without_end_costs_the_node_a_bounded_log(
+    managers: Callable[..., WorkerManager], broker: FakeBroker, tmp_path: Path
+) -> None:
+    """logcap.py: 64 MB printed, 256 KiB kept and shipped, then one notice; the node frees
+    what comes after (the file's blocks, not its size), keeping the tail for the end."""
+    cap = 256 * 1024
+    m = managers(log_max_bytes=cap)
+    script = tmp_path / "flood.py"
+    script.write_text(
+        "import sys\nline = b'x' * 1023 + b'\\n'\n"
+        "for i in range(65536): sys.stdout.buffer.write(line)\n"
+        "sys.stdout.buffer.write(b'the last words\\n')\n"
+    )
+    m.start(cmd(command=[PY, str(script)]))
+    evt = await finished(m, broker, "pl-1")
+
+    assert evt.state == WorkerState.finished and evt.log_tail.endswith("the last words\n")
+    shipped = broker.log_bytes("job-1", 0)
+    assert shipped.startswith(b"x" * 1023 + b"\n")
+    assert len(shipped) < cap + 200 and shipped.endswith(logcap.notice(cap))
+    log = m.worker_dir("pl-1") / "log"
+    st = log.stat()
+    assert st.st_size == 65536 * 1024 + 15  # the job's view: everything it wrote
+    assert st.st_blocks * 512 <= cap + logcap.TAIL_BYTES + 1024 * 1024  # the node's cost
+    ids = [h["Nats-Msg-Id"] for _, _, h in broker.sent]
+    assert ids.count("pl-1:capped") == 1

@@ -106,6 +106,7 @@ class Agent:
             settings.minion_id,
             self.publisher,
             log_chunk_bytes=settings.log_chunk_bytes,
+            log_max_bytes=settings.worker_log_max_bytes,
             clock=clock,
             runtime=container_runtime(settings),
             # Bare processes: the owner's own jobs when allowed, and to re-attach workers a

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import disk
+from . import disk, logcap
 from .baseimage import podman_env
 from .builds import Builder
 from .files import read_int, write_json_atomic, write_text_atomic
@@ -334,10 +334,23 @@ class PodmanRuntime(ContainerStarts):
         await self._podman("stop", "--time", str(self.config.stop_grace_s), name)
 
     def convert_log(self, w: Worker) -> None:
-        """Append what conmon logged since the last call to `log` (shipped by reports.py)."""
+        """Append what conmon logged since the last call to `log` (shipped by reports.py);
+        what was converted is freed from conmon's file, a backlog too large to convert in
+        time is skipped with a notice (logcap.py)."""
         path = w.file(LOG_FILE)
         offset = read_int(w.file(f"{LOG_FILE}.offset")) or 0
         try:
+            size = path.stat().st_size
+            if size - offset > logcap.BACKLOG_MAX:  # resume after the last whole record
+                with path.open("rb") as f:
+                    f.seek(size - 65536)
+                    last = f.read(65536).rfind(b"\n")
+                resume = size - 65536 + last + 1 if last >= 0 else size
+                with w.file("log").open("ab") as out:
+                    out.write(f"\n[gpufleet: {resume - offset} bytes of output skipped]\n".encode())
+                write_text_atomic(w.file(f"{LOG_FILE}.offset"), str(resume))
+                logcap.freed(path, resume)
+                return
             with path.open("rb") as f:
                 f.seek(offset)
                 raw = f.read(4 * 1024 * 1024)
@@ -349,6 +362,7 @@ class PodmanRuntime(ContainerStarts):
         with w.file("log").open("ab") as out:
             out.write(data)
         write_text_atomic(w.file(f"{LOG_FILE}.offset"), str(offset + used))
+        logcap.freed(path, offset + used)
 
     async def _record_end(self, w: Worker, c: Mapping[str, Any]) -> None:
         """How it ended, from its listing (`podman ps`: state and exit code)."""

@@ -13,6 +13,7 @@ from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import Clock
 from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted, WorkerState
 
+from . import logcap
 from .files import read_int, write_text_atomic
 from .workdir import Worker
 
@@ -46,6 +47,7 @@ class Reports:
     source: str
     clock: Clock
     log_chunk_bytes: int
+    log_max_bytes: int
 
     async def _report_started(self, w: Worker, started: dict[str, Any]) -> None:
         evt = WorkerStarted(
@@ -69,19 +71,31 @@ class Reports:
             size = path.stat().st_size
         except FileNotFoundError:
             return True
+        cap = self.log_max_bytes  # logcap.py: what is kept and shipped, at most
+        logcap.bound(path, size, cap)
+        subject = subjects.log(self.minion_id, w.job_id, w.worker)
         offset = read_int(w.file("log.offset")) or 0
         pending = read_int(w.file("log.pending"))
         if pending is not None and pending > offset:
             end = pending
         else:
-            end = min(size, offset + CHUNKS_PER_POLL * self.log_chunk_bytes)
+            end = min(size, offset + CHUNKS_PER_POLL * self.log_chunk_bytes, cap)
             if end <= offset:
+                if size > cap and not w.file("log.capped").exists():
+                    await publish_raw(
+                        self.broker,
+                        subject,
+                        logcap.notice(cap),
+                        type_=LOG_TYPE,
+                        source=self.source,
+                        msg_id=f"{w.placement_id}:capped",
+                    )
+                    w.file("log.capped").touch()
                 return True
             write_text_atomic(w.file("log.pending"), str(end))
         with path.open("rb") as f:
             f.seek(offset)
             data = f.read(end - offset)
-        subject = subjects.log(self.minion_id, w.job_id, w.worker)
         step = self.log_chunk_bytes
         await asyncio.gather(
             *(
@@ -97,7 +111,7 @@ class Reports:
             )
         )
         write_text_atomic(w.file("log.offset"), str(end))
-        return end >= size
+        return end >= size and not (size > cap and not w.file("log.capped").exists())
 
     def finished_event(
         self, w: Worker, exit_data: dict[str, Any], started: dict[str, Any] | None

@@ -87,6 +87,9 @@ class AgentSettings(BaseSettings):
     cpu_job_cpus: int | None = Field(default=None, ge=0, le=1024)
     price_per_cpu_hour: Decimal | None = Field(default=None, ge=0)  # to other accounts
     log_chunk_bytes: int = Field(default=16384, ge=256, le=1024 * 1024)
+    # A worker's output kept on the node and shipped, at most (logcap.py): past it, one
+    # notice, and the node frees what the job goes on printing.
+    worker_log_max_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024, le=2**40)
     # Enrolment (R-NODE-2): a one-time join token, exchanged at the first start for the
     # node's own credential, kept in `<agent_state_dir>/node.creds` (GPUFLEET_NATS_CREDS
     # overrides the path). The token, or a file holding it.

@@ -61,6 +61,7 @@ LOST_AT_RUNTIME = ProcessRuntime.lost_at_runtime
 ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
 SECRET_FILES = frozenset({ENV_FILE, REGISTRY_FILE, keyfiles.KEYS_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
+LOG_MAX_BYTES = 64 * 1024 * 1024  # a worker's output kept and shipped, at most (logcap.py)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class WorkerManager(Reports):
         broker: Publisher,
         *,
         log_chunk_bytes: int = 16384,
+        log_max_bytes: int = LOG_MAX_BYTES,
         gpu_indices: Collection[int] | None = None,
         clock: Callable[[], datetime] = utcnow,
         source: str = SOURCE,
@@ -91,6 +93,7 @@ class WorkerManager(Reports):
         self.minion_id = minion_id
         self.broker = broker
         self.log_chunk_bytes = log_chunk_bytes
+        self.log_max_bytes = log_max_bytes
         self.gpu_indices = None if gpu_indices is None else set(gpu_indices)
         self.clock = clock
         self.source = source
