@@ -7,11 +7,12 @@ import json
 
 import nats
 from gpufleet_bus import Delivery, Events, Ports, ServiceRuntime, publish
+from gpufleet_bus.streams import LOGS_MAX_BYTES, ensure_streams
 from gpufleet_contracts import Envelope, Event, subjects
 from gpufleet_contracts.health import HealthCheck
 from gpufleet_contracts.jobs import SubmitJob
 from gpufleet_devstack import NatsServer, wait_for_async
-from nats.js.api import DeliverPolicy
+from nats.js.api import DeliverPolicy, DiscardPolicy
 
 from ..conftest import admin_connect, as_user, broker_for, running
 
@@ -203,3 +204,17 @@ async def test_one_consumer_dispatches_by_type_in_stream_order(fresh_nats: NatsS
     assert seen == [("pong" if n % 2 == 0 else "ping", n) for n in range(10)]
     dead = await read_stream(fresh_nats, subjects.dead_letter("svc", "*"))
     assert [json.loads(m.data)["errors"][0]["field"] for m in dead] == ["ce-type"]
+
+
+async def test_the_log_stream_is_bounded_in_bytes_and_the_event_history_is_not(
+    fresh_nats: NatsServer,
+) -> None:
+    """Jobs print what they like: their logs may not take the file store the events need."""
+    nc = await admin_connect(fresh_nats)
+    js = nc.jetstream()
+    await ensure_streams(js)
+    logs = (await js.stream_info(subjects.STREAM_LOGS)).config
+    events = (await js.stream_info(subjects.STREAM_EVENTS)).config
+    assert logs.max_bytes == LOGS_MAX_BYTES and logs.discard == DiscardPolicy.OLD
+    assert events.max_bytes == -1  # history goes by age alone (30 days)
+    await nc.close()

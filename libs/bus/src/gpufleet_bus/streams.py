@@ -25,6 +25,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 DAY = 24 * 3600
+LOGS_MAX_BYTES = 2 * 1024**3
 log = logging.getLogger("gpufleet.bus")
 
 
@@ -35,6 +36,7 @@ class StreamSpec:
     max_age_s: float
     duplicate_window_s: float = 600
     description: str = ""
+    max_bytes: int = -1  # -1: bounded by age alone
 
 
 STREAMS: tuple[StreamSpec, ...] = (
@@ -56,6 +58,10 @@ STREAMS: tuple[StreamSpec, ...] = (
         14 * DAY,
         duplicate_window_s=120,
         description="Worker stdout/stderr in chunks, read by `gpufleet job logs`.",
+        # Jobs are untrusted and print what they like: their logs (each worker's capped by
+        # its node, GPUFLEET_WORKER_LOG_MAX_BYTES) never take the file store the events
+        # need (compose: 8 GB); past this the oldest chunks go first.
+        max_bytes=LOGS_MAX_BYTES,
     ),
     StreamSpec(
         subjects.STREAM_DLQ,
@@ -88,6 +94,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1, *, update: boo
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             max_age=spec.max_age_s,
+            max_bytes=spec.max_bytes,
             duplicate_window=spec.duplicate_window_s,
             discard=DiscardPolicy.OLD,
             num_replicas=replicas,
@@ -110,7 +117,7 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1, *, update: boo
 
 
 def _differs(have: StreamConfig, want: StreamConfig) -> bool:
-    keys = ("subjects", "max_age", "duplicate_window", "deny_delete", "deny_purge")
+    keys = ("subjects", "max_age", "max_bytes", "duplicate_window", "deny_delete", "deny_purge")
     return any(getattr(have, k) != getattr(want, k) for k in keys)
 
 
