@@ -80,14 +80,15 @@ def job_cpu_calibration(n: int = 200) -> float:
     return ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) / n
 
 
-RUNC_CONTAINERS = "containers runc started (their cgroups, exact)"
+RUNC_CONTAINERS = "containers crun or runc started (their cgroups, exact)"
 RUNC_CPUACCT = Path("/sys/fs/cgroup/cpuacct/gpufleet/cpuacct.usage")  # runc.py's parent
 
 
 def runc_containers_cpu() -> float:
-    """CPU seconds of every container runc started (node-agent runc.py: cgroupsPath
-    /gpufleet/<name>): cgroup v1 charges a child's time to its parents, so a deleted
-    container's stays here. runc's init counts from when it joined the cgroup."""
+    """CPU seconds of every container crun or runc started (node-agent runc.py and
+    cgroupv1.py: /gpufleet/<name>): cgroup v1 charges a child's time to its parents, so a
+    deleted container's stays here. runc's init counts from when it joined the cgroup;
+    with crun, crun itself counts too (its launcher joins the cgroups, then execs it)."""
     try:
         return int(RUNC_CPUACCT.read_text()) / 1e9
     except (OSError, ValueError):

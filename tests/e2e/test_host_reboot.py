@@ -2,11 +2,12 @@
 
 The agent runs with its defaults (no opt-in to bare processes: each worker in a
 container, as in test_runtime.py). The reboot is simulated as kill -9 of the agent and
-removal of every container of the node (kill -9 of runc's supervisors, `runc delete`;
-`podman rm --force`); then the agent starts again. Each
-worker that was running is then failed with a reason (its container is gone: the agent
-reports it lost), never run twice at once, and billed once; the node's GPUs are free again
-for the next job. Skipped only where podman is missing (`just setup` installs it).
+removal of every container of the node (kill -9 of the supervisors and of crun's
+containers, their state and cgroups removed; `runc delete`; `podman rm --force`); then the
+agent starts again. Each worker that was running is then failed with a reason (its
+container is gone: the agent reports it lost), never run twice at once, and billed once;
+the node's GPUs are free again for the next job. Skipped only where podman is missing
+(`just setup` installs it).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from gpufleet_devstack import wait_for
 from gpufleet_devstack.up import NODE_NAME
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
+from gpufleet_node_agent.cgroupv1 import Cgroups
 from gpufleet_node_agent.podman_args import LABEL
-from gpufleet_node_agent.runc import DEFAULT_ROOT
+from gpufleet_node_agent.runc import CRUN_ROOT, DEFAULT_ROOT
 
 from .conftest import System, _running_system
 from .invariants import (
@@ -46,13 +48,15 @@ pytestmark = pytest.mark.skipif(
 
 ENV = make_podman_env(default_containers_conf())
 RUNC = ["runc", "--root", str(DEFAULT_ROOT)]
+CRUN = ["crun", "--cgroup-manager=disabled", "--root", str(CRUN_ROOT)]
 MINION = f"{LABEL}.minion"
 
 
 def node_containers() -> list[str]:
-    """Names of the containers of the e2e node (every state): the ones runc started
-    (runc.py, the default) and any `podman run` did."""
-    return podman_containers() + [str(c["id"]) for c in runc_containers()]
+    """Names of the containers of the e2e node (every state): the ones crun (the default)
+    or runc started (runc.py) and any `podman run` did."""
+    oci = runc_containers() + crun_containers()
+    return podman_containers() + [str(c["id"]) for c in oci]
 
 
 def podman_containers() -> list[str]:
@@ -72,6 +76,21 @@ def runc_containers() -> list[dict[str, Any]]:
     return [c for c in listed if (c.get("annotations") or {}).get(MINION) == NODE_NAME]
 
 
+def crun_containers() -> list[dict[str, Any]]:
+    if shutil.which("crun") is None:
+        return []
+    res = subprocess.run(
+        [*CRUN, "list", "--format", "json"], capture_output=True, check=True, timeout=60
+    )
+    ours = []
+    for c in json.loads(res.stdout or b"null") or []:
+        with contextlib.suppress(OSError, ValueError):  # crun's copy of its config
+            config = json.loads((CRUN_ROOT / c["id"] / "config.json").read_text())
+            if (config.get("annotations") or {}).get(MINION) == NODE_NAME:
+                ours.append(c)
+    return ours
+
+
 def reboot_containers() -> None:
     """What a reboot does to the node's containers: runc's gone with their supervisors (the
     shell and runc in the foreground, killed first: a reboot leaves no `exit` behind), and
@@ -81,6 +100,14 @@ def reboot_containers() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(pid), signal.SIGKILL)
         subprocess.run([*RUNC, "delete", "--force", c["id"]], capture_output=True, timeout=60)
+    cgroups, _ = Cgroups.here()
+    for c in crun_containers():  # crun's: the same, and their cgroups gone with the boot
+        pid = (Path(c["bundle"]).parent / "supervisor.pid").read_text().strip()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(pid), signal.SIGKILL)
+        subprocess.run([*CRUN, "delete", "--force", c["id"]], capture_output=True, timeout=60)
+        if cgroups is not None:
+            assert cgroups.remove(c["id"])
     podman = podman_containers()
     if podman:
         subprocess.run(["podman", "rm", "--force", "--time", "0", *podman], env=ENV,

@@ -74,6 +74,23 @@ def minion() -> Iterator[str]:
     for c in json.loads(listed.stdout or b"null") or []:
         if (c.get("annotations") or {}).get("gpufleet.minion") == mid:
             subprocess.run([*runc, "delete", "--force", c["id"]], capture_output=True, check=False)
+    # and of those crun started: their cgroups are the agent's (cgroupv1.py)
+    for bundle in Path("/run/gpufleet-agent/crun").glob("*/config.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(bundle.read_text())["annotations"].get("gpufleet.minion") == mid:
+                subprocess.run(
+                    [
+                        "crun",
+                        "--cgroup-manager=disabled",
+                        "--root",
+                        str(bundle.parent.parent),
+                        "kill",
+                        bundle.parent.name,
+                        "KILL",
+                    ],
+                    capture_output=True,
+                    check=False,
+                )
 
 
 def container_record(worker_dir: Path) -> dict[str, Any] | None:

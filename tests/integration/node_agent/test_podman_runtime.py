@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -90,7 +91,7 @@ print(json.dumps({
 """
 
 
-@pytest.mark.parametrize("launcher", ["runc", "podman"])
+@pytest.mark.parametrize("launcher", ["crun", "runc", "podman"])
 async def test_a_worker_is_isolated_and_gets_its_env(
     tmp_path: Path, minion: str, image: str, launcher: str
 ) -> None:
@@ -149,7 +150,7 @@ async def test_a_worker_is_isolated_and_gets_its_env(
             "NoNewPrivs": "1",
             "Seccomp": "2",
         },
-        "pid1": "/run/gpufleet-init" if launcher == "runc" else "/run/podman-init",
+        "pid1": "/run/podman-init" if launcher == "podman" else "/run/gpufleet-init",
     }
     wd = m.worker_dir(cmd.placement_id)
     assert (wd / "output" / "out.txt").read_text() == "x"
@@ -162,13 +163,13 @@ async def test_a_worker_is_isolated_and_gets_its_env(
         kept = ("log", "container.log")
         if f.is_file() and f.name not in kept and not f.is_relative_to(wd / "output"):
             assert b"line one" not in f.read_bytes(), f
-    assert (wd / "runc.json").exists() is (launcher == "runc")
+    assert (wd / "runc.json").exists() is (launcher != "podman")
     m.stop(other.job_id, 0, other.placement_id, "test over")
     stopped = await until_finished(m, other.placement_id)
     assert (stopped.state, stopped.reason) == (WorkerState.stopped, "test over")
 
 
-@pytest.mark.parametrize("launcher", ["runc", "podman"])
+@pytest.mark.parametrize("launcher", ["crun", "runc", "podman"])
 async def test_a_memory_hog_is_reported_out_of_memory(
     tmp_path: Path, minion: str, image: str, launcher: str
 ) -> None:
@@ -179,6 +180,31 @@ async def test_a_memory_hog_is_reported_out_of_memory(
     done = await until_finished(m, cmd.placement_id)
     assert (done.state, done.reason, done.exit_code) == (WorkerState.failed, "out of memory", 137)
     assert done.log_tail == "allocating\n"
+
+
+SYSCALL_32 = """
+import ctypes, mmap
+code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])  # mov eax, 20 (i386 getpid); int 0x80; ret
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+call = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+print('64-bit calls run', flush=True)
+print('32-bit getpid', call(), flush=True)
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="an x86 instruction")
+@pytest.mark.parametrize("launcher", ["crun", "runc"])
+async def test_a_32_bit_system_call_is_killed_by_the_seccomp_filter(
+    tmp_path: Path, minion: str, image: str, launcher: str
+) -> None:
+    """oci.seccomp: the filter is for x86_64 only; a 32-bit call (int 0x80) is killed."""
+    m = manager(tmp_path / "state", minion, image, launcher=launcher)
+    cmd = start(minion, SYSCALL_32)
+    m.start(cmd)
+    done = await until_finished(m, cmd.placement_id)
+    assert (done.state, done.exit_code) == (WorkerState.failed, 128 + signal.SIGSYS)
+    assert done.log_tail == "64-bit calls run\n"
 
 
 async def test_a_running_container_is_reattached_after_a_restart(
@@ -244,43 +270,56 @@ async def test_a_container_whose_state_is_gone_is_reported_lost(
     assert (gone.state, gone.reason) == (WorkerState.failed, PodmanRuntime.lost_at_restart)
 
 
-def runc_state(name: str) -> int:
-    return subprocess.run(
-        ["runc", "--root", str(runc_root), "state", name], capture_output=True, check=False
-    ).returncode
+def container_there(launcher: str, name: str, cgroup_left: bool = False) -> bool:
+    """Is the container still there: runc's state, or the processes in crun's cgroups
+    (`cgroup_left`: or its cgroups, empty)?"""
+    if launcher == "runc":
+        return (
+            subprocess.run(
+                ["runc", "--root", str(runc_root), "state", name], capture_output=True, check=False
+            ).returncode
+            == 0
+        )
+    procs = Path("/sys/fs/cgroup/pids/gpufleet", name, "cgroup.procs")
+    if cgroup_left and procs.parent.exists():
+        return True
+    return procs.exists() and bool(procs.read_text().split())
 
 
-async def test_a_runc_container_whose_supervisor_is_killed_is_reported_lost_and_ended(
-    tmp_path: Path, minion: str, image: str
+@pytest.mark.parametrize("launcher", ["crun", "runc"])
+async def test_a_container_whose_supervisor_is_killed_is_reported_lost_and_ended(
+    tmp_path: Path, minion: str, image: str, launcher: str
 ) -> None:
-    """runc.py: the worker's supervisor (and runc) killed behind the agent's back, while it
-    watches and while it is away: the worker is reported lost, and its container, which
-    runc's death left running, is killed and deleted (it would hold the GPUs)."""
+    """runc.py: the worker's supervisor (and the runtime) killed behind the agent's back,
+    while it watches and while it is away: the worker is reported lost, and its container,
+    if the runtime's death left it running, is killed and deleted (it would hold the GPUs)."""
     state = tmp_path / "state"
-    m = manager(state, minion, image)
+    m = manager(state, minion, image, launcher=launcher)
     running, later = await two_sleepers(m, minion)
 
     async def kill_supervisor(placement: str) -> str:
         w = m.active[placement]
         name = str(json.loads(w.file("runc.json").read_text())["name"])
-        for _ in range(100):  # started.json is written as runc starts: wait till it runs
-            if runc_state(name) == 0:
+        for _ in range(100):  # started.json is written as it starts: wait till it runs
+            if container_there(launcher, name):
                 break
             await asyncio.sleep(0.1)
         os.killpg(int(w.file("supervisor.pid").read_text()), signal.SIGKILL)
         return name
 
     name = await kill_supervisor(running.placement_id)
-    assert runc_state(name) == 0  # still there: runc's death does not end the container
+    if launcher == "runc":  # still there: runc's death does not end the container
+        assert container_there(launcher, name)
     done = await until_finished(m, running.placement_id)
     assert (done.state, done.reason) == (WorkerState.failed, PodmanRuntime.lost_at_runtime)
-    assert runc_state(name) != 0
+    assert not container_there(launcher, name)
     name = await kill_supervisor(later.placement_id)
-    again = manager(state, minion, image)
+    again = manager(state, minion, image, launcher=launcher)
     assert again.recover().lost == [later.placement_id]
     gone = await until_finished(again, later.placement_id)
     assert (gone.state, gone.reason) == (WorkerState.failed, PodmanRuntime.lost_at_restart)
-    assert runc_state(name) != 0
+    assert not container_there(launcher, name)
+    assert not container_there(launcher, name, cgroup_left=True)
 
 
 CGROUP_PROBE = """

@@ -1,4 +1,4 @@
-"""podman, runc and mmdebstrap from Debian: what the node agent's podman runtime needs
+"""podman, runc, crun and mmdebstrap from Debian: what the node agent's podman runtime needs
 (GPUFLEET_WORKER_RUNTIME=podman; services/node-agent/README.md, "Container runtime")."""
 
 from __future__ import annotations
@@ -10,33 +10,38 @@ from collections.abc import Callable
 
 __all__ = ["PODMAN_PACKAGES", "ensure_podman", "missing_podman_tools", "node_runtime_env"]
 
-# crun, podman's default on Debian, fails on these hosts' hybrid cgroups; runc works.
+# podman itself runs containers with runc (deploy/podman/containers.conf: crun, podman's
+# default on Debian, refuses these hosts' hybrid cgroups). The agent starts its workers'
+# containers with crun where it can (runc.py, cgroupv1.py), else runc: crun is optional.
 PODMAN_PACKAGES = ("podman", "runc", "mmdebstrap")
-INSTALL_HINT = f"install them with `sudo apt-get install -y {' '.join(PODMAN_PACKAGES)}`"
+OPTIONAL_PACKAGES = ("crun",)
+INSTALL_HINT = (
+    f"install them with `sudo apt-get install -y {' '.join(PODMAN_PACKAGES + OPTIONAL_PACKAGES)}`"
+)
 
 
-def missing_podman_tools() -> list[str]:
-    return [p for p in PODMAN_PACKAGES if shutil.which(p) is None]
+def missing_podman_tools(optional: bool = False) -> list[str]:
+    wanted = PODMAN_PACKAGES + (OPTIONAL_PACKAGES if optional else ())
+    return [p for p in wanted if shutil.which(p) is None]
 
 
 def ensure_podman(log: Callable[[str], None] = print) -> bool:
     """Install what is missing when we are root; else say exactly what to install. True when
-    everything is there. Never fatal: only the podman runtime (not the default) needs them."""
-    missing = missing_podman_tools()
-    if not missing:
-        return True
-    if os.geteuid() != 0:
-        log(f"the podman worker runtime needs {', '.join(missing)}: {INSTALL_HINT}")
-        return False
-    cmd = ["apt-get", "install", "-y", *missing]
-    log(f"{', '.join(missing)} not found; running: {' '.join(cmd)}")
-    if subprocess.run(cmd, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], check=False)
-        subprocess.run(cmd, check=False)
-    still = missing_podman_tools()
-    if still:
-        log(f"still missing {', '.join(still)}: {INSTALL_HINT}")
-    return not still
+    everything needed is there (crun is not needed). Never fatal: containers fall back to
+    bare processes for the node owner's own jobs (node_runtime_env)."""
+    missing = missing_podman_tools(optional=True)
+    if missing and os.geteuid() == 0:
+        cmd = ["apt-get", "install", "-y", *missing]
+        log(f"{', '.join(missing)} not found; running: {' '.join(cmd)}")
+        if subprocess.run(cmd, check=False).returncode != 0:
+            subprocess.run(["apt-get", "update"], check=False)
+            subprocess.run(cmd, check=False)
+    needed = missing_podman_tools()
+    if needed:
+        log(f"the podman worker runtime needs {', '.join(needed)}: {INSTALL_HINT}")
+    elif missing_podman_tools(optional=True):
+        log(f"crun is missing: the node agents start containers with runc ({INSTALL_HINT})")
+    return not needed
 
 
 def node_runtime_env(log: Callable[[str], None] = print) -> dict[str, str]:

@@ -47,7 +47,7 @@ from .gpu_access import GpuAccess
 from .mps import Mps
 from .podman_args import LABEL, LOG_FILE, PodmanConfig, convert_k8s_log
 from .podman_start import MARKER, ContainerStarts
-from .runc import Runc, problem
+from .runc import Runc, crun_problem, problem
 from .supervise import EXIT_FILE
 from .workdir import Worker
 
@@ -109,11 +109,15 @@ class PodmanRuntime(ContainerStarts):
         self.builder = Builder(self._podman, config.podman, self.env, config.build)
         # runc.py: new containers started by runc where it can; a restarted agent still
         # finds the runc containers of an earlier one whatever it is set to now
-        self.runc = Runc(self._podman, config.uid)
-        why_not = problem() if config.launcher == "runc" else None
+        crun_why = crun_problem() if config.launcher == "crun" else None
+        crun = config.launcher == "crun" and crun_why is None
+        if crun_why is not None:
+            log.warning("containers started by runc, not crun: %s", crun_why)
+        why_not = problem() if config.launcher != "podman" and not crun else None
         if why_not is not None:
             log.warning("containers started by podman, not runc: %s", why_not)
-        self.use_runc = config.launcher == "runc" and why_not is None
+        self.runc = Runc(self._podman, config.uid, crun=crun)
+        self.use_runc = config.launcher != "podman" and why_not is None
         self._runc_stop_sent: set[str] = set()
 
     # --- the port's quick half ----------------------------------------------------------

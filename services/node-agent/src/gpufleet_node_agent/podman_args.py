@@ -113,9 +113,9 @@ class PodmanConfig:
     base_environments: Mapping[str, str] = field(default_factory=dict)
     build: BuildConfig = field(default_factory=BuildConfig)
     parallel: int = 4  # `podman run`s at once (podman_start.py)
-    # who starts a worker's container: runc under the shell supervisor (runc.py; podman
-    # still pulls, builds and mounts images) or `podman run` (also where runc cannot)
-    launcher: str = "runc"
+    # who starts a worker's container: crun or runc under the shell supervisor (runc.py;
+    # podman still pulls, builds and mounts images) or `podman run` (also where they cannot)
+    launcher: str = "crun"
 
 
 @dataclass(frozen=True)

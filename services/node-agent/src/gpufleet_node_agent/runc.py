@@ -1,4 +1,5 @@
-"""Containers started with runc under the worker's shell supervisor, not by `podman run`.
+"""Containers started by an OCI runtime (crun, else runc) under the worker's shell
+supervisor, not by `podman run`.
 
 Issue 15: `podman run` costs ~0.23 CPU-s a container on this kind of machine (podman
 itself, conmon, `podman container cleanup`, `podman ps`/`rm` shares); runc alone ~0.02.
@@ -18,9 +19,15 @@ writes to `exit`. Like a bare worker's, the shell outlives an agent restart and 
 with a pidfd. Once it is gone the agent reads the container's OOM count from its cgroup
 (`--keep` leaves it), runs `runc delete`, releases the disk quota and writes exit.json.
 
+crun (the default where it can: README "crun, in cgroups of the agent's"): the same, but
+`crun run` has no `--keep`, so it runs with its cgroup manager off in cgroups the agent made
+(cgroupv1.py), which the worker's command joins before it execs crun; the agent reads the
+OOM count from them and removes them once the supervisor is gone.
+
 Files of the worker directory, beside the supervisor's (supervise.py):
 
-    runc.json        {name, image}: written before the supervisor starts
+    runc.json        {name, image, runtime: "crun" | "runc"}: written before the supervisor
+                     starts (no runtime: runc, an older agent's)
     bundle/          config.json (until runc has read it)
 """
 
@@ -41,10 +48,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import oci, procwatch
+from . import cgroupv1, oci, procwatch
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .podman_args import ML_DIRS, ContainerSpec, container_name
-from .supervise import end_fields, supervisor_argv
+from .supervise import SHELL, end_fields, supervisor_argv
 from .workdir import SPAWNED, Worker, supervisor_alive
 
 log = logging.getLogger("gpufleet.node_agent.runc")
@@ -54,6 +61,7 @@ BUNDLE = "bundle"
 CATATONIT = Path("/usr/libexec/podman/catatonit")
 SECCOMP_JSON = Path("/usr/share/containers/seccomp.json")
 DEFAULT_ROOT = Path("/run/gpufleet-agent/runc")
+CRUN_ROOT = Path("/run/gpufleet-agent/crun")
 APPARMOR = Path("/sys/module/apparmor/parameters/enabled")
 SELINUX = Path("/sys/fs/selinux/enforce")
 OOM = "out of memory"
@@ -89,6 +97,20 @@ def problem(runc: str | None = None) -> str | None:
     label; runc.py does not, so podman starts them there: never a weaker container."""
     if shutil.which(runc or "runc") is None:
         return "runc is not installed"
+    return confinement_problem()
+
+
+def crun_problem(crun: str = "crun") -> str | None:
+    """Why crun cannot start this node's containers (runc then does), or None."""
+    if shutil.which(crun) is None:
+        return "crun is not installed"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is missing"
+    return confinement_problem() or cgroupv1.Cgroups.here()[1]
+
+
+def confinement_problem() -> str | None:
+    """What the OCI runtimes here cannot give a container that podman would."""
     if not CATATONIT.exists():
         return f"{CATATONIT} is missing (Debian's catatonit, a podman dependency)"
     with contextlib.suppress(OSError):
@@ -102,13 +124,30 @@ def problem(runc: str | None = None) -> str | None:
 
 
 class Runc:
-    """The runc half of PodmanRuntime: node roots, launching, stopping, collecting ends."""
+    """The OCI-runtime half of PodmanRuntime: node roots, launching (runc, or crun where
+    `crun` is set), stopping, collecting ends. Each worker's runtime is in its marker, so a
+    restarted agent ends the containers of an earlier one whatever it is set to now."""
 
-    def __init__(self, podman: Podman, uid: int, root: Path = DEFAULT_ROOT, binary: str = "runc"):
+    def __init__(
+        self,
+        podman: Podman,
+        uid: int,
+        root: Path = DEFAULT_ROOT,
+        binary: str = "runc",
+        *,
+        crun: bool = False,
+        crun_root: Path = CRUN_ROOT,
+        crun_binary: str = "crun",
+    ):
         self.podman = podman
         self.uid = uid
         self.root = root
         self.binary = shutil.which(binary) or binary
+        self.crun_root = crun_root
+        self.crun_binary = shutil.which(crun_binary) or crun_binary
+        self.use_crun = crun
+        self._cgroups: cgroupv1.Cgroups | None = None
+        self._runtimes: dict[str, str] = {}  # placement -> "runc" | "crun"
         self._roots: dict[str, NodeRoot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._seccomp: dict[str, Any] | None = None
@@ -224,18 +263,26 @@ class Runc:
         fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(config, f)
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
-        argv = [
-            self.binary,
-            "--root",
-            str(self.root),
-            "run",
-            "--keep",
-            "--bundle",
-            str(bundle),
-            c.name,
-        ]
+        runtime = "crun" if self.use_crun else "runc"
+        self._runtimes[w.placement_id] = runtime
+        write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image, "runtime": runtime})
+        if runtime == "crun":
+            try:
+                argv = self._crun_argv(c.name, bundle, config)
+            except OSError as exc:
+                return f"cannot make the container's cgroups: {exc}"
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            argv = [
+                self.binary,
+                "--root",
+                str(self.root),
+                "run",
+                "--keep",
+                "--bundle",
+                str(bundle),
+                c.name,
+            ]
         with w.file("log").open("ab") as out:
             try:
                 proc = subprocess.Popen(
@@ -259,6 +306,53 @@ class Runc:
         self.watch(w, notify)
         return None
 
+    def _crun_argv(self, name: str, bundle: Path, config: dict[str, Any]) -> list[str]:
+        """crun with its cgroup manager off, in the cgroups made here (cgroupv1.py)."""
+        cgroups = self.cgroups()
+        res = config["linux"]["resources"]
+        limits = cgroupv1.Limits(
+            memory_bytes=int(res["memory"]["limit"]),
+            cpu_quota_us=int(res["cpu"]["quota"]),
+            cpu_period_us=int(res["cpu"]["period"]),
+            pids=int(res["pids"]["limit"]),
+            devices=[(d["major"], d["minor"]) for d in config["linux"]["devices"]],
+        )
+        procs = cgroups.make(name, limits)
+        self.crun_root.mkdir(parents=True, exist_ok=True)
+        run = [
+            *self._crun(),
+            "run",
+            "--no-subreaper",
+            "--bundle",
+            str(bundle),
+            name,
+        ]
+        script = cgroupv1.launcher_script(cgroups.hybrid)
+        argv = [SHELL, "-c", script, "gpufleet-crun", *map(str, procs), "--", *run]
+        if cgroups.hybrid:  # its own mount namespace, where the v2 mount is hidden
+            argv = ["unshare", "--mount", "--propagation", "private", *argv]
+        return argv
+
+    def _crun(self) -> list[str]:
+        return [self.crun_binary, "--cgroup-manager=disabled", "--root", str(self.crun_root)]
+
+    def cgroups(self) -> cgroupv1.Cgroups:
+        if self._cgroups is None:
+            found, why = cgroupv1.Cgroups.here()
+            if found is None:
+                raise OSError(why)
+            self._cgroups = found
+        return self._cgroups
+
+    def runtime(self, w: Worker) -> str:
+        """Who started its container (its marker says; an older agent's: runc)."""
+        known = self._runtimes.get(w.placement_id)
+        if known is None:
+            marker = read_json(w.file(MARKER)) or {}
+            known = "crun" if marker.get("runtime") == "crun" else "runc"
+            self._runtimes[w.placement_id] = known
+        return known
+
     def watch(self, w: Worker, notify: Callable[[], None]) -> bool:
         """Hear of its end at once (pidfd); False when it is gone already or unwatchable."""
         pid = read_int(w.file("supervisor.pid"))
@@ -281,10 +375,18 @@ class Runc:
     def forget_config(self, w: Worker) -> None:
         """The job's env values leave the disk once runc has created the container."""
         config = w.file(BUNDLE) / "config.json"
-        if config.exists() and (
-            (self.root / self.name(w) / "state.json").exists() or not self.alive(w)
-        ):
+        if config.exists() and (self._created(w) or not self.alive(w)):
             config.unlink(missing_ok=True)
+
+    def _state(self, w: Worker) -> Path:
+        """The runtime's state directory of its container."""
+        return (self.crun_root if self.runtime(w) == "crun" else self.root) / self.name(w)
+
+    def _created(self, w: Worker) -> bool:
+        """Has the runtime created its container (and so read its config)? Its state file,
+        written then (the directory is made before the config is read)."""
+        crun = self.runtime(w) == "crun"
+        return (self._state(w) / ("status" if crun else "state.json")).exists()
 
     # --- stopping --------------------------------------------------------------------
 
@@ -305,29 +407,30 @@ class Runc:
     def kill(self, w: Worker) -> None:
         """End it now: the container (its PID 1, so all of it), then its supervisor."""
         self._kill_at.pop(w.placement_id, None)
-        self._runc("kill", self.name(w), "KILL")
+        if self.runtime(w) == "crun":
+            with contextlib.suppress(OSError):
+                self.cgroups().kill(self.name(w))
+        else:
+            self._runc("kill", self.name(w), "KILL")
         pid = read_int(w.file("supervisor.pid"))
         if pid is not None and self.alive(w):
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
 
     def _runc(self, *args: str) -> int:
-        try:
-            return subprocess.run(
-                [self.binary, "--root", str(self.root), *args],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=60,
-                check=False,
-            ).returncode
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("runc %s: %s", " ".join(args), exc)
-            return -1
+        return _quiet([self.binary, "--root", str(self.root), *args])
 
     # --- ends ------------------------------------------------------------------------
 
-    def oom_killed(self, name: str) -> bool:
-        """Did the kernel kill it for memory? Its memory cgroup's count (`--keep` left it)."""
+    def oom_killed(self, w: Worker) -> bool:
+        """Did the kernel kill it for memory? Its memory cgroup's count (`--keep` left it;
+        crun's are the agent's own)."""
+        name = self.name(w)
+        if self.runtime(w) == "crun":
+            try:
+                return self.cgroups().oom_killed(name)
+            except OSError:
+                return False
         state = read_json(self.root / name / "state.json") or {}
         memory = (state.get("cgroup_paths") or {}).get("memory") or (
             state.get("cgroup_paths") or {}
@@ -352,12 +455,41 @@ class Runc:
             timer.cancel()
         if fields is not None:
             fields["container"] = name
-            if not fields.get("stopped") and self.oom_killed(name):
+            if not fields.get("stopped") and self.oom_killed(w):
                 fields.update(reason=OOM, oom_killed=True)
         self.delete(w)
         return fields
 
     def delete(self, w: Worker) -> None:
-        """Its runc state and cgroups removed (the container killed first if need be)."""
-        self._runc("delete", "--force", self.name(w))
+        """Its runtime's state and cgroups removed (the container killed first if need be)."""
+        name = self.name(w)
+        if self.runtime(w) == "crun":
+            self._delete_crun(w, name)
+        else:
+            self._runc("delete", "--force", name)
         shutil.rmtree(w.file(BUNDLE), ignore_errors=True)
+        self._runtimes.pop(w.placement_id, None)
+
+    def _delete_crun(self, w: Worker, name: str) -> None:
+        """`crun run` removes its state as it returns: only a crun that was killed leaves
+        it. The cgroups are the agent's: removed here, their processes killed first."""
+        try:
+            cgroups = self.cgroups()
+        except OSError as exc:
+            log.warning("crun container %s: %s", name, exc)
+            return
+        cgroups.kill(name)
+        if not cgroups.remove(name):
+            log.warning("crun container %s: its cgroups are still busy", name)
+        if self._state(w).exists():
+            _quiet([*self._crun(), "delete", "--force", name])
+
+
+def _quiet(argv: list[str]) -> int:
+    try:
+        return subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False
+        ).returncode
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("%s: %s", " ".join(argv), exc)
+        return -1

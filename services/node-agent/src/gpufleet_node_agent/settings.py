@@ -109,11 +109,12 @@ class AgentSettings(BaseSettings):
     worker_cpus: float | None = Field(default=None, gt=0)  # None: the GPUs' share
     worker_pids: int = Field(default=4096, ge=16)
     podman_parallel: int = Field(default=4, ge=1, le=64)  # `podman run`s at once
-    # Who starts a worker's container (README "Launching containers"): `runc`, under the
-    # worker's shell supervisor on the image's node root (runc.py; ~10x cheaper), or
-    # `podman` (`podman run`). podman still pulls and builds images either way, and starts
-    # the containers runc cannot (no disk quota, another network, CDI devices).
-    container_launcher: Literal["runc", "podman"] = "runc"
+    # Who starts a worker's container (README "Launching containers"): `crun` or `runc`,
+    # under the worker's shell supervisor on the image's node root (runc.py; crun falls back
+    # to runc where it cannot: cgroupv1.py), or `podman` (`podman run`). podman still pulls
+    # and builds images either way, and starts the containers the OCI runtimes are not given
+    # (no disk quota, another network, CDI devices).
+    container_launcher: Literal["crun", "runc", "podman"] = "crun"
     # A container worker's writable space (README "Disk quota"): `loop`, its own loop-mounted
     # ext4 of disk_size_gb and a read-only image root; `off`: unlimited, on the host's disk.
     worker_disk_quota: Literal["loop", "off"] = "loop"
