@@ -126,3 +126,26 @@ async def test_after_an_agent_restart_the_disk_is_still_released_when_the_worker
     assert (done.state, done.log_tail) == (WorkerState.finished, "begin\nend\n")
     gone(wd)
     assert (wd / "mnt" / "opt" / "ml" / "checkpoint" / "ck").read_text() == "step 1"
+
+
+LOOK = """
+import os
+print(sorted(os.listdir('/tmp')), sorted(os.listdir('/opt/ml/output')), flush=True)
+open('/tmp/left-by-%(n)s', 'w').write('secret'); open('/opt/ml/output/out-%(n)s', 'w').write('x')
+"""
+
+
+async def test_each_worker_gets_an_empty_disk_though_all_are_copies_of_one_template(
+    tmp_path: Path, minion: str, image: str
+) -> None:
+    """disk.template: one format per node and size; what one worker wrote on its disk is
+    never on the next one's (each a copy of the never-mounted template)."""
+    m = manager(tmp_path / "state", minion, image)
+    for n in (1, 2):
+        cmd = start(minion, LOOK % {"n": n}, disk_size_gb=1)
+        m.start(cmd)
+        done = await until_finished(m, cmd.placement_id)
+        assert (done.state, done.log_tail) == (WorkerState.finished, "[] []\n")
+        assert (m.worker_dir(cmd.placement_id) / "output" / f"out-{n}").exists()  # kept
+    [template] = (tmp_path / "state" / disk.TEMPLATES).iterdir()
+    assert template.name.startswith("1gb-")

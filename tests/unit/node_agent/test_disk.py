@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,58 @@ def test_release_copies_only_what_the_job_left_and_unmounts_without_a_process(
     assert [a[-2] for a in ran] == [f"{mountpoint / 'checkpoint'}/."]  # one cp, not four
     assert unmounted == [(mountpoint, 0)]
     assert not (tmp_path / "disk.img").exists()
+
+
+def test_each_workers_disk_is_a_copy_of_the_nodes_template_formatted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+
+    def run(argv: list[str], timeout: float = 0) -> str | None:
+        ran.append(Path(argv[0]).name)
+        if argv[0].endswith("mkfs.ext4"):
+            with open(argv[-1], "r+b") as f:  # what a format writes, here and there
+                f.write(b"superblock")
+                f.seek(3 * 2**20)
+                f.write(b"group table")
+        return None
+
+    monkeypatch.setattr(disk, "_run", run)
+    workers = tmp_path / "state" / "workers"
+    for placement in ("p1", "p2"):
+        (workers / placement).mkdir(parents=True)
+        assert disk.setup(workers / placement, 2, os.getuid()) is None
+    assert ran == ["mkfs.ext4", "mount", "mount"]  # one format for the node, a mount each
+    [made] = (tmp_path / "state" / disk.TEMPLATES).iterdir()
+    assert made.name.startswith("2gb-") and made.stat().st_mode & 0o777 == 0o600
+    for placement in ("p1", "p2"):
+        image = workers / placement / disk.IMAGE
+        assert image.stat().st_size == disk.size_bytes(2)
+        assert image.stat().st_mode & 0o777 == 0o600
+        with image.open("rb") as f:
+            assert f.read(10) == b"superblock"
+            f.seek(3 * 2**20)
+            assert f.read(11) == b"group table"
+        assert image.stat().st_blocks * 512 < 2**20  # sparse: the data ranges only
+
+
+def test_a_template_whose_format_failed_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(disk, "_run", lambda argv, timeout=0: "mkfs.ext4 failed (1): no")
+    assert disk.template(tmp_path / "t", 1) == "mkfs.ext4 failed (1): no"
+    assert list((tmp_path / "t").iterdir()) == []
+
+
+def test_a_sparse_copy_keeps_the_data_and_the_holes(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    with src.open("wb") as f:
+        f.truncate(64 * 2**20)
+        f.write(b"a" * 4096)
+        f.seek(40 * 2**20)
+        f.write(b"b" * 8192)
+    disk.copy_sparse(src, dst)
+    assert dst.read_bytes() == src.read_bytes()
+    assert dst.stat().st_blocks <= src.stat().st_blocks + 64
+    with pytest.raises(FileExistsError):  # never over a file that is there
+        disk.copy_sparse(src, dst)
