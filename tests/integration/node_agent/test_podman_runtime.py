@@ -182,6 +182,40 @@ async def test_a_memory_hog_is_reported_out_of_memory(
     assert done.log_tail == "allocating\n"
 
 
+GRACEFUL = """
+import signal, sys, time
+def bye(*_):
+    print('got SIGTERM', flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+print('up', flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["crun", "runc", "podman"])
+async def test_a_stop_reaches_the_job_as_sigterm_within_the_grace_period(
+    tmp_path: Path, minion: str, image: str, launcher: str
+) -> None:
+    """The runtime (or catatonit) passes the stop's SIGTERM on: the job can save its work."""
+    m = manager(tmp_path / "state", minion, image, launcher=launcher, stop_grace_s=20)
+    cmd = start(minion, GRACEFUL)
+    m.start(cmd)
+    await until_started(m, cmd.placement_id)
+    w = m.active[cmd.placement_id]
+    for _ in range(100):  # started is said as it starts: wait for the job's own word
+        await m.poll_once()  # (podman's log reaches `log` in a round)
+        if w.file("log").exists() and b"up" in w.file("log").read_bytes():
+            break
+        await asyncio.sleep(0.1)
+    began = time.monotonic()
+    m.stop(cmd.job_id, 0, cmd.placement_id, "test over")
+    done = await until_finished(m, cmd.placement_id)
+    assert (done.state, done.reason) == (WorkerState.stopped, "test over")
+    assert done.log_tail == "up\ngot SIGTERM\n"
+    assert time.monotonic() - began < 15  # not the SIGKILL after the grace period
+
+
 SYSCALL_32 = """
 import ctypes, mmap
 code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])  # mov eax, 20 (i386 getpid); int 0x80; ret
@@ -305,6 +339,8 @@ async def test_a_container_whose_supervisor_is_killed_is_reported_lost_and_ended
                 break
             await asyncio.sleep(0.1)
         os.killpg(int(w.file("supervisor.pid").read_text()), signal.SIGKILL)
+        assert w.proc is not None
+        w.proc.wait(timeout=10)  # gone (and reaped) before anyone looks: no race with it
         return name
 
     name = await kill_supervisor(running.placement_id)
