@@ -59,7 +59,7 @@ from .dlq import read_dead_letters
 from .outbox import OutboxRelay
 from .periodic import Every
 from .requests import Handler, Request, Requests, model_of, qualname, schema_handler
-from .streams import ensure_streams, stream_for
+from .streams import ensure_streams_when_ready, stream_for
 from .wiring import Batched, Delivery, EventHandler, Events, Ports, Service, T, Wired
 
 log = logging.getLogger("gpufleet.bus")
@@ -304,7 +304,7 @@ class ServiceRuntime:
         # The broker's own connection (connect() is idempotent; start() reuses it).
         nc = await self.broker.connect()
         if self.infrastructure:
-            await ensure_streams(nc.jetstream(), replicas=self.bus.stream_replicas)
+            await ensure_streams_when_ready(nc.jetstream(), replicas=self.bus.stream_replicas)
         if self.store is not None:
             await self.store.ensure_indexes(self.indexes)
 

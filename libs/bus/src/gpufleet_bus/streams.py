@@ -7,11 +7,14 @@ first process up creates them and the others find them. Replicas follow the clus
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gpufleet_contracts import subjects
+from nats import errors as nats_errors
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -22,7 +25,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 DAY = 24 * 3600
 LOGS_MAX_BYTES = 2 * 1024**3
@@ -114,6 +117,39 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1, *, update: boo
                 "(`just up` does)",
                 spec.name,
             )
+
+
+# What JetStream answers while it is not ready yet: a cluster still electing its meta
+# leader, a server still starting (no answer, "no responders", 503).
+NOT_READY = (nats_errors.TimeoutError, nats_errors.NoRespondersError, ServiceUnavailableError)
+
+
+async def ensure_streams_when_ready(
+    js: JetStreamContext,
+    replicas: int = 1,
+    *,
+    update: bool = False,
+    wait_s: float = 120.0,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """`ensure_streams`, asked again while JetStream is not ready yet (a service started
+    beside a cluster that has not elected its meta leader must wait, not exit), for up to
+    `wait_s` seconds in all (then the last error: the service exits, its supervisor
+    restarts it)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    pause = 0.5
+    while True:
+        try:
+            await ensure_streams(js, replicas, update=update)
+            return
+        except NOT_READY as exc:
+            if loop.time() + pause > deadline:
+                raise
+            why = type(exc).__name__
+            log.warning("JetStream not ready (%s); asking again in %.1f s", why, pause)
+        await sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 def _differs(have: StreamConfig, want: StreamConfig) -> bool:
