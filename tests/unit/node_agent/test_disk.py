@@ -21,7 +21,7 @@ def test_mkfs_makes_a_journal_less_ext4_with_no_reserved_blocks_and_lazy_inode_t
     argv = disk.mkfs_argv(WD / "disk.img")
     assert argv[0].endswith("mkfs.ext4")
     assert argv[1:] == [
-        "-q", "-F", "-O", "^has_journal", "-m", "0",
+        "-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0",
         "-E", "lazy_itable_init=1,nodiscard", "-L", "gpufleet-worker", f"{WD}/disk.img",
     ]  # fmt: skip
 
@@ -126,7 +126,12 @@ def test_each_workers_disk_is_a_copy_of_the_nodes_template_formatted_once(
                 f.write(b"group table")
         return None
 
+    def mount(image: Path, mountpoint: Path) -> str | None:
+        ran.append("mount")
+        return None
+
     monkeypatch.setattr(disk, "_run", run)
+    monkeypatch.setattr(disk, "mount", mount)
     workers = tmp_path / "state" / "workers"
     for placement in ("p1", "p2"):
         (workers / placement).mkdir(parents=True)
@@ -165,3 +170,38 @@ def test_a_sparse_copy_keeps_the_data_and_the_holes(tmp_path: Path) -> None:
     assert dst.stat().st_blocks <= src.stat().st_blocks + 64
     with pytest.raises(FileExistsError):  # never over a file that is there
         disk.copy_sparse(src, dst)
+
+
+def test_a_kernel_without_loop_configure_gets_mount8_from_then_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def unsupported(*args: object) -> None:
+        calls.append("loopdev")
+        raise disk.loopdev.Unsupported("LOOP_CONFIGURE is not supported (Linux < 5.8)")
+
+    def run(argv: list[str], timeout: float = 0) -> str | None:
+        calls.append(Path(argv[0]).name)
+        return None
+
+    monkeypatch.setattr(disk.loopdev, "mount", unsupported)
+    monkeypatch.setattr(disk, "_run", run)
+    monkeypatch.setattr(disk, "_loop_calls", True)
+    assert disk.mount(tmp_path / "disk.img", tmp_path / "disk") is None
+    assert disk.mount(tmp_path / "disk.img", tmp_path / "disk") is None
+    assert calls == ["loopdev", "mount", "mount"]  # asked once, then mount(8)
+
+
+def test_a_mount_the_kernel_refuses_is_the_workers_error_not_a_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*args: object) -> None:
+        raise OSError(22, "mount of disk.img: Invalid argument")
+
+    monkeypatch.setattr(disk.loopdev, "mount", refused)
+    monkeypatch.setattr(disk, "_run", lambda argv, timeout=0: "mount(8) must not be asked")
+    monkeypatch.setattr(disk, "_loop_calls", True)
+    assert disk.mount(tmp_path / "disk.img", tmp_path / "disk") == (
+        "[Errno 22] mount of disk.img: Invalid argument"
+    )
