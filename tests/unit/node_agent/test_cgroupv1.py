@@ -1,16 +1,16 @@
 """Node agent: a crun container's own cgroups (cgroupv1.py), on plain directories: which
-hierarchies, what is written, the launcher's shell step. The real thing (crun in them, an
+hierarchies, what is written, the supervisor joining them. The real thing (crun in them, an
 OOM counted) is tests/integration/node_agent/test_podman_runtime.py."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from gpufleet_node_agent import cgroupv1
 from gpufleet_node_agent.cgroupv1 import Cgroups, Limits
+from gpufleet_node_agent.supervise import CANNOT_JOIN, supervisor_argv
 
 pytestmark = pytest.mark.unit
 
@@ -108,34 +108,42 @@ def test_removal_says_whether_its_cgroups_are_gone(tmp_path: Path) -> None:
     assert cgroups.remove("c1") is True  # gone already
 
 
-@pytest.mark.parametrize("hybrid", [False, True])
-def test_the_launcher_joins_each_cgroup_then_execs_the_runtime(
-    tmp_path: Path, hybrid: bool
-) -> None:
-    procs = [tmp_path / "a.procs", tmp_path / "b.procs"]
-    script = cgroupv1.launcher_script(hybrid)
-    assert ("umount /sys/fs/cgroup/unified" in script) is hybrid
-    if hybrid:  # not run here: it would unmount the v2 mount of this test's namespace
-        return
-    out = subprocess.run(
-        ["/bin/sh", "-c", script, "x", *map(str, procs), "--", "sh", "-c", "echo $$"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    pid = out.strip()
-    assert [p.read_text() for p in procs] == [f"{pid}\n", f"{pid}\n"]  # the same process
-    assert int(pid) != os.getpid()
-
-
-def test_the_launcher_stops_before_the_runtime_when_it_cannot_join(tmp_path: Path) -> None:
-    script = cgroupv1.launcher_script(False)
-    ran = tmp_path / "ran"
-    missing = str(tmp_path / "none/cgroup.procs")
-    done = subprocess.run(
-        ["/bin/sh", "-c", script, "x", missing, "--", "touch", str(ran)],
-        capture_output=True,
+def _supervise(tmp_path: Path, procs: list[Path], command: list[str]) -> str:
+    """Run the joining supervisor (supervise.py) as the agent starts it; the `exit` it wrote."""
+    worker = tmp_path / "w"
+    worker.mkdir(exist_ok=True)
+    subprocess.run(
+        supervisor_argv(worker, command, procs),
+        stdout=(worker / "log").open("ab"),
         check=False,
+        start_new_session=True,
     )
-    assert done.returncode == 125
+    return (worker / "exit").read_text().strip()
+
+
+def test_the_supervisor_joins_each_cgroup_itself_then_execs_the_runtime(
+    tmp_path: Path,
+) -> None:
+    """ "0" in cgroup.procs moves the writing process: the command's own (no `$$` in a
+    subshell); the cgroups are joined before the command runs (tests/integration:
+    test_crun_cgroups, with real ones)."""
+    procs = [tmp_path / "a.procs", tmp_path / "b.procs"]
+    seen = tmp_path / "seen"
+    command = ["sh", "-c", f"cat {procs[0]} {procs[1]} > {seen}"]
+    assert _supervise(tmp_path, procs, command) == "0"
+    assert [p.read_text() for p in procs] == ["0\n", "0\n"]
+    assert seen.read_text() == "0\n0\n"  # written before it ran
+
+
+def test_the_supervisor_stops_before_the_runtime_when_it_cannot_join(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    missing = tmp_path / "none/cgroup.procs"
+    assert _supervise(tmp_path, [missing], ["touch", str(ran)]) == str(CANNOT_JOIN)
     assert not ran.exists()
+    assert "none/cgroup.procs" in (tmp_path / "w" / "log").read_text()  # why, in its log
+
+
+def test_crun_runs_where_the_v2_mount_is_covered_by_a_proc_mount_of_its_own() -> None:
+    argv = cgroupv1.hide_unified()
+    assert argv[:4] == ["unshare", "--mount", "--propagation", "private"]
+    assert argv[4] == "--mount-proc=/sys/fs/cgroup/unified"

@@ -8,9 +8,9 @@ before and removes after, as runc's `--keep` left them: the same limits runc wou
 (`/gpufleet/<container>` in each hierarchy), and the OOM count read once it has ended.
 
 Hybrid hosts (v1 controllers, a cgroup2 mount at /sys/fs/cgroup/unified holding none we
-use): crun refuses them ("cgroups in hybrid mode not supported"); `hide_unified()` is the
-shell step that unmounts that v2 mount in the launcher's own private mount namespace, so
-crun sees a plain v1 host. Nothing of the host changes.
+use): crun refuses them ("cgroups in hybrid mode not supported"); `hide_unified()` runs it
+in a private mount namespace of its own where that v2 mount is covered, so crun sees a plain
+v1 host. Nothing of the host changes.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Cgroups:
         return self.found[controller] / PARENT / name
 
     def make(self, name: str, limits: Limits) -> list[Path]:
-        """Its cgroups with their limits; the `cgroup.procs` files its launcher joins."""
+        """Its cgroups with their limits; the `cgroup.procs` files its supervisor joins."""
         for d in self.dirs(name):
             d.mkdir(parents=True, exist_ok=True)
         memory = self._dir("memory", name)
@@ -180,11 +180,9 @@ def _rmdir(d: Path) -> bool:
     return True
 
 
-def launcher_script(hybrid: bool) -> str:
-    """`sh -c` text: join the cgroups named before `--`, (hybrid) hide the v2 mount, exec
-    the rest. Run under `unshare -m --propagation private` when hybrid."""
-    hide = f"umount {UNIFIED} || exit 125\n" if hybrid else ""
-    return (
-        'while [ "$1" != -- ]; do printf "%d\\n" "$$" > "$1" || exit 125; shift; done\n'
-        f'shift\n{hide}exec "$@"\n'
-    )
+def hide_unified() -> list[str]:
+    """The argv prefix that runs a command (crun) in a mount namespace of its own where the
+    cgroup2 mount is covered by a proc mount (util-linux unshare's `--mount-proc`; private
+    propagation, so the host sees nothing of it): crun then finds a plain v1 host. One exec,
+    no shell and `umount` process (issue 15: ~2.7 ms of CPU a container here)."""
+    return ["unshare", "--mount", "--propagation", "private", f"--mount-proc={UNIFIED}"]

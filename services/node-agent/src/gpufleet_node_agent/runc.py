@@ -21,7 +21,7 @@ with a pidfd. Once it is gone the agent reads the container's OOM count from its
 
 crun (the default where it can: README "crun, in cgroups of the agent's"): the same, but
 `crun run` has no `--keep`, so it runs with its cgroup manager off in cgroups the agent made
-(cgroupv1.py), which the worker's command joins before it execs crun; the agent reads the
+(cgroupv1.py), which the supervisor's subshell joins before it execs crun; the agent reads the
 OOM count from them and removes them once the supervisor is gone.
 
 Files of the worker directory, beside the supervisor's (supervise.py):
@@ -51,7 +51,7 @@ from typing import Any
 from . import cgroupv1, oci, procwatch
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .podman_args import ML_DIRS, ContainerSpec, container_name
-from .supervise import SHELL, end_fields, supervisor_argv
+from .supervise import end_fields, supervisor_argv
 from .workdir import SPAWNED, Worker, supervisor_alive
 
 log = logging.getLogger("gpufleet.node_agent.runc")
@@ -266,9 +266,10 @@ class Runc:
         runtime = "crun" if self.use_crun else "runc"
         self._runtimes[w.placement_id] = runtime
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image, "runtime": runtime})
+        join: list[Path] = []  # the cgroups the supervisor's command joins before it execs
         if runtime == "crun":
             try:
-                argv = self._crun_argv(c.name, bundle, config)
+                argv, join = self._crun_argv(c.name, bundle, config)
             except OSError as exc:
                 return f"cannot make the container's cgroups: {exc}"
         else:
@@ -286,7 +287,7 @@ class Runc:
         with w.file("log").open("ab") as out:
             try:
                 proc = subprocess.Popen(
-                    supervisor_argv(w.dir, argv),
+                    supervisor_argv(w.dir, argv, join),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.DEVNULL,
@@ -306,8 +307,11 @@ class Runc:
         self.watch(w, notify)
         return None
 
-    def _crun_argv(self, name: str, bundle: Path, config: dict[str, Any]) -> list[str]:
-        """crun with its cgroup manager off, in the cgroups made here (cgroupv1.py)."""
+    def _crun_argv(
+        self, name: str, bundle: Path, config: dict[str, Any]
+    ) -> tuple[list[str], list[Path]]:
+        """crun with its cgroup manager off, and the cgroups made here (cgroupv1.py) that
+        its supervisor's command joins before it execs it (supervise.py)."""
         cgroups = self.cgroups()
         res = config["linux"]["resources"]
         limits = cgroupv1.Limits(
@@ -327,11 +331,9 @@ class Runc:
             str(bundle),
             name,
         ]
-        script = cgroupv1.launcher_script(cgroups.hybrid)
-        argv = [SHELL, "-c", script, "gpufleet-crun", *map(str, procs), "--", *run]
         if cgroups.hybrid:  # its own mount namespace, where the v2 mount is hidden
-            argv = ["unshare", "--mount", "--propagation", "private", *argv]
-        return argv
+            run = [*cgroupv1.hide_unified(), *run]
+        return run, procs
 
     def _crun(self) -> list[str]:
         return [self.crun_binary, "--cgroup-manager=disabled", "--root", str(self.crun_root)]

@@ -72,8 +72,26 @@ kill -9 0
 """
 
 
-def supervisor_argv(worker_dir: Path, command: Sequence[str]) -> list[str]:
-    return [SHELL, "-c", SUPERVISOR, NAME, str(worker_dir), *command]
+# The same for a command that runs in cgroups made for it (crun's, runc.py): the subshell
+# first joins each `cgroup.procs` named before `--` ("0": the writing process, itself: no
+# `$$` in a subshell, no launcher process), and exits 125 without running the command when
+# it cannot.
+SUPERVISOR_IN_CGROUPS = """trap : HUP INT QUIT TERM USR1 USR2 ALRM
+d=$1; shift
+(while [ "$1" != -- ]; do printf '0\\n' > "$1" || exit 125; shift; done; shift; exec "$@") 2>&1
+printf '%d\\n' "$?" > "$d/exit"
+kill -9 0
+"""
+CANNOT_JOIN = 125
+
+
+def supervisor_argv(
+    worker_dir: Path, command: Sequence[str], cgroup_procs: Sequence[Path] = ()
+) -> list[str]:
+    if not cgroup_procs:
+        return [SHELL, "-c", SUPERVISOR, NAME, str(worker_dir), *command]
+    joins = [str(p) for p in cgroup_procs]
+    return [SHELL, "-c", SUPERVISOR_IN_CGROUPS, NAME, str(worker_dir), *joins, "--", *command]
 
 
 def is_supervisor(args: Sequence[str], worker_dir: Path) -> bool:
