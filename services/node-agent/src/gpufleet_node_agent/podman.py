@@ -119,6 +119,17 @@ class PodmanRuntime(ContainerStarts):
         self.runc = Runc(self._podman, config.uid, crun=crun)
         self.use_runc = config.launcher != "podman" and why_not is None
         self._runc_stop_sent: set[str] = set()
+        self._runc_started: set[str] = set()  # placements whose marker was seen (_by_runc)
+
+    def _by_runc(self, w: Worker) -> bool:
+        """Was its container started by runc or crun (runc.py)? Its marker, remembered while
+        it is active (asked for every worker several times a round)."""
+        if w.placement_id in self._runc_started:
+            return True
+        if Runc.ours(w):
+            self._runc_started.add(w.placement_id)
+            return True
+        return False
 
     # --- the port's quick half ----------------------------------------------------------
 
@@ -128,12 +139,12 @@ class PodmanRuntime(ContainerStarts):
         return None
 
     def launched(self, w: Worker) -> bool:
-        return self._launching(w) or w.file(MARKER).exists() or Runc.ours(w)
+        return self._launching(w) or w.file(MARKER).exists() or self._by_runc(w)
 
     def alive(self, w: Worker) -> bool:
         if self._launching(w):
             return True
-        if Runc.ours(w):
+        if self._by_runc(w):
             if self.runc.alive(w):
                 return True
             if w.file(EXIT_FILE).exists():  # ended: the next round records how
@@ -242,9 +253,10 @@ class PodmanRuntime(ContainerStarts):
         if self._to_remove:  # last round's ended containers, in one call
             batch, self._to_remove = self._to_remove, []
             await self._remove(batch)
-        started_by_runc = [w for w in workers if Runc.ours(w)]
+        self._runc_started &= {w.placement_id for w in workers}  # the active ones
+        started_by_runc = [w for w in workers if self._by_runc(w)]
         await self._poll_runc(started_by_runc, full)
-        workers = [w for w in workers if not Runc.ours(w)]
+        workers = [w for w in workers if w.placement_id not in self._runc_started]
         for w in workers:
             if w.file(MARKER).exists():
                 self.convert_log(w)
@@ -291,10 +303,15 @@ class PodmanRuntime(ContainerStarts):
         self._to_remove.extend(fresh)
 
     async def _poll_runc(self, workers: Sequence[Worker], full: bool) -> None:
-        """The containers runc started (runc.py): no podman call, their supervisors' files."""
+        """The containers runc started (runc.py): no podman call, their supervisors' files
+        (each looked at once a round: this runs many times a second)."""
+        done: set[str] = set()  # ended and recorded
         for w in workers:
             p = w.placement_id
-            if self._launching(w) or w.file("exit.json").exists():
+            if self._launching(w):
+                continue
+            if w.file("exit.json").exists():
+                done.add(p)
                 continue
             self.runc.forget_config(w)
             if p not in self._runc_stop_sent and w.file("stop_requested").exists():
@@ -302,9 +319,10 @@ class PodmanRuntime(ContainerStarts):
                 self.runc.stop(w, self.config.stop_grace_s)
             if (p in self._ended or p in self._unwatched or full) and not self.runc.alive(w):
                 await self._record_runc_end(w)
-        self._ended -= {w.placement_id for w in workers if w.file("exit.json").exists()}
-        live = {w.placement_id for w in workers if not w.file("exit.json").exists()}
-        self._runc_stop_sent &= live | {w.placement_id for w in workers if self._launching(w)}
+                if w.file("exit.json").exists():
+                    done.add(p)
+        self._ended -= done
+        self._runc_stop_sent &= {w.placement_id for w in workers} - done
 
     async def _record_runc_end(self, w: Worker) -> None:
         fields = await asyncio.to_thread(self.runc.end_fields, w)

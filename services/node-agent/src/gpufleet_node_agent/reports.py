@@ -60,6 +60,7 @@ class Reports:
         )
         await publish(self.broker, evt, source=self.source, msg_id=f"started:{w.placement_id}")
         w.file("reported_started").touch()
+        w.reported_started = True
 
     async def ship_log(self, w: Worker) -> bool:
         """Publish new log bytes, all of a round's chunks at once (their acks awaited
@@ -72,6 +73,8 @@ class Reports:
         except FileNotFoundError:
             return True
         cap = self.log_max_bytes  # logcap.py: what is kept and shipped, at most
+        if size == w.log_shipped and size <= cap:
+            return True  # nothing new since the last round: no file read
         logcap.bound(path, size, cap)
         subject = subjects.log(self.minion_id, w.job_id, w.worker)
         offset = read_int(w.file("log.offset")) or 0
@@ -81,6 +84,7 @@ class Reports:
         else:
             end = min(size, offset + CHUNKS_PER_POLL * self.log_chunk_bytes, cap)
             if end <= offset:
+                w.log_shipped = offset
                 if size > cap and not w.file("log.capped").exists():
                     await publish_raw(
                         self.broker,
@@ -111,6 +115,7 @@ class Reports:
             )
         )
         write_text_atomic(w.file("log.offset"), str(end))
+        w.log_shipped = end
         return end >= size and not (size > cap and not w.file("log.capped").exists())
 
     def finished_event(

@@ -148,6 +148,7 @@ class Runc:
         self.use_crun = crun
         self._cgroups: cgroupv1.Cgroups | None = None
         self._runtimes: dict[str, str] = {}  # placement -> "runc" | "crun"
+        self._forgotten: set[str] = set()  # placements whose config.json is gone
         self._roots: dict[str, NodeRoot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._seccomp: dict[str, Any] | None = None
@@ -376,9 +377,14 @@ class Runc:
 
     def forget_config(self, w: Worker) -> None:
         """The job's env values leave the disk once runc has created the container."""
+        if w.placement_id in self._forgotten:
+            return
         config = w.file(BUNDLE) / "config.json"
-        if config.exists() and (self._created(w) or not self.alive(w)):
+        if not config.exists():
+            self._forgotten.add(w.placement_id)
+        elif self._created(w) or not self.alive(w):
             config.unlink(missing_ok=True)
+            self._forgotten.add(w.placement_id)
 
     def _state(self, w: Worker) -> Path:
         """The runtime's state directory of its container."""
@@ -471,6 +477,7 @@ class Runc:
             self._runc("delete", "--force", name)
         shutil.rmtree(w.file(BUNDLE), ignore_errors=True)
         self._runtimes.pop(w.placement_id, None)
+        self._forgotten.discard(w.placement_id)
 
     def _delete_crun(self, w: Worker, name: str) -> None:
         """`crun run` removes its state as it returns: only a crun that was killed leaves

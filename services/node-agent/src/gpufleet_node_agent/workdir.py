@@ -9,6 +9,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .supervise import is_supervisor
 
@@ -95,10 +96,21 @@ class Worker:
     worker: int
     runtime: str = ""  # the name of the runtime that runs it (""): the manager's default)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours to reap
+    # What the agent learnt of its files and need not read again each watch round (issue 15)
+    _files: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
+    started: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    reported_started: bool = field(default=False, init=False, repr=False, compare=False)
+    log_shipped: int = field(default=-1, init=False, repr=False, compare=False)  # log bytes
 
     @property
     def key(self) -> str:
         return f"{self.job_id}/{self.worker}"
 
     def file(self, name: str) -> Path:
-        return self.dir / name
+        """`dir / name`, made once: the watch rounds ask for the same few files of every
+        worker many times a second, and a pathlib join (and its str) is most of such a
+        check's CPU (issue 15)."""
+        path = self._files.get(name)
+        if path is None:
+            path = self._files[name] = self.dir / name
+        return path

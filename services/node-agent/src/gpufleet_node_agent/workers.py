@@ -373,9 +373,13 @@ class WorkerManager(Reports):
         if not ended and not rt.alive(w) and not w.file("exit.json").exists():
             self._mark_gone(w, rt.lost_at_runtime)
             ended = True
-        started = read_json(w.file("started.json"))
+        if w.started is None:  # written once, at launch
+            w.started = read_json(w.file("started.json"))
+        started = w.started
+        if not w.reported_started and w.file("reported_started").exists():
+            w.reported_started = True
         pending: list[Awaitable[object]] = []
-        if started is not None and not w.file("reported_started").exists():
+        if started is not None and not w.reported_started:
             pending.append(self._report_started(w, started))
         pending.append(self.ship_log(w))
         done = await asyncio.gather(*pending)
