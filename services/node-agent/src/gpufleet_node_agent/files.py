@@ -12,7 +12,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write `data` so that a reader sees the old file or the whole new one, never a part."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("w") as f:
-        json.dump(data, f)
+        f.write(json.dumps(data))  # one-shot: C; json.dump to a file is pure Python
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

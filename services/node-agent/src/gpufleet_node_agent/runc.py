@@ -149,6 +149,7 @@ class Runc:
         self._cgroups: cgroupv1.Cgroups | None = None
         self._runtimes: dict[str, str] = {}  # placement -> "runc" | "crun"
         self._forgotten: set[str] = set()  # placements whose config.json is gone
+        self._state_files: dict[str, Path] = {}  # placement -> its runtime's state file
         self._roots: dict[str, NodeRoot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._seccomp: dict[str, Any] | None = None
@@ -263,7 +264,7 @@ class Runc:
         bundle.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(config, f)
+            f.write(json.dumps(config))  # one-shot: C (json.dump to a file is pure Python)
         runtime = "crun" if self.use_crun else "runc"
         self._runtimes[w.placement_id] = runtime
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image, "runtime": runtime})
@@ -379,12 +380,14 @@ class Runc:
         """The job's env values leave the disk once runc has created the container."""
         if w.placement_id in self._forgotten:
             return
-        config = w.file(BUNDLE) / "config.json"
+        config = w.file(f"{BUNDLE}/config.json")
         if not config.exists():
             self._forgotten.add(w.placement_id)
         elif self._created(w) or not self.alive(w):
             config.unlink(missing_ok=True)
             self._forgotten.add(w.placement_id)
+        if w.placement_id in self._forgotten:
+            self._state_files.pop(w.placement_id, None)
 
     def _state(self, w: Worker) -> Path:
         """The runtime's state directory of its container."""
@@ -393,8 +396,12 @@ class Runc:
     def _created(self, w: Worker) -> bool:
         """Has the runtime created its container (and so read its config)? Its state file,
         written then (the directory is made before the config is read)."""
-        crun = self.runtime(w) == "crun"
-        return (self._state(w) / ("status" if crun else "state.json")).exists()
+        path = self._state_files.get(w.placement_id)
+        if path is None:
+            crun = self.runtime(w) == "crun"
+            path = self._state(w) / ("status" if crun else "state.json")
+            self._state_files[w.placement_id] = path
+        return path.exists()
 
     # --- stopping --------------------------------------------------------------------
 
@@ -478,6 +485,7 @@ class Runc:
         shutil.rmtree(w.file(BUNDLE), ignore_errors=True)
         self._runtimes.pop(w.placement_id, None)
         self._forgotten.discard(w.placement_id)
+        self._state_files.pop(w.placement_id, None)
 
     def _delete_crun(self, w: Worker, name: str) -> None:
         """`crun run` removes its state as it returns: only a crun that was killed leaves
