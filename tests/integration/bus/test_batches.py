@@ -148,3 +148,32 @@ async def test_a_stopping_batched_consumer_leaves_the_drain_nothing_to_wait_for(
         began = asyncio.get_running_loop().time()
         await rt.app.stop()
     assert asyncio.get_running_loop().time() - began < 10
+
+
+async def test_a_lingering_consumer_takes_a_busy_streams_messages_in_fewer_batches(
+    fresh_nats: NatsServer,
+) -> None:
+    """linger_s: the first message of a quiet spell is handled at once; what comes while
+    the consumer lingers after it is handled as one batch, not one by one."""
+    broker = broker_for("svc", fresh_nats)
+    rt = ServiceRuntime("svc", Ports(broker))
+    batches: list[list[int]] = []
+    first_seen = asyncio.Event()
+
+    async def handle(batch: list[tuple[Message, Delivery]]) -> None:
+        batches.append([m.n for m, _ in batch])  # type: ignore[attr-defined]
+        first_seen.set()
+
+    rt.wire(events={"test": Batched([Pinged], handle, subject=Pinged.SUBJECT, linger_s=1.0)})
+    async with running(rt.app):
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await publish(broker, Pinged(n=0), source="test")
+        await asyncio.wait_for(first_seen.wait(), timeout=10)
+        assert loop.time() - sent < 0.9  # not held for the linger
+        for n in range(1, 21):  # while it lingers after the first
+            await publish(broker, Pinged(n=n), source="test")
+        await wait_for_async(lambda: sum(len(b) for b in batches) >= 21, timeout=20)
+    assert batches[0] == [0]
+    assert [n for b in batches for n in b] == list(range(21))
+    assert len(batches) <= 3  # 20 messages in one or two batches, not twenty

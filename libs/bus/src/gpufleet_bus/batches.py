@@ -2,7 +2,8 @@
 table): what a service applies in one transaction, such as the scheduler's worker reports.
 
 It fetches up to `max_batch` messages at once (as many as are there: a fetch returns
-without waiting for a full batch), checks each one's envelope and body as every consumer
+without waiting for a full batch; after a batch that was not full it waits `linger_s`
+before the next fetch, so that a busy stream's messages come in fewer, larger batches), checks each one's envelope and body as every consumer
 does (deadletter.py: a message that cannot be valid is dead-lettered and termed, alone),
 hands the valid ones to the handler in stream order, and acks them all once it returned.
 If it raises, the batch is handled again **one message at a time**, in order, so that one
@@ -158,6 +159,9 @@ class BatchConsumer:
                 await self._handle(msgs)
             except Exception:
                 log.exception("%s: batch of %d not handled", self.durable, len(msgs))
+            if self.spec.linger_s > 0 and len(msgs) < self.spec.max_batch:
+                with contextlib.suppress(TimeoutError):  # a stop ends the wait
+                    await asyncio.wait_for(self._stop.wait(), self.spec.linger_s)
 
     async def _handle(self, msgs: list[Msg]) -> None:
         valid: list[tuple[Msg, tuple[Message, Delivery]]] = []

@@ -125,6 +125,9 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
                 [WorkerPlaced, WorkerStarted, WorkerFinished],
                 on.worker_events,
                 subject=subjects.WORKER_EVENTS,
+                # under load, fewer and larger batches (one settlement each); a charge is
+                # due within seconds of a run's end, not milliseconds
+                linger_s=0.2,
             ),
             "device-added": on.device_added,
             "device-removed": on.device_removed,

@@ -54,7 +54,7 @@ from pymongo import ASCENDING, IndexModel
 
 from . import keystore, projects
 from .leadership import Lease
-from .reports import REPORTS_BATCH
+from .reports import REPORTS_BATCH, REPORTS_LINGER_S
 from .scheduler import Scheduler
 from .settings import SchedulerSettings
 
@@ -239,6 +239,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
                 on.on_worker_reports,
                 subject=subjects.WORKER_REPORTS,
                 max_batch=REPORTS_BATCH,
+                linger_s=REPORTS_LINGER_S,
             ),
         },
         signals={subjects.SCHEDULER_SYNC: on.on_sync},

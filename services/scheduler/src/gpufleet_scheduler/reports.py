@@ -34,6 +34,9 @@ from .passes import Passes
 from .state import StaleJob, State
 
 REPORTS_BATCH = 256  # reports fetched and applied at once (app.py)
+# After a batch that was not full, the next fetch waits this long: under load the reports
+# come in fewer transactions (and placement passes); a quiet node's report goes at once.
+REPORTS_LINGER_S = 0.05
 Report = WorkerStarted | WorkerFinished
 
 
