@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import cgroupv1, oci, procwatch
+from . import cgroupv1, oci, procwatch, seccomp_bpf
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .podman_args import ML_DIRS, ContainerSpec, container_name
 from .supervise import end_fields, supervisor_argv
@@ -153,6 +153,7 @@ class Runc:
         self._roots: dict[str, NodeRoot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._seccomp: dict[str, Any] | None = None
+        self._bpf: str | None = None  # _precompiled(): None not tried yet, "" unavailable
         if SECCOMP_JSON.exists():
             self._seccomp = oci.seccomp(json.loads(SECCOMP_JSON.read_text()))
         self._kill_at: dict[str, asyncio.TimerHandle] = {}
@@ -260,12 +261,15 @@ class Runc:
             devices=devices,
             seccomp_profile=self._seccomp,
         )
+        runtime = "crun" if self.use_crun else "runc"
+        precompiled = self._precompiled() if runtime == "crun" else None
+        if precompiled is not None:  # crun installs it as is, compiles nothing
+            config["annotations"][seccomp_bpf.ANNOTATION] = precompiled
         bundle = w.file(BUNDLE)
         bundle.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(config))  # one-shot: C (json.dump to a file is pure Python)
-        runtime = "crun" if self.use_crun else "runc"
         self._runtimes[w.placement_id] = runtime
         write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image, "runtime": runtime})
         join: list[Path] = []  # the cgroups the supervisor's command joins before it execs
@@ -336,6 +340,18 @@ class Runc:
         if cgroups.hybrid:  # its own mount namespace, where the v2 mount is hidden
             run = [*cgroupv1.hide_unified(), *run]
         return run, procs
+
+    def _precompiled(self) -> str | None:
+        """The node's seccomp filter compiled once, for crun's annotation (seccomp_bpf.py),
+        or None: crun compiles it for each container."""
+        if self._bpf is None:
+            self._bpf = ""
+            if self._seccomp is not None:
+                try:
+                    self._bpf = seccomp_bpf.annotation(self._seccomp)
+                except (seccomp_bpf.Unavailable, KeyError, TypeError, ValueError) as exc:
+                    log.warning("crun compiles each container's seccomp filter: %s", exc)
+        return self._bpf or None
 
     def _crun(self) -> list[str]:
         return [self.crun_binary, "--cgroup-manager=disabled", "--root", str(self.crun_root)]
