@@ -86,8 +86,12 @@ def problem(found: Mapping[str, Path]) -> str | None:
 
 
 def _write(path: Path, value: str) -> None:
-    with path.open("w") as f:
-        f.write(value)
+    """One write(2), as the cgroup files want it (no buffered text file: ~17 per container)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # as open("w")
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 class Cgroups:

@@ -263,8 +263,11 @@ class Runc:
         )
         runtime = "crun" if self.use_crun else "runc"
         precompiled = self._precompiled() if runtime == "crun" else None
-        if precompiled is not None:  # crun installs it as is, compiles nothing
+        if precompiled is not None:
+            # crun installs it as is and compiles nothing; the profile it was compiled from
+            # (SECCOMP_JSON, as oci.seccomp builds it) is then left out of config.json
             config["annotations"][seccomp_bpf.ANNOTATION] = precompiled
+            config["linux"].pop("seccomp", None)
         bundle = w.file(BUNDLE)
         bundle.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
