@@ -1,11 +1,12 @@
 """A durable consumer whose messages are handled a batch at a time (`Batched` in a wiring
 table): what a service applies in one transaction, such as the scheduler's worker reports.
 
-It fetches up to `max_batch` messages at once (as many as are there: a fetch returns
-without waiting for a full batch; after a batch that was not full it waits `linger_s`
-before the next fetch, so that a busy stream's messages come in fewer, larger batches), checks each one's envelope and body as every consumer
-does (deadletter.py: a message that cannot be valid is dead-lettered and termed, alone),
-hands the valid ones to the handler in stream order, and acks them all once it returned.
+It fetches up to `max_batch` messages at once (as many as are there: a fetch returns without
+waiting for a full batch; after a batch that was not full it waits `linger_s` before the
+next fetch, so that a busy stream's messages come in fewer, larger batches), checks each
+one's envelope and body as every consumer does (deadletter.py: a message that cannot be
+valid is dead-lettered and termed, alone), hands the valid ones to the handler in stream
+order, and acks them all once it returned.
 If it raises, the batch is handled again **one message at a time**, in order, so that one
 message the handler cannot take never holds back (or dead-letters) the others: each that
 succeeds is acked, each that fails is nak'ed with the growing delay and, after MAX_DELIVER
