@@ -127,7 +127,7 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
                 subject=subjects.WORKER_EVENTS,
                 # under load, fewer and larger batches (one settlement each); a charge is
                 # due within seconds of a run's end, not milliseconds
-                linger_s=0.5,
+                linger_s=1.0,
             ),
             "device-added": on.device_added,
             "device-removed": on.device_removed,

@@ -36,7 +36,7 @@ from .state import StaleJob, State
 REPORTS_BATCH = 256  # reports fetched and applied at once (app.py)
 # After a batch that was not full, the next fetch waits this long: under load the reports
 # come in fewer transactions (and placement passes); a quiet node's report goes at once.
-REPORTS_LINGER_S = 0.1
+REPORTS_LINGER_S = 0.2
 Report = WorkerStarted | WorkerFinished
 
 
