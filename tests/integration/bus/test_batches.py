@@ -150,30 +150,42 @@ async def test_a_stopping_batched_consumer_leaves_the_drain_nothing_to_wait_for(
     assert asyncio.get_running_loop().time() - began < 10
 
 
-async def test_a_lingering_consumer_takes_a_busy_streams_messages_in_fewer_batches(
+async def test_a_busy_stream_is_taken_in_fewer_batches_and_a_quiet_one_at_once(
     fresh_nats: NatsServer,
 ) -> None:
-    """linger_s: the first message of a quiet spell is handled at once; what comes while
-    the consumer lingers after it is handled as one batch, not one by one."""
+    """linger_s: after a batch of several that was not full the next fetch waits, so what
+    comes meanwhile is one batch; a message that comes alone is handled at once, and so is
+    the next one (a batch of one never lingers)."""
+    loop = asyncio.get_running_loop()
     broker = broker_for("svc", fresh_nats)
     rt = ServiceRuntime("svc", Ports(broker))
     batches: list[list[int]] = []
-    first_seen = asyncio.Event()
+    times: list[float] = []
 
     async def handle(batch: list[tuple[Message, Delivery]]) -> None:
         batches.append([m.n for m, _ in batch])  # type: ignore[attr-defined]
-        first_seen.set()
+        times.append(loop.time())
 
-    rt.wire(events={"test": Batched([Pinged], handle, subject=Pinged.SUBJECT, linger_s=1.0)})
+    spec = Batched([Pinged], handle, subject=Pinged.SUBJECT, max_batch=5, linger_s=1.0)
+    rt.wire(events={"test": spec})
+    nc = await admin_connect(fresh_nats)
+    await ensure_streams(nc.jetstream())
+    for n in range(2):  # in the stream before the consumer's first fetch
+        await nc.jetstream().publish(
+            Pinged.SUBJECT,
+            Pinged(n=n).model_dump_json().encode(),
+            headers=Envelope(type=Pinged.TYPE, source="t", subject=Pinged.SUBJECT).headers(),
+        )
+    await nc.close()
     async with running(rt.app):
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        await publish(broker, Pinged(n=0), source="test")
-        await asyncio.wait_for(first_seen.wait(), timeout=10)
-        assert loop.time() - sent < 0.9  # not held for the linger
-        for n in range(1, 21):  # while it lingers after the first
+        await wait_for_async(lambda: len(batches) >= 1, timeout=10)
+        for n in range(2, 12):  # while it lingers after [0, 1]
             await publish(broker, Pinged(n=n), source="test")
-        await wait_for_async(lambda: sum(len(b) for b in batches) >= 21, timeout=20)
-    assert batches[0] == [0]
-    assert [n for b in batches for n in b] == list(range(21))
-    assert len(batches) <= 3  # 20 messages in one or two batches, not twenty
+        await wait_for_async(lambda: sum(len(b) for b in batches) >= 12, timeout=20)
+        assert batches == [[0, 1], [2, 3, 4, 5, 6], [7, 8, 9, 10, 11]]
+        assert times[1] - times[0] >= 0.8  # it lingered after a batch of two
+        for n in (12, 13):  # quiet: each alone, each at once
+            sent = loop.time()
+            await publish(broker, Pinged(n=n), source="test")
+            await wait_for_async(lambda: batches[-1] == [n], timeout=10)  # noqa: B023
+            assert times[-1] - sent < 0.8

@@ -2,8 +2,9 @@
 table): what a service applies in one transaction, such as the scheduler's worker reports.
 
 It fetches up to `max_batch` messages at once (as many as are there: a fetch returns without
-waiting for a full batch; after a batch that was not full it waits `linger_s` before the
-next fetch, so that a busy stream's messages come in fewer, larger batches), checks each
+waiting for a full batch; after a batch of several that was not full it waits `linger_s`
+before the next fetch, so that a busy stream's messages come in fewer, larger batches,
+while messages that come one at a time are each handled at once), checks each
 one's envelope and body as every consumer does (deadletter.py: a message that cannot be
 valid is dead-lettered and termed, alone), hands the valid ones to the handler in stream
 order, and acks them all once it returned.
@@ -160,7 +161,7 @@ class BatchConsumer:
                 await self._handle(msgs)
             except Exception:
                 log.exception("%s: batch of %d not handled", self.durable, len(msgs))
-            if self.spec.linger_s > 0 and len(msgs) < self.spec.max_batch:
+            if self.spec.linger_s > 0 and 1 < len(msgs) < self.spec.max_batch:
                 with contextlib.suppress(TimeoutError):  # a stop ends the wait
                     await asyncio.wait_for(self._stop.wait(), self.spec.linger_s)
 

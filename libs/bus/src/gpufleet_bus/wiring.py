@@ -79,9 +79,9 @@ class Batched:
     handler: Callable[[list[tuple[Message, Delivery]]], Awaitable[object]]
     subject: str | None = None  # default: the one subject all the types share
     max_batch: int = 256
-    # After a batch smaller than max_batch, wait this long before fetching the next, so that
-    # under load a batch (one transaction) carries more messages; the first message of a
-    # quiet spell still goes at once (batches.py).
+    # After a batch of several messages smaller than max_batch, wait this long before
+    # fetching the next, so that under load a batch (one transaction) carries more
+    # messages; messages that come one at a time are each handled at once (batches.py).
     linger_s: float = 0.0
 
 
