@@ -253,7 +253,9 @@ class PodmanRuntime(ContainerStarts):
         if self._to_remove:  # last round's ended containers, in one call
             batch, self._to_remove = self._to_remove, []
             await self._remove(batch)
-        self._runc_started &= {w.placement_id for w in workers}  # the active ones
+        active = {w.placement_id for w in workers}
+        self._runc_started &= active
+        self.runc.keep_only(active)
         started_by_runc = [w for w in workers if self._by_runc(w)]
         await self._poll_runc(started_by_runc, full)
         workers = [w for w in workers if w.placement_id not in self._runc_started]

@@ -395,6 +395,16 @@ class Runc:
         """Its container's name, as container_spec names it (no file read per round)."""
         return container_name(w.job_id, w.worker, w.placement_id)
 
+    def keep_only(self, active: set[str]) -> None:
+        """Forget what is remembered of placements no longer active (one lost without an
+        end, say: no `delete` came for it)."""
+        for known in (self._forgotten, self._state_files, self._runtimes):
+            for gone in [p for p in known if p not in active]:
+                if isinstance(known, set):
+                    known.discard(gone)
+                else:
+                    known.pop(gone, None)
+
     def forget_config(self, w: Worker) -> None:
         """The job's env values leave the disk once runc has created the container."""
         if w.placement_id in self._forgotten:
