@@ -11,7 +11,7 @@ of that image runs on that root, read-only (the disk quota's binds, disk.py, hol
 writes), each in its own namespaces: nothing of one worker is visible to another.
 
 Per worker: `bundle/config.json` (oci.py; 0600, holds the job's env values: removed once
-runc has created the container), then `sh -c SUPERVISOR gpufleet-worker <dir> runc run
+runc has created the container), then `sh -c SUPERVISOR gpufleet-worker <dir> -- runc run
 --keep ...` in a session of its own (supervise.py): runc stays in the foreground as the
 container's parent, passes its stdout and stderr (the worker's `log`, plain bytes) and the
 signals it gets to catatonit (PID 1), and exits with the command's status, which the shell
@@ -398,25 +398,22 @@ class Runc:
     def keep_only(self, active: set[str]) -> None:
         """Forget what is remembered of placements no longer active (one lost without an
         end, say: no `delete` came for it)."""
-        for known in (self._forgotten, self._state_files, self._runtimes):
-            for gone in [p for p in known if p not in active]:
-                if isinstance(known, set):
-                    known.discard(gone)
-                else:
-                    known.pop(gone, None)
+        self._forgotten &= active
+        for known in (self._state_files, self._runtimes):
+            for gone in known.keys() - active:
+                del known[gone]
 
     def forget_config(self, w: Worker) -> None:
         """The job's env values leave the disk once runc has created the container."""
-        if w.placement_id in self._forgotten:
+        p = w.placement_id
+        if p in self._forgotten:
             return
         config = w.file(f"{BUNDLE}/config.json")
-        if not config.exists():
-            self._forgotten.add(w.placement_id)
-        elif self._created(w) or not self.alive(w):
-            config.unlink(missing_ok=True)
-            self._forgotten.add(w.placement_id)
-        if w.placement_id in self._forgotten:
-            self._state_files.pop(w.placement_id, None)
+        if config.exists() and not self._created(w) and self.alive(w):
+            return  # not read yet
+        config.unlink(missing_ok=True)
+        self._forgotten.add(p)
+        self._state_files.pop(p, None)  # asked for until now only
 
     def _state(self, w: Worker) -> Path:
         """The runtime's state directory of its container."""

@@ -1,6 +1,6 @@
 """How a bare-process worker is supervised: a tiny shell per worker, no Python process.
 
-The agent starts `/bin/sh -c SUPERVISOR gpufleet-worker <worker_dir> <command...>` in a
+The agent starts `/bin/sh -c SUPERVISOR gpufleet-worker <worker_dir> -- <command...>` in a
 session of its own (stdin /dev/null, stdout the worker's `log`, stderr /dev/null: the
 command's stderr goes to the log, the shell's own messages, "Terminated", do not), with the worker's
 environment (`worker_env`) and `<worker_dir>/output` as its working directory. The shell is
@@ -60,38 +60,28 @@ SHELL = "/bin/sh"
 NAME = "gpufleet-worker"  # the shell's $0: with the worker's directory, how it is recognised
 SUPERVISOR_MODULE = "gpufleet_node_agent.supervise"  # an older agent's Python supervisor
 EXIT_FILE = "exit"
-# $1 is the worker's directory, the command follows. The subshell execs the command (no
+# $1 is the worker's directory, the command follows `--`. The subshell execs the command (no
 # second fork) with its stderr on the log, while the shell's own ("Terminated") stays on
 # /dev/null. `kill -9 0` ends the shell too: after `exit` is written, so a shell that is
 # gone without it was killed.
 SUPERVISOR = """trap : HUP INT QUIT TERM USR1 USR2 ALRM
 d=$1; shift
-("$@") 2>&1
-printf '%d\\n' "$?" > "$d/exit"
-kill -9 0
-"""
-
-
-# The same for a command that runs in cgroups made for it (crun's, runc.py): the subshell
-# first joins each `cgroup.procs` named before `--` ("0": the writing process, itself: no
-# `$$` in a subshell, no launcher process), and exits 125 without running the command when
-# it cannot.
-SUPERVISOR_IN_CGROUPS = """trap : HUP INT QUIT TERM USR1 USR2 ALRM
-d=$1; shift
 (while [ "$1" != -- ]; do printf '0\\n' > "$1" || exit 125; shift; done; shift; exec "$@") 2>&1
 printf '%d\\n' "$?" > "$d/exit"
 kill -9 0
 """
+# Before the command, the subshell joins each `cgroup.procs` named before `--` (crun's
+# containers' cgroups, runc.py; none for a bare worker): "0" is the writing process, itself
+# (no `$$` in a subshell, no launcher process). It exits 125 without running the command when
+# it cannot join one.
 CANNOT_JOIN = 125
 
 
 def supervisor_argv(
     worker_dir: Path, command: Sequence[str], cgroup_procs: Sequence[Path] = ()
 ) -> list[str]:
-    if not cgroup_procs:
-        return [SHELL, "-c", SUPERVISOR, NAME, str(worker_dir), *command]
     joins = [str(p) for p in cgroup_procs]
-    return [SHELL, "-c", SUPERVISOR_IN_CGROUPS, NAME, str(worker_dir), *joins, "--", *command]
+    return [SHELL, "-c", SUPERVISOR, NAME, str(worker_dir), *joins, "--", *command]
 
 
 def is_supervisor(args: Sequence[str], worker_dir: Path) -> bool:
