@@ -87,8 +87,14 @@ def crun_containers() -> list[dict[str, Any]]:
         with contextlib.suppress(OSError, ValueError):  # crun's copy of its config
             config = json.loads((CRUN_ROOT / c["id"] / "config.json").read_text())
             if (config.get("annotations") or {}).get(MINION) == NODE_NAME:
-                ours.append(c)
+                ours.append({**c, "annotations": config["annotations"]})
     return ours
+
+
+def supervisor_pid(annotations: dict[str, str]) -> str:
+    """The pid of the supervisor of a container's worker (its directory is an annotation;
+    the bundle is on tmpfs, apart from it)."""
+    return (Path(annotations[f"{LABEL}.dir"]) / "supervisor.pid").read_text().strip()
 
 
 def reboot_containers() -> None:
@@ -96,13 +102,13 @@ def reboot_containers() -> None:
     shell and runc in the foreground, killed first: a reboot leaves no `exit` behind), and
     podman's."""
     for c in runc_containers():
-        pid = (Path(c["bundle"]).parent / "supervisor.pid").read_text().strip()
+        pid = supervisor_pid(c["annotations"])
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(pid), signal.SIGKILL)
         subprocess.run([*RUNC, "delete", "--force", c["id"]], capture_output=True, timeout=60)
     cgroups, _ = Cgroups.here()
     for c in crun_containers():  # crun's: the same, and their cgroups gone with the boot
-        pid = (Path(c["bundle"]).parent / "supervisor.pid").read_text().strip()
+        pid = supervisor_pid(c["annotations"])
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(pid), signal.SIGKILL)
         subprocess.run([*CRUN, "delete", "--force", c["id"]], capture_output=True, timeout=60)

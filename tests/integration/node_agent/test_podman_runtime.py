@@ -24,7 +24,8 @@ from gpufleet_node_agent.baseimage import (
     podman_env,
 )
 from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig
+from gpufleet_node_agent.podman_args import PodmanConfig, container_name
+from gpufleet_node_agent.runc import BUNDLES
 from gpufleet_node_agent.runc import DEFAULT_ROOT as runc_root
 from gpufleet_node_agent.workers import WorkerManager
 
@@ -164,6 +165,12 @@ async def test_a_worker_is_isolated_and_gets_its_env(
         if f.is_file() and f.name not in kept and not f.is_relative_to(wd / "output"):
             assert b"line one" not in f.read_bytes(), f
     assert (wd / "runc.json").exists() is (launcher != "podman")
+    # an OCI runtime's bundle (its config.json held the values) was on tmpfs, not in the
+    # worker's directory, and is gone with the container; the other one's is there still
+    assert not (wd / "bundle").exists()
+    assert not (BUNDLES / container_name(cmd.job_id, cmd.worker, cmd.placement_id)).exists()
+    other_bundle = BUNDLES / container_name(other.job_id, other.worker, other.placement_id)
+    assert other_bundle.is_dir() is (launcher != "podman")
     m.stop(other.job_id, 0, other.placement_id, "test over")
     stopped = await until_finished(m, other.placement_id)
     assert (stopped.state, stopped.reason) == (WorkerState.stopped, "test over")

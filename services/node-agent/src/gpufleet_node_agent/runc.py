@@ -10,14 +10,16 @@ needs, a passwd entry for the worker's uid and a hosts file written into it. Eve
 of that image runs on that root, read-only (the disk quota's binds, disk.py, hold what it
 writes), each in its own namespaces: nothing of one worker is visible to another.
 
-Per worker: `bundle/config.json` (oci.py; 0600, holds the job's env values: removed once
-runc has created the container), then `sh -c SUPERVISOR gpufleet-worker <dir> -- runc run
---keep ...` in a session of its own (supervise.py): runc stays in the foreground as the
-container's parent, passes its stdout and stderr (the worker's `log`, plain bytes) and the
-signals it gets to catatonit (PID 1), and exits with the command's status, which the shell
-writes to `exit`. Like a bare worker's, the shell outlives an agent restart and is watched
-with a pidfd. Once it is gone the agent reads the container's OOM count from its cgroup
-(`--keep` leaves it), runs `runc delete`, releases the disk quota and writes exit.json.
+Per worker: its bundle, `<bundles>/<container>/config.json` (oci.py; 0600, holds the job's
+env values: removed once runc has created the container; on tmpfs, beside the runtimes'
+own state, so the values never reach the node's disk), then
+`sh -c SUPERVISOR gpufleet-worker <dir> -- runc run --keep ...` in a session of its own
+(supervise.py): runc stays in the foreground as the container's parent, passes its stdout
+and stderr (the worker's `log`, plain bytes) and the signals it gets to catatonit (PID 1),
+and exits with the command's status, which the shell writes to `exit`. Like a bare
+worker's, the shell outlives an agent restart and is watched with a pidfd. Once it is gone
+the agent reads the container's OOM count from its cgroup (`--keep` leaves it), runs
+`runc delete`, releases the disk quota and writes exit.json.
 
 crun (the default where it can: README "crun, in cgroups of the agent's"): the same, but
 `crun run` has no `--keep`, so it runs with its cgroup manager off in cgroups the agent made
@@ -28,7 +30,6 @@ Files of the worker directory, beside the supervisor's (supervise.py):
 
     runc.json        {name, image, runtime: "crun" | "runc"}: written before the supervisor
                      starts (no runtime: runc, an older agent's)
-    bundle/          config.json (until runc has read it)
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ from .workdir import SPAWNED, Worker, supervisor_alive
 log = logging.getLogger("gpufleet.node_agent.runc")
 
 MARKER = "runc.json"
-BUNDLE = "bundle"
+BUNDLES = Path("/run/gpufleet-agent/bundles")
+OLD_BUNDLE = "bundle"  # where an older agent wrote a worker's bundle, in its directory
 CATATONIT = Path("/usr/libexec/podman/catatonit")
 SECCOMP_JSON = Path("/usr/share/containers/seccomp.json")
 DEFAULT_ROOT = Path("/run/gpufleet-agent/runc")
@@ -138,6 +140,7 @@ class Runc:
         crun: bool = False,
         crun_root: Path = CRUN_ROOT,
         crun_binary: str = "crun",
+        bundles: Path = BUNDLES,
     ):
         self.podman = podman
         self.uid = uid
@@ -146,6 +149,7 @@ class Runc:
         self.crun_root = crun_root
         self.crun_binary = shutil.which(crun_binary) or crun_binary
         self.use_crun = crun
+        self.bundles = bundles
         self._cgroups: cgroupv1.Cgroups | None = None
         self._runtimes: dict[str, str] = {}  # placement -> "runc" | "crun"
         self._forgotten: set[str] = set()  # placements whose config.json is gone
@@ -268,7 +272,8 @@ class Runc:
             # (SECCOMP_JSON, as oci.seccomp builds it) is then left out of config.json
             config["annotations"][seccomp_bpf.ANNOTATION] = precompiled
             config["linux"].pop("seccomp", None)
-        bundle = w.file(BUNDLE)
+        bundle = self.bundle(w)
+        self.bundles.mkdir(mode=0o700, parents=True, exist_ok=True)
         bundle.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -395,6 +400,13 @@ class Runc:
         """Its container's name, as container_spec names it (no file read per round)."""
         return container_name(w.job_id, w.worker, w.placement_id)
 
+    def bundle(self, w: Worker) -> Path:
+        """Its OCI bundle: only its config.json, which holds the job's env values until the
+        runtime has read it. On tmpfs (/run), like the runtimes' own state: the values
+        never reach the node's disk, and a job costs the disk no directory to make and
+        remove (issue 15)."""
+        return self.bundles / self.name(w)
+
     def keep_only(self, active: set[str]) -> None:
         """Forget what is remembered of placements no longer active (one lost without an
         end, say: no `delete` came for it)."""
@@ -404,11 +416,13 @@ class Runc:
                 del known[gone]
 
     def forget_config(self, w: Worker) -> None:
-        """The job's env values leave the disk once runc has created the container."""
+        """The job's env values are deleted once runc has created the container."""
         p = w.placement_id
         if p in self._forgotten:
             return
-        config = w.file(f"{BUNDLE}/config.json")
+        config = self.bundle(w) / "config.json"
+        if not config.exists():
+            config = w.dir / OLD_BUNDLE / "config.json"
         if config.exists() and not self._created(w) and self.alive(w):
             return  # not read yet
         config.unlink(missing_ok=True)
@@ -508,7 +522,8 @@ class Runc:
             self._delete_crun(w, name)
         else:
             self._runc("delete", "--force", name)
-        shutil.rmtree(w.file(BUNDLE), ignore_errors=True)
+        shutil.rmtree(self.bundle(w), ignore_errors=True)
+        shutil.rmtree(w.dir / OLD_BUNDLE, ignore_errors=True)
         self._runtimes.pop(w.placement_id, None)
         self._forgotten.discard(w.placement_id)
         self._state_files.pop(w.placement_id, None)
