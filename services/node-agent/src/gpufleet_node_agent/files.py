@@ -9,12 +9,15 @@ from typing import Any
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` so that a reader sees the old file or the whole new one, never a part."""
+    """Write `data` so that a reader sees the old file or the whole new one, never a part.
+
+    Atomic, not durable: no fsync. These files carry a worker across a restart of the
+    agent (the page cache outlives the process); a restart of the machine ends every
+    worker with it, and an fsync per file cost a disk write for each of a job's four or
+    five state files (issue 15; services/node-agent/README.md, "What a restart keeps")."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("w") as f:
         f.write(json.dumps(data))  # one-shot: C; json.dump to a file is pure Python
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
