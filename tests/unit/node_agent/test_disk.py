@@ -30,7 +30,7 @@ def test_the_mount_is_a_loop_mount_without_setuid_devices_or_background_zeroing(
     argv = disk.mount_argv(WD / "disk.img", WD / "disk")
     assert argv[0].endswith("mount")
     assert argv[1:] == [
-        "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable",
+        "-t", "ext4", "-o", "loop,nosuid,nodev,noatime,noinit_itable,nobarrier",
         f"{WD}/disk.img", f"{WD}/disk",
     ]  # fmt: skip
 

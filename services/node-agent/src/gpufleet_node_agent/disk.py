@@ -45,8 +45,8 @@ GB = 10**9  # decimal, as podman's image sizes (images.py)
 IMAGE = "disk.img"
 TEMPLATES = "disk-templates"  # beside `workers/` in the agent's state directory
 MOUNTPOINT = "disk"
-MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,noinit_itable"
-MOUNT_DATA = "noinit_itable"  # the filesystem's own option of those (loopdev.mount)
+MOUNT_OPTIONS = "loop,nosuid,nodev,noatime,noinit_itable,nobarrier"
+MOUNT_DATA = "noinit_itable,nobarrier"  # the filesystem's own options of those (loopdev.mount)
 MNT_DETACH = 2  # umount2(2): detach now, clean up when no longer busy
 _libc = ctypes.CDLL(None, use_errno=True)
 _loop_calls = True  # False once the kernel said it cannot (loopdev.Unsupported)
@@ -103,6 +103,10 @@ def mkfs_argv(image: Path) -> list[str]:
 def mount_argv(image: Path, mountpoint: Path) -> list[str]:
     # noinit_itable: the kernel does not zero the inode tables in the background (a sparse
     # file reads as zeros already), so a worker's disk costs the host only what it writes.
+    # nobarrier: no cache flush from the worker's filesystem, which the loop device turns
+    # into an fsync of the whole image on the host's disk (at the unmount, say). The image
+    # is scratch, deleted when the worker ends; its kept output is copied out first, and a
+    # crash of the machine ends the worker with it (issue 15).
     return [tool("mount"), "-t", "ext4", "-o", MOUNT_OPTIONS, str(image), str(mountpoint)]
 
 
