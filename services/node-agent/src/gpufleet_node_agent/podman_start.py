@@ -189,7 +189,12 @@ class ContainerStarts:
         log.warning("worker %s not started: %s", w.key, error)
 
     def _prepare_dirs(self, w: Worker) -> None:
+        """The host directories its binds need. With the disk quota the writable ones are
+        on its own filesystem (disk.py), which `release` keeps in these when they hold
+        anything: not made here (issue 15: a directory made costs the node's disk a write)."""
         for b in ml_binds(w.dir):
+            if self.config.disk_quota and not b.read_only:
+                continue
             b.host.mkdir(parents=True, exist_ok=True)
             if not b.read_only and os.geteuid() == 0:
                 os.chown(b.host, self.config.uid, self.config.uid)
