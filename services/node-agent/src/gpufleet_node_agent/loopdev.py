@@ -9,8 +9,10 @@ three calls made from the agent cost ~0.6 ms (benchmarks/node_agent/README.md):
    when none is free);
 2. `LOOP_CONFIGURE` on it (Linux 5.8+): backed by the image, with autoclear, so the device
    is detached by itself once nothing holds it: after the unmount, or at once when the
-   mount below fails. Another process may take the same device between 1 and 2: EBUSY,
-   ask for another;
+   mount below fails. EBUSY: another process took the same device between 1 and 2, or
+   the device is still held (being released after an unmount, say) though the kernel
+   calls it free. Asked again, after a short pause; when the kernel names the same busy
+   device again, a new one (`LOOP_CTL_ADD`). Up to BUSY_FOR_S; then the worker's error;
 3. mount(2) of the device.
 
 Where /dev/loop-control or LOOP_CONFIGURE is missing (an older kernel) `mount(8)` does it
@@ -24,9 +26,11 @@ import errno
 import fcntl
 import os
 import struct
+import time
 from pathlib import Path
 
 CONTROL = Path("/dev/loop-control")
+LOOP_CTL_ADD = 0x4C80
 LOOP_CTL_GET_FREE = 0x4C82
 LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_AUTOCLEAR = 4
@@ -36,7 +40,7 @@ _INFO = struct.Struct(f"=5Q4I{LO_NAME_SIZE}s{LO_NAME_SIZE}s32s2Q")
 # struct loop_config: u32 fd, u32 block_size, loop_info64, u64 reserved[8]
 _CONFIG = struct.Struct(f"=2I{_INFO.size}s64s")
 MS_NOSUID, MS_NODEV, MS_NOATIME = 0x2, 0x4, 0x400
-BUSY_TRIES = 50
+BUSY_FOR_S = 10.0  # how long busy devices are asked again before the mount fails
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -59,8 +63,13 @@ def _attach(image: Path) -> tuple[int, str]:
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     name = os.fsencode(image)[-(LO_NAME_SIZE - 1) :]  # as losetup shows it
     try:
-        for _ in range(BUSY_TRIES):
+        deadline = time.monotonic() + BUSY_FOR_S
+        pause = 0.001
+        busy = -1
+        while True:
             number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
+            if number == busy:  # "free", yet it refused us: a new device instead
+                number = fcntl.ioctl(control, LOOP_CTL_ADD, -1)
             path = f"/dev/loop{number}"
             device = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             try:
@@ -72,7 +81,11 @@ def _attach(image: Path) -> tuple[int, str]:
                     raise Unsupported("LOOP_CONFIGURE is not supported (Linux < 5.8)") from exc
                 if exc.errno != errno.EBUSY:
                     raise
-        raise OSError(errno.EBUSY, "every free loop device was taken by another process")
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EBUSY, f"every loop device tried was busy for {BUSY_FOR_S:g} s")
+            busy = number
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
     finally:
         os.close(backing)
         os.close(control)
