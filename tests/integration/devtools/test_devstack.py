@@ -115,6 +115,30 @@ def test_nats_refuses_a_busy_port(nats_server: NatsServer, tmp_path: Path) -> No
     assert not second.running
 
 
+def test_a_chosen_port_taken_before_the_first_start_is_chosen_again(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A port chosen ahead can be taken before the server starts (an outgoing connection's
+    ephemeral port can be any free one: a cluster member's start once failed so in CI).
+    One chosen here is chosen again at the first start; a given one, or the port of a
+    server that ran before (its clients know it), is refused."""
+    second = NatsServer(tmp_path / "store")
+    second.port = nats_server.port  # as if taken since it was chosen
+    second.start()
+    try:
+        assert second.running and second.port != nats_server.port
+    finally:
+        second.stop()
+    squatter = NatsServer(tmp_path / "squatter", port=second.port)  # its port, taken now
+    squatter.start()
+    try:
+        with pytest.raises(PortInUseError, match=str(second.port)):
+            second.start()  # a restart keeps its port
+        assert not second.running
+    finally:
+        squatter.stop()
+
+
 # -- embedded MongoDB -------------------------------------------------------------------
 
 

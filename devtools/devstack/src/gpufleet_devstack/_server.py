@@ -11,6 +11,7 @@ from gpufleet_devstack.processes import (
     DEFAULT_STOP_TIMEOUT,
     DevstackError,
     PortInUseError,
+    free_port,
     log_tail,
     port_in_use,
     spawn,
@@ -26,9 +27,12 @@ class ServerProcess:
 
     kind = "server"
 
-    def __init__(self, host: str, port: int, log_file: Path, start_timeout: float) -> None:
+    def __init__(self, host: str, port: int | None, log_file: Path, start_timeout: float) -> None:
         self.host = host
-        self.port = port
+        # None: a free port chosen here, and chosen again if it is taken before the first
+        # start (an outgoing connection's ephemeral port can be any free one)
+        self.port = port if port is not None else free_port(host)
+        self._port_chosen = port is None
         self.log_file = log_file
         self.start_timeout = start_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -69,9 +73,12 @@ class ServerProcess:
         if self.running:
             return
         if port_in_use(self.port, self.host):
-            raise PortInUseError(
-                f"cannot start {self.kind}: port {self.host}:{self.port} is already in use"
-            )
+            if not self._port_chosen or self._proc is not None:  # given, or ours before
+                raise PortInUseError(
+                    f"cannot start {self.kind}: port {self.host}:{self.port} is already in use"
+                )
+            while port_in_use(self.port, self.host):  # taken since it was chosen
+                self.port = free_port(self.host)
         self._prepare()
         proc = spawn(self._argv(), self._console_log())
         self._proc = proc

@@ -17,7 +17,6 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from gpufleet_devstack._server import ServerProcess
-from gpufleet_devstack.processes import free_port
 
 __all__ = ["EmbeddedMongo", "nx_27017_command"]
 
@@ -73,7 +72,7 @@ class EmbeddedMongo(ServerProcess):
         log_file = Path(log_file) if log_file else data_dir.parent / f"{data_dir.name}.nx.log"
         super().__init__(
             host=host,
-            port=port if port is not None else free_port(host),
+            port=port,
             log_file=log_file,
             start_timeout=start_timeout,
         )

@@ -117,7 +117,7 @@ class NatsServer(ServerProcess):
         store_dir = Path(store_dir).absolute()
         super().__init__(
             host=host,
-            port=port if port is not None else free_port(host),
+            port=port,
             log_file=Path(log_file)
             if log_file
             else store_dir.parent / f"{store_dir.name}.nats.log",
