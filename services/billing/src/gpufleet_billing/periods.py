@@ -11,9 +11,7 @@ DAY = timedelta(days=1)
 
 
 def to_ms(at: datetime) -> int:
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
-    return int(at.timestamp() * 1000)
+    return int(_aware(at).timestamp() * 1000)
 
 
 def from_ms(ms: int) -> datetime:
@@ -35,20 +33,33 @@ def run_start_ms(claimed_ms: int, placed_ms: int | None, received_ms: int | None
     return max(ms, placed_ms)
 
 
+def length_ms(start: datetime, end: datetime) -> int:
+    """A run's length in whole milliseconds, cut from the exact length: not the difference
+    of its two ends each cut to whole milliseconds, which is one more about half the time.
+    The scheduler shows the same (its kept start, in whole milliseconds, plus the node's
+    length, stored in whole milliseconds), so a job's shown run time and its bill agree."""
+    return (_aware(end) - _aware(start)) // timedelta(milliseconds=1)
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 def run_end_ms(
     claimed_ms: int,
     started_ms: int | None,
     received_ms: int | None,
-    claimed_start_ms: int | None = None,
+    claimed_length_ms: int | None = None,
 ) -> int:
     """A node's claimed end: not after its WorkerFinished was received, not before the start.
 
-    With the node's own claimed start (`claimed_start_ms`, from the same clock as its end),
-    the end is the start billing kept plus the run's length on the node's clock: the node's
-    clock offset cancels out. Without it, an agent an hour behind would have every run under
-    an hour clamped to nothing (its end before the placement), and billed as nothing."""
-    if claimed_start_ms is not None and started_ms is not None:
-        claimed_ms = started_ms + max(0, claimed_ms - claimed_start_ms)
+    With the run's length on the node's own clock (`claimed_length_ms`: its claimed start
+    to its claimed end, `length_ms`), the end is the start billing kept plus that length:
+    the node's clock offset cancels out. Without it, an agent an hour behind would have
+    every run under an hour clamped to nothing (its end before the placement), and billed
+    as nothing."""
+    if claimed_length_ms is not None and started_ms is not None:
+        claimed_ms = started_ms + max(0, claimed_length_ms)
     ms = claimed_ms if received_ms is None else min(claimed_ms, received_ms)
     return ms if started_ms is None else max(ms, started_ms)
 

@@ -21,7 +21,7 @@ from pymongo import UpdateOne
 from . import ledger
 from .fees import MS_PER_HOUR, Posting, federated_postings, is_federated, usage_postings
 from .keeper import Keeper
-from .periods import from_ms, full_hours, run_end_ms, run_start_ms, to_ms
+from .periods import from_ms, full_hours, length_ms, run_end_ms, run_start_ms, to_ms
 from .settle import delta
 
 log = logging.getLogger("gpufleet.billing")
@@ -277,8 +277,8 @@ def _end_of_run(
     started_ms = p.get("started_ms")
     if evt.started_at is not None and started_ms is None:  # else: bounded at its receipt
         started_ms = run_start_ms(to_ms(evt.started_at), _placed_ms(p), received_ms)
-    claimed_start = to_ms(evt.started_at) if evt.started_at is not None else None
-    ended_ms = run_end_ms(to_ms(evt.ended_at), started_ms, received_ms, claimed_start)
+    length = length_ms(evt.started_at, evt.ended_at) if evt.started_at is not None else None
+    ended_ms = run_end_ms(to_ms(evt.ended_at), started_ms, received_ms, length)
     fields: Doc = {"ended_ms": ended_ms}
     if started_ms is None:
         return fields, None
