@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -265,13 +266,15 @@ class Watch:
     """Arrival time (perf_counter) of each job's events, by job id: `placed` (WorkerPlaced),
     `started` (WorkerStarted), `worker_finished` and every JobStateChanged state (the first
     of each); every placement's run (`runs`), the job's state transitions (`states`) and the
-    nodes' state changes (`node_states`: time, minion, state, previous)."""
+    nodes' state changes (`node_states`: time, minion, state, previous) and how many
+    workers ended otherwise than `finished`, by state and reason (`unfinished`)."""
 
     def __init__(self) -> None:
         self.at: dict[str, dict[str, float]] = {}
         self.states: dict[str, list[str]] = {}
         self.runs: dict[str, Run] = {}
         self.node_states: list[tuple[float, str, str, str | None]] = []
+        self.unfinished: Counter[str] = Counter()
         self.waiters: dict[str, asyncio.Event] = {}
         self.ended: set[str] = set()
         self.changed = asyncio.Event()  # set on every job state change
@@ -303,6 +306,8 @@ class Watch:
         ended = datetime.fromisoformat(body["ended_at"])
         run.ended_at = max(ended, run.ended_at) if run.ended_at else ended
         run.finished.append(str(body.get("state")))
+        if body.get("state") != "finished":
+            self.unfinished[f"{body.get('state')}: {body.get('reason') or ''}"[:300]] += 1
         self._mark(body["job_id"], "worker_finished")
 
     async def state(self, msg: Any) -> None:

@@ -215,6 +215,7 @@ class Bench:
         result["doubled"] = figures.doubled(self.watch.runs.values(), jobs, datetime.now(UTC))
         result["jobs_requeued"] = figures.requeued(self.watch.states, jobs)
         result["nodes_lost"] = figures.nodes_lost(self.watch.node_states, t0)
+        result["workers_not_finished"] = dict(self.watch.unfinished.most_common(10))
         result["cpu"] = {
             "method": self.groups.method,
             "window_s": round(wall, 1),

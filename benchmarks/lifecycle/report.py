@@ -46,6 +46,8 @@ def lifecycle(out: dict[str, Any]) -> str:
     lines += [f"| {k} | {gv} | {_v(sv) if sv is not None else '-'} |" for k, gv, sv in rows]
     if sl and not sl.get("ran"):
         lines += ["", f"Slurm: not run ({sl.get('why')})."]
+    for why, n in (g.get("workers_not_finished") or {}).items():
+        lines.append(f"\nWorkers that ended otherwise than finished: {n} x {why}")
     lines += ["", f"CPU seconds per finished job ({c.get('method')}):", ""]
     lines += ["| process group | CPU-s | per job |", "|---|---|---|"]
     for group, v in (c.get("by_group") or {}).items():
