@@ -129,7 +129,7 @@ class Fleet:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
         env.update(
             GPUFLEET_NATS_URL=self.nats.url,
-            GPUFLEET_MONGO_URL=self.mongo.url,
+            **self.mongo.service_env,
             GPUFLEET_LOG_LEVEL="INFO",
             PYTHONUNBUFFERED="1",
         )

@@ -54,7 +54,7 @@ class System:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
         env.update(
             GPUFLEET_NATS_URL=self.nats_url,
-            GPUFLEET_MONGO_URL=self.mongo.url,
+            **self.mongo.service_env,
             GPUFLEET_LOG_LEVEL="INFO",
             GPUFLEET_CONFIG_DIR=str(self.root / "cli-config"),
             PYTHONUNBUFFERED="1",

@@ -84,6 +84,17 @@ class EmbeddedMongo(ServerProcess):
     def url(self) -> str:
         return f"mongodb://{self.host}:{self.port}/?directConnection=true"
 
+    @property
+    def tx_lock_dir(self) -> Path:
+        """Where the services' transactions take turns across processes: nx-27017 cannot
+        isolate two at once (gpufleet_store/txlock.py)."""
+        return self.data_dir.parent / f"{self.data_dir.name}.txlocks"
+
+    @property
+    def service_env(self) -> dict[str, str]:
+        """What a service needs to use this database."""
+        return {"GPUFLEET_MONGO_URL": self.url, "GPUFLEET_MONGO_TX_LOCK_DIR": str(self.tx_lock_dir)}
+
     def client(self, **kwargs: Any) -> MongoClient[dict[str, Any]]:
         """A new pymongo client for this server (close it when done)."""
         options: dict[str, Any] = {"serverSelectionTimeoutMS": 5000, **kwargs}

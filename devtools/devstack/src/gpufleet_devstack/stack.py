@@ -81,7 +81,7 @@ class Stack:
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         stack = {
             "GPUFLEET_NATS_URL": self.nats.url,
-            "GPUFLEET_MONGO_URL": self.mongo.url,
+            **self.mongo.service_env,
             **self.gcp_env,
             **(
                 {"GPUFLEET_WORKER_INSECURE_REGISTRIES": self.registry.address}

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet_contracts.clock import utcnow
@@ -16,6 +17,7 @@ from pymongo import ASCENDING, AsyncMongoClient, IndexModel
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.database import AsyncDatabase
 
+from . import txlock
 from .secrets import SecretBox, SecretError
 
 T = TypeVar("T")
@@ -70,6 +72,8 @@ class StoreSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
     mongo_url: str = "mongodb://127.0.0.1:27027/?directConnection=true"
     db_prefix: str = "gpufleet"
+    # Only for a database that cannot isolate concurrent transactions (nx-27017; txlock.py)
+    mongo_tx_lock_dir: Path | None = None
 
 
 @dataclass
@@ -211,9 +215,16 @@ def _tx_lock(db_name: str) -> asyncio.Lock:
 class Store:
     """One service's database, its indexes and its transactions."""
 
-    def __init__(self, client: AsyncMongoClient[Doc], db: AsyncDatabase[Doc]) -> None:
+    def __init__(
+        self,
+        client: AsyncMongoClient[Doc],
+        db: AsyncDatabase[Doc],
+        tx_lock_dir: Path | None = None,
+    ) -> None:
         self.client = client
         self.db = db
+        # Set: transactions also take turns with other processes' (txlock.py, nx-27017 only)
+        self.tx_lock_dir = tx_lock_dir
         # Called after each commit with the outbox documents it wrote (the relay publishes
         # them from memory instead of reading them back; `gpufleet_bus.outbox`).
         self.outbox_written: Callable[[list[Doc]], None] = lambda docs: None
@@ -230,7 +241,8 @@ class Store:
             uuidRepresentation="standard",
             serverSelectionTimeoutMS=10_000,
         )
-        return cls(client, client[f"{settings.db_prefix}_{service.replace('-', '_')}"])
+        db = client[f"{settings.db_prefix}_{service.replace('-', '_')}"]
+        return cls(client, db, settings.mongo_tx_lock_dir)
 
     async def ensure_indexes(self, specs: IndexSpec) -> None:
         """Create the collections and indexes a service owns (idempotent, at start-up)."""
@@ -256,8 +268,9 @@ class Store:
         Transactions on one database run one at a time in a process: the embedded nx-27017
         cannot run two at once (docs/nx-27017-gaps.md), and a service's own transactions
         serialising costs little against MongoDB, where they would otherwise conflict and retry.
+        With `tx_lock_dir` they also take turns with other processes' (txlock.py).
         """
-        async with _tx_lock(self.db.name):
+        async with _tx_lock(self.db.name), self._across_processes():
             # A caller cancelled mid-way (a service stopping) must not abandon the transaction
             # half-way: nx-27017 can leave an interrupted one half-applied. It runs to its
             # commit or abort, then the cancellation goes on.
@@ -268,6 +281,11 @@ class Store:
                 with contextlib.suppress(Exception):
                     await task
                 raise
+
+    def _across_processes(self) -> contextlib.AbstractAsyncContextManager[None]:
+        if self.tx_lock_dir is None:
+            return contextlib.nullcontext()
+        return txlock.held(self.tx_lock_dir, self.db.name)
 
     async def _transaction(self, body: Callable[[Transaction], Awaitable[T]]) -> T:
         written: list[Doc] = []
