@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ from gpufleet_store import Store
 
 async def main(name: str, n: int) -> None:
     store = Store.connect("tx")
+    await store.db.command("ping")
+    print("ready", flush=True)
+    sys.stdin.readline()  # both start at once
     done, failed = 0, []
     for i in range(n):
         async def body(tx, i=i):
@@ -47,14 +51,27 @@ TRANSACTIONS = 150
 
 def run_two(mongo: EmbeddedMongo, prefix: str, lock_dir: Path | None) -> tuple[int, list[str]]:
     """Two processes at once; (transactions that returned, failures); checks the data."""
-    env = {"GPUFLEET_MONGO_URL": mongo.url, "GPUFLEET_DB_PREFIX": prefix, "PATH": ""}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env.update(GPUFLEET_MONGO_URL=mongo.url, GPUFLEET_DB_PREFIX=prefix)
     if lock_dir is not None:
         env["GPUFLEET_MONGO_TX_LOCK_DIR"] = str(lock_dir)
     argv = [sys.executable, "-c", CHILD]
     children = [
-        subprocess.Popen([*argv, name, str(TRANSACTIONS)], env=env, stdout=subprocess.PIPE)
+        subprocess.Popen(
+            [*argv, name, str(TRANSACTIONS)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for name in ("a", "b")
     ]
+    for c in children:
+        assert c.stdout is not None and c.stdout.readline().strip() == "ready"
+    for c in children:  # both told to go before either is waited for
+        assert c.stdin is not None
+        c.stdin.write("go\n")
+        c.stdin.flush()
     results = [json.loads(c.communicate(timeout=240)[0]) for c in children]
     done = sum(r["done"] for r in results)
     failed = [f for r in results for f in r["failed"]]

@@ -22,6 +22,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def aware(at: datetime) -> datetime:
+    """`at` with a time zone: a naive one (as a store or a client may give it) read as UTC."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 def offset_clock(offset_s: float, base: Clock = utcnow) -> Clock:
     """`base` shifted by `offset_s` seconds."""
     shift = timedelta(seconds=offset_s)

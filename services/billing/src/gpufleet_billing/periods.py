@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
 
+from gpufleet_contracts.clock import aware
+
 from .fees import MS_PER_HOUR
 
 DAY = timedelta(days=1)
 
 
 def to_ms(at: datetime) -> int:
-    return int(_aware(at).timestamp() * 1000)
+    return int(aware(at).timestamp() * 1000)
 
 
 def from_ms(ms: int) -> datetime:
@@ -38,11 +40,7 @@ def length_ms(start: datetime, end: datetime) -> int:
     of its two ends each cut to whole milliseconds, which is one more about half the time.
     The scheduler shows the same (its kept start, in whole milliseconds, plus the node's
     length, stored in whole milliseconds), so a job's shown run time and its bill agree."""
-    return (_aware(end) - _aware(start)) // timedelta(milliseconds=1)
-
-
-def _aware(at: datetime) -> datetime:
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    return (aware(end) - aware(start)) // timedelta(milliseconds=1)
 
 
 def run_end_ms(

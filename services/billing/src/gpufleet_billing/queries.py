@@ -3,7 +3,7 @@ own). Sums are computed here from the entries themselves, so a balance is always
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gpufleet_contracts.billing import (
     Balance,
@@ -25,8 +25,7 @@ def parse_time(value: str | None) -> int | None:
     """An ISO date or date-time (naive = UTC) as epoch ms; None stays None."""
     if not value:
         return None
-    at = datetime.fromisoformat(value)
-    return to_ms(at if at.tzinfo else at.replace(tzinfo=UTC))
+    return to_ms(datetime.fromisoformat(value))
 
 
 def _range(from_ms: int | None, to_ms_: int | None) -> Doc:

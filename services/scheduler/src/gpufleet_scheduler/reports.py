@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from gpufleet_bus import Delivery, on_its_own_subject
+from gpufleet_contracts.clock import aware
 from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted, WorkerState
 from gpufleet_store import Doc, Transaction
 from gpufleet_telemetry.instruments import METRICS
@@ -183,7 +184,7 @@ def start_floor(placed_at: object, received: datetime | None) -> object:
     ahead = (
         isinstance(placed_at, datetime)
         and received is not None
-        and _aware(placed_at) > _aware(received)
+        and aware(placed_at) > aware(received)
     )
     return None if ahead else placed_at
 
@@ -194,19 +195,15 @@ def ended_claim(evt: WorkerFinished, start: object) -> datetime:
     every run shorter than an hour clamped to nothing). Clamped by the caller."""
     if evt.started_at is None or not isinstance(start, datetime):
         return evt.ended_at
-    return _aware(start) + (_aware(evt.ended_at) - _aware(evt.started_at))
+    return aware(start) + (aware(evt.ended_at) - aware(evt.started_at))
 
 
 def clamp_time(at: datetime, lo: object, hi: datetime | None) -> datetime:
     """A node's claimed time kept within [lo, hi]: not after `hi` (when its report was
     received), not before `lo` (a stored time: the placement, or the start)."""
-    at = _aware(at)
+    at = aware(at)
     if hi is not None:
-        at = min(at, _aware(hi))
+        at = min(at, aware(hi))
     if isinstance(lo, datetime):
-        at = max(at, _aware(lo))
+        at = max(at, aware(lo))
     return at
-
-
-def _aware(at: datetime) -> datetime:
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
