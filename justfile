@@ -70,6 +70,10 @@ bench-scheduler *args: setup
 bench-outbox *args: setup
     uv run python benchmarks/outbox/bench_relay.py {{args}}
 
+# Cross-process transaction lock on nx-27017 (not part of `just test`): its cost and what it prevents.
+bench-txlock *args: setup
+    uv run python benchmarks/store/bench_txlock.py {{args}}
+
 # Worker runtime benchmark (not part of `just test`): submit->running, containers vs bare processes.
 bench-runtime *args: setup
     uv run python benchmarks/runtime/bench_runtime.py {{args}}
