@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpufleet_node_agent.baseimage import BASE_IMAGE
 from gpufleet_node_agent.gpu_access import GpuAccess, HostGpu, LibBind
 from gpufleet_node_agent.podman_args import (
     PodmanConfig,
@@ -107,7 +108,7 @@ def test_the_exact_argv_of_a_worker_with_real_gpus_and_a_job_env() -> None:
         "--env", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "--env", "ML_DATA_PATH=/opt/ml/input/data",
         "--env", "LD_LIBRARY_PATH=/usr/local/nvidia/lib64",
-        "gpufleet/base:bookworm",
+        BASE_IMAGE,
         "python3", "train.py", "--epochs", "3",
     ]  # fmt: skip
     assert (c.by_name, c.in_file) == (["API_TOKEN"], ["PATH"])  # PATH: in the 0600 env file

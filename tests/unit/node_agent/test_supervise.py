@@ -148,9 +148,23 @@ def test_no_gpus_is_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
 
 def test_missing_program(tmp_path: Path) -> None:
     w, end = run(tmp_path, ["/nonexistent/train"])
-    assert end["exit_code"] == 127 and "cannot start" in end["error"]
-    assert "cannot start" in w.file("log").read_text()
+    assert end["exit_code"] == 127 and end["reason"] == "command not found: /nonexistent/train"
+    assert "command not found: /nonexistent/train" in w.file("log").read_text()
     assert not w.file("started.json").exists()
+
+
+def test_a_program_not_on_path_is_not_found_with_127(tmp_path: Path) -> None:
+    w, end = run(tmp_path, ["pythn", "-c", "print(1)"])
+    assert (end["exit_code"], end["reason"]) == (127, "command not found: pythn")
+    assert w.file("log").read_text() == "gpufleet: command not found: pythn (exit status 127)\n"
+
+
+def test_a_program_that_is_not_executable_is_126(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")  # no x bit
+    _, end = run(tmp_path, [str(script)])
+    assert end["exit_code"] == 126
+    assert end["reason"] == f"command cannot be executed: {script} (Permission denied)"
 
 
 def test_a_stop_terminates_the_command(tmp_path: Path) -> None:

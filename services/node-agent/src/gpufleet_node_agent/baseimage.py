@@ -1,25 +1,31 @@
 """The image of a job without an image of its own: Debian bookworm (minbase) with Python 3,
 built once per node from Debian's packages and kept in podman's image store.
 
-    mmdebstrap --variant=minbase --include=python3,ca-certificates bookworm - \\
-        | podman import --change 'CMD ["/bin/bash"]' - gpufleet/base:bookworm
+    mmdebstrap --variant=minbase --include=python3,python-is-python3,... bookworm - \\
+        | podman import --change 'CMD ["/bin/bash"]' - gpufleet/base:bookworm-<digest>
 
 Nothing comes from a container registry. The agent builds it the first time a worker needs
-it (`ensure_image`); `python -m gpufleet_node_agent.baseimage` builds it ahead of time.
+it (`ensure_image`); `python -m gpufleet_node_agent.baseimage` builds it ahead of time. Its
+tag carries a digest of what it is built from, so a node whose image predates a change to
+the package list builds the new one instead of running the old.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-BASE_IMAGE = "gpufleet/base:bookworm"
 SUITE = "bookworm"
-PACKAGES = ("python3", "ca-certificates")
+# What a job's command names first: `python` as well as `python3` (python-is-python3); ps,
+# top, free and kill (procps) for a command that looks at itself or its children; the CA
+# certificates for a job given a network. Compilers, git and pip are a job's packages
+# (R-JOB-7), so that every job does not pay for them.
+PACKAGES = ("python3", "python-is-python3", "procps", "ca-certificates")
 INSTALL_HINT = "apt-get install -y podman runc mmdebstrap"
 
 
@@ -47,12 +53,21 @@ def podman_env(
     return env
 
 
+def _rootfs_command(suite: str = SUITE, packages: tuple[str, ...] = PACKAGES) -> str:
+    return f"mmdebstrap --quiet --variant=minbase --include={','.join(packages)} {suite} -"
+
+
+def image_name(suite: str = SUITE, packages: tuple[str, ...] = PACKAGES) -> str:
+    """`gpufleet/base:<suite>-<digest of how it is built>`."""
+    digest = hashlib.sha256(_rootfs_command(suite, packages).encode()).hexdigest()[:8]
+    return f"gpufleet/base:{suite}-{digest}"
+
+
+BASE_IMAGE = image_name()
+
+
 def build_script(image: str = BASE_IMAGE) -> str:
-    include = ",".join(PACKAGES)
-    return (
-        f"mmdebstrap --quiet --variant=minbase --include={include} {SUITE} - "
-        f"| podman import --quiet --change 'CMD [\"/bin/bash\"]' - {image}"
-    )
+    return f"{_rootfs_command()} | podman import --quiet --change 'CMD [\"/bin/bash\"]' - {image}"
 
 
 async def ensure_image(image: str, env: Mapping[str, str], podman: str = "podman") -> str | None:

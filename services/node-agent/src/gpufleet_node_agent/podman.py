@@ -42,6 +42,7 @@ from typing import Any
 from . import disk, logcap
 from .baseimage import podman_env
 from .builds import Builder
+from .execfail import not_executed
 from .files import read_int, write_json_atomic, write_text_atomic
 from .gpu_access import GpuAccess
 from .mps import Mps
@@ -398,6 +399,8 @@ class PodmanRuntime(ContainerStarts):
             fields.update(exit_code=None, error="the container never started")
         else:
             fields["exit_code"] = code if isinstance(code, int) else None
+            if code == 1:  # catatonit's, when the command is not there
+                fields.update(not_executed(w))
         if w.file("stop_requested").exists():
             fields["stopped"] = True
         elif w.file(OOM_EVIDENCE).exists():

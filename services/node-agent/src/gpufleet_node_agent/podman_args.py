@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import disk, keyfiles, mps
+from .baseimage import BASE_IMAGE
 from .builds import BuildConfig
 from .gpu_access import GpuAccess
 from .images import qualified
@@ -97,7 +98,7 @@ class Bind:
 class PodmanConfig:
     """The node's choices for every worker container (AgentSettings, `GPUFLEET_WORKER_*`)."""
 
-    image: str = "gpufleet/base:bookworm"
+    image: str = BASE_IMAGE
     uid: int = 10000  # the non-root user a worker runs as (gid the same)
     network: str = "none"
     memory_mb: int | None = None  # per worker; None: its GPUs' share of the node's

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroupv1, oci, procwatch, seccomp_bpf
+from .execfail import not_executed
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .podman_args import ML_DIRS, ContainerSpec, container_name
 from .supervise import end_fields, supervisor_argv
@@ -512,6 +513,8 @@ class Runc:
             fields["container"] = name
             if not fields.get("stopped") and self.oom_killed(w):
                 fields.update(reason=OOM, oom_killed=True)
+            elif fields.get("exit_code") == 1:  # catatonit's, when the command is not there
+                fields.update(not_executed(w))
         self.delete(w)
         return fields
 

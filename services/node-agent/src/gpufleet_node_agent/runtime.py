@@ -26,12 +26,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from . import procwatch
+from . import execfail, procwatch
 from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .supervise import (
     EXIT_FILE,
     STOP_GRACE_S,
-    cannot_start,
     end_fields,
     mount_dirs,
     supervisor_argv,
@@ -116,13 +115,12 @@ class ProcessRuntime:
         output.mkdir(exist_ok=True)
         for d in mount_dirs(spec, w.dir).values():
             d.mkdir(parents=True, exist_ok=True)
+        failed = execfail.cannot_start(command, env)
+        if failed is not None:
+            execfail.note(w.file("log"), failed)
+            self._end(w, failed)
+            return None
         with w.file("log").open("ab") as log:
-            why = cannot_start(command, env)
-            if why is not None:
-                log.write(f"gpufleet: {why}\n".encode())
-                code = 126 if why.endswith("Permission denied") else 127
-                self._end(w, {"exit_code": code, "error": why})
-                return None
             try:
                 w.proc = subprocess.Popen(
                     supervisor_argv(w.dir, command),

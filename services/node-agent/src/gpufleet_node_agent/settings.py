@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .baseimage import BASE_IMAGE
 from .environments import parse_env_map
 
 # A minion id becomes one NATS subject token and part of a durable consumer name.
@@ -102,7 +103,7 @@ class AgentSettings(BaseSettings):
     # account's job never does.
     worker_runtime: Literal["podman"] = "podman"
     allow_bare_processes: Literal["no", "own-jobs"] = "no"
-    worker_image: str = "gpufleet/base:bookworm"  # built from Debian packages when missing
+    worker_image: str = BASE_IMAGE  # built from Debian packages when missing
     worker_uid: int = Field(default=10000, ge=1)  # non-root user (and group) in containers
     worker_network: str = "none"  # podman --network; `none`: no route anywhere
     worker_memory_mb: int | None = Field(default=None, ge=16)  # None: the GPUs' share
@@ -140,6 +141,10 @@ class AgentSettings(BaseSettings):
     # The containers.conf podman runs with (CONTAINERS_CONF); None: deploy/podman/ of the
     # source checkout, when there is one.
     podman_containers_conf: Path | None = None
+    # A node that goes with its agent (`just up`): when the agent stops, it stops its
+    # workers (containers, disks, MPS daemons) and reports them stopped before it exits.
+    # Off, the default: workers outlive the agent and a restarted one re-attaches them.
+    stop_workers_on_exit: bool = False
 
     def token(self) -> str | None:
         if self.join_token:

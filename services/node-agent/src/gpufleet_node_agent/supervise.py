@@ -32,8 +32,6 @@ Workers of an agent before this one ran under `python -m gpufleet_node_agent.sup
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -120,20 +118,6 @@ def end_fields(worker_dir: Path) -> dict[str, Any] | None:
     if (worker_dir / "stop_requested").exists():
         fields["stopped"] = True
     return fields
-
-
-def cannot_start(command: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """Why the command cannot be executed (as the shell would find it), or None."""
-    program = command[0] if command else ""
-    if not program:
-        return "the command is empty"
-    found = shutil.which(program, path=env.get("PATH", os.defpath))
-    if found is None:
-        reason = "No such file or directory" if "/" in program else "not found on PATH"
-        if "/" in program and os.path.exists(program):
-            reason = "Permission denied"
-        return f"cannot start {program!r}: {reason}"
-    return None
 
 
 def mount_dirs(spec: Mapping[str, Any], worker_dir: Path) -> dict[str, Path]:
