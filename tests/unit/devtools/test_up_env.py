@@ -35,3 +35,11 @@ def test_the_spec_and_the_stack_win_over_our_environment() -> None:
     env = child_env(spec, ours, STACK, Path("/run"))
     assert env["GPUFLEET_REGION"] == "local"
     assert env["GPUFLEET_NATS_URL"] == "nats://127.0.0.1:4333"
+
+
+def test_the_local_node_goes_with_the_stack_unless_the_user_says_otherwise() -> None:
+    env = child_env(AGENT, {}, STACK, Path("/run"))
+    assert env["GPUFLEET_STOP_WORKERS_ON_EXIT"] == "1"
+    assert AGENT.stop_timeout > 10  # its workers' grace period, then their reports
+    kept = child_env(AGENT, {"GPUFLEET_STOP_WORKERS_ON_EXIT": "0"}, STACK, Path("/run"))
+    assert kept["GPUFLEET_STOP_WORKERS_ON_EXIT"] == "0"

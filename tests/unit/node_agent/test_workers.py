@@ -186,6 +186,36 @@ async def test_stop_running_worker(
     assert evt.log_tail == "up\n"
 
 
+async def test_stop_all_stops_and_reports_every_worker_while_the_loop_runs(
+    managers: Callable[..., WorkerManager], broker: FakeBroker
+) -> None:
+    m = managers()
+    sleeper = [PY, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+    m.start(cmd(placement="pl-1", command=sleeper))
+    m.start(cmd(placement="pl-2", job_id="job-2", command=sleeper, gpu_indices=[1]))
+    loop = asyncio.create_task(m.run(interval=0.05, check_s=0.2))
+    try:
+        await until(m, lambda: len(broker.events(WorkerStarted)) == 2)
+        assert await m.stop_all("the node goes", timeout_s=20) == []
+    finally:
+        loop.cancel()
+    assert m.active == {} and m.running() == []
+    ended = broker.events(WorkerFinished)
+    assert sorted((e.job_id, e.state, e.reason) for e in ended) == [
+        ("job-1", WorkerState.stopped, "the node goes"),
+        ("job-2", WorkerState.stopped, "the node goes"),
+    ]
+
+
+async def test_stop_all_says_which_workers_did_not_end_in_time(
+    managers: Callable[..., WorkerManager], broker: FakeBroker
+) -> None:
+    m = managers()
+    m.start(cmd(command=[PY, "-c", "import time; time.sleep(60)"]))
+    # no watch loop: nothing records or reports the end
+    assert await m.stop_all("the node goes", timeout_s=0.3) == ["job-1/0"]
+
+
 async def test_stop_before_start(
     managers: Callable[..., WorkerManager], broker: FakeBroker
 ) -> None:

@@ -17,6 +17,7 @@ class ServiceSpec:
     health: str | None  # answers subjects.rpc(<health>, "health"); None: no health RPC
     env: Mapping[str, str] = field(default_factory=dict)  # extra env; {run_dir} is expanded
     defaults: Mapping[str, str] = field(default_factory=dict)  # extra env, unless already set
+    stop_timeout: float = 10.0  # seconds from SIGTERM to SIGKILL
 
 
 NODE_NAME: Final = "local-node-1"
@@ -41,7 +42,13 @@ SERVICES: Final[tuple[ServiceSpec, ...]] = (
         # R-NODE-6: simulated GPUs only on request. `just up` asks for them (the same node on
         # every laptop); GPUFLEET_SIMULATED_GPUS=0 just up reads the real GPUs through NVML.
         # Its 16 (simulated) CPUs: 8 offered to CPU-only jobs (R-JOB-2), 8 for GPU work.
-        defaults={"GPUFLEET_SIMULATED_GPUS": "1", "GPUFLEET_CPU_JOB_CPUS": "8"},
+        # The local node goes with the stack: Ctrl-C stops its workers too.
+        defaults={
+            "GPUFLEET_SIMULATED_GPUS": "1",
+            "GPUFLEET_CPU_JOB_CPUS": "8",
+            "GPUFLEET_STOP_WORKERS_ON_EXIT": "1",
+        },
+        stop_timeout=30.0,  # its workers' grace period (10 s), then their reports
     ),
 )
 

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from gpufleet_devstack import identities
 from gpufleet_devstack.children import NODE_NAME, SERVICES, ServiceSpec, child_env
-from gpufleet_devstack.config import find_repo_root
+from gpufleet_devstack.config import DEFAULT_REGISTRY_PORT, find_repo_root
 from gpufleet_devstack.console import Out, rel
 from gpufleet_devstack.mongo import EmbeddedMongo
 from gpufleet_devstack.nats import NatsServer
@@ -36,6 +36,19 @@ class Supervised:
     gave_up: bool = False
 
 
+def running_workers(state_dir: Path) -> int:
+    """The workers a node agent with this state directory started that have not ended (no
+    exit.json yet: gpufleet_node_agent.workers)."""
+    root = state_dir / "workers"
+    if not root.is_dir():
+        return 0
+    return sum(
+        1
+        for d in root.iterdir()
+        if d.is_dir() and not d.name.startswith(".") and not (d / "exit.json").exists()
+    )
+
+
 def _last_line(path: Path) -> str:
     lines = [line for line in log_tail(path, 5).splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
@@ -44,7 +57,14 @@ def _last_line(path: Path) -> str:
 class Stack:
     """Everything `just up` started, so it can be stopped in reverse order."""
 
-    def __init__(self, out: Out, run_dir: Path, nats_port: int, mongo_port: int) -> None:
+    def __init__(
+        self,
+        out: Out,
+        run_dir: Path,
+        nats_port: int,
+        mongo_port: int,
+        registry_port: int = DEFAULT_REGISTRY_PORT,
+    ) -> None:
         self.out = out
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
@@ -69,6 +89,7 @@ class Stack:
         self.node_env: dict[str, dict[str, str]] = {}  # the node agent's join token
         # The local image registry (customer images, R-JOB-7), when docker-registry is here.
         self.registry: LocalRegistry | None = None
+        self.registry_port = registry_port
         self._node_runtime: dict[str, str] | None = None
 
     @property
@@ -114,7 +135,7 @@ class Stack:
         if find_registry() is None:
             self.out.step("no local image registry: docker-registry is not installed")
             return
-        self.registry = LocalRegistry(self.run_dir / "registry")
+        self.registry = LocalRegistry(self.run_dir / "registry", port=self.registry_port)
         self.registry.start()
         self.out.ok(f"image registry (docker-registry) up on {self.registry.address}")
 
@@ -154,6 +175,7 @@ class Stack:
                 self.service_env(spec),
                 self.log_dir / f"{spec.name}.log",
                 cwd=find_repo_root(),
+                stop_timeout=spec.stop_timeout,
             )
             proc.start()
             self.children.append(Supervised(spec, proc))
@@ -195,9 +217,22 @@ class Stack:
     def stop_all(self) -> None:
         self.stopping = True
         for child in reversed(self.children):
+            name = child.spec.name
+            agent = name == "node-agent"
             if child.process.alive:
-                self.out.step(f"stopping {child.spec.name}")
+                busy = running_workers(self.run_dir / "agent") if agent else 0
+                more = f" and its {busy} running worker(s)" if busy else ""
+                self.out.step(f"stopping {name}{more}")
             child.process.stop()
+            left = running_workers(self.run_dir / "agent") if agent else 0
+            if left:
+                self.out.warn(
+                    f"{left} worker(s) of {NODE_NAME} are still running (their node agent "
+                    f"did not stop them in time: {rel(child.process.log_file)}); the next "
+                    "`just up` re-attaches them"
+                )
+            elif agent and busy:
+                self.out.ok(f"{NODE_NAME}: {busy} worker(s) stopped (containers, disks, MPS)")
         if self.gcp is not None:
             self.out.step("stopping the GCP emulator (and its instances' agents)")
             self.gcp.stop()

@@ -28,11 +28,14 @@ from .podman_args import PodmanConfig
 from .policy import OWN_JOBS, RuntimePolicy, container_problem
 from .runtime import ProcessRuntime
 from .settings import AgentSettings, retired_settings
+from .supervise import STOP_GRACE_S
 from .workers import SOURCE, Recovery, WorkerManager
 
 log = logging.getLogger("gpufleet.node_agent")
 
 VERSION = "0.1.0"
+WORKERS_STOP_REASON = "stopped with the node agent (GPUFLEET_STOP_WORKERS_ON_EXIT)"
+WORKERS_STOP_TIMEOUT_S = STOP_GRACE_S + 10.0  # their grace period, then their reports
 
 
 def container_runtime(settings: AgentSettings) -> PodmanRuntime:
@@ -185,7 +188,17 @@ class Agent:
         self._spawn(self.workers.run(s.worker_poll_s, s.worker_check_s), "workers")
 
     async def stop(self) -> None:
-        """Stop the loops. Workers are detached and keep running; a restart picks them up."""
+        """Stop the loops. Workers are detached and keep running; a restart picks them up,
+        unless the node goes with its agent (`stop_workers_on_exit`): then they are stopped
+        and reported first, while the loops still run."""
+        if self.settings.stop_workers_on_exit and self.workers.active:
+            count = len(self.workers.active)
+            log.info("stopping the %d worker(s) of this node before exiting", count)
+            left = await self.workers.stop_all(WORKERS_STOP_REASON, WORKERS_STOP_TIMEOUT_S)
+            if left:
+                log.warning("%d worker(s) did not end in time: %s", len(left), ", ".join(left))
+            else:
+                log.info("stopped and reported %d worker(s)", count)
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()

@@ -283,6 +283,19 @@ class WorkerManager(Reports):
         self.rt(w).request_stop(w)
         self.wake()
 
+    async def stop_all(self, reason: str, timeout_s: float) -> list[str]:
+        """Stop every active worker and wait, while the watch loop (`run`) reports them,
+        until none is left or `timeout_s` has passed; the keys of those still active."""
+        asked: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while self._active and time.monotonic() < deadline:
+            for w in list(self._active.values()):  # one placed meanwhile too
+                if w.placement_id not in asked:
+                    asked.add(w.placement_id)
+                    self.stop(w.job_id, w.worker, w.placement_id, reason)
+            await asyncio.sleep(0.1)
+        return sorted(w.key for w in self._active.values())
+
     # --- restart --------------------------------------------------------------------
 
     def recover(self) -> Recovery:
