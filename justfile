@@ -46,8 +46,19 @@ setup:
     set -euo pipefail
     if ! command -v uv >/dev/null 2>&1; then
         echo "installing uv from PyPI"
-        python3 -m pip install --quiet uv || python3 -m pip install --quiet --user uv
-        export PATH="$HOME/.local/bin:$PATH"
+        if ! python3 -m pip install --quiet uv; then
+            python3 -m pip install --quiet --user uv
+            case ":$PATH:" in
+                *":$HOME/.local/bin:"*) ;;
+                *) echo "uv went to ~/.local/bin, which is not on your PATH: add it there" ;;
+            esac
+            export PATH="$HOME/.local/bin:$PATH"
+        fi
+    fi
+    # With pyenv, pip puts uv in the interpreter's own bin/, which `just` sees (pyenv runs it
+    # with that directory on PATH) but a new shell reaches only through pyenv's shims.
+    if command -v pyenv >/dev/null 2>&1 && [ ! -e "$(pyenv root)/shims/uv" ]; then
+        pyenv rehash
     fi
     uv sync --quiet --all-packages --group dev
     uv run python -c "from gpufleet_devstack import ensure_nats_server as e; e()"
@@ -58,9 +69,9 @@ setup:
 compose-secrets: setup
     uv run python -m gpufleet_devstack.compose_secrets deploy/secrets
 
-# Remove the local run directory (NATS and database data, logs) of `just up`.
-clean:
-    rm -rf .run
+# Remove the run directory of `just up` (GPUFLEET_RUN_DIR, default .run): data, logs, images, workers.
+clean: setup
+    uv run python -m gpufleet_devstack.clean
 
 # Scheduler benchmarks (not part of `just test`): placement engine, cost quality, end to end.
 bench-scheduler *args: setup

@@ -11,6 +11,9 @@ from gpufleet_devstack.processes import DevstackError
 
 DEFAULT_NATS_PORT: Final = 4333
 DEFAULT_MONGO_PORT: Final = 27027
+# Fixed, like the others: an image pushed to the local registry today is pulled from the
+# same address tomorrow.
+DEFAULT_REGISTRY_PORT: Final = 5055
 
 
 def find_repo_root(start: Path | None = None) -> Path:

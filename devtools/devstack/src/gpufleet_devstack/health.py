@@ -81,22 +81,21 @@ async def check_health(stack: Stack, wait_s: float = HEALTH_TIMEOUT) -> dict[str
                 elif heartbeats:
                     status[child.spec.name] = "up (heartbeating)"
                 else:
-                    status[child.spec.name] = "up (running, no heartbeat seen yet)"
+                    status[child.spec.name] = "up (no heartbeat yet)"
     finally:
         await nc.close()
     return status
 
 
 def print_status(stack: Stack, status: Mapping[str, str]) -> None:
+    """One row a component: its state, and where to look (an address, or its log)."""
     rows: list[list[str]] = [
-        ["nats-server", "up", stack.nats.url, ""],
-        ["mongodb (nx-27017)", "up", stack.mongo.url, ""],
+        ["nats-server", "up", stack.nats.url],
+        ["mongodb (nx-27017)", "up", f"mongodb://{stack.mongo.host}:{stack.mongo.port}"],
     ]
+    if stack.registry is not None:
+        rows.append(["image registry", "up", f"http://{stack.registry.address}"])
     for child in stack.children:
         state = status.get(child.spec.name, "DOWN")
-        where = (
-            health_subject(child.spec.health) if child.spec.health else heartbeat_subject(NODE_NAME)
-        )
-        log = rel(child.process.log_file) if not state.startswith("up") else ""
-        rows.append([child.spec.name, state, where, log])
-    stack.out.table("gpufleet local stack", ["component", "state", "address", "log"], rows)
+        rows.append([child.spec.name, state, rel(child.process.log_file)])
+    stack.out.table("gpufleet local stack", ["component", "state", "address or log"], rows)

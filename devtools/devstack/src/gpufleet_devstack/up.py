@@ -13,7 +13,8 @@ reverse order. `--no-block` starts, checks, prints and stops again (a smoke test
 that allow bursting then run on emulated instances.
 
 Environment: GPUFLEET_NATS_PORT (default 4333; not 4222, which a system nats-server may
-use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_RUN_DIR (default `<repo>/.run`),
+use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_REGISTRY_PORT (default 5055: the local
+image registry, when docker-registry is installed), GPUFLEET_RUN_DIR (default `<repo>/.run`),
 GPUFLEET_SIMULATED_GPUS (default `1`: the node agent reports simulated 2 x RTX 3090; `0`
 for the machine's real GPUs through NVML).
 
@@ -33,10 +34,13 @@ import sys
 import time
 from collections.abc import Sequence
 
+from gpufleet_devstack import identities
 from gpufleet_devstack.children import NODE_NAME, SERVICES, ServiceSpec, child_env
+from gpufleet_devstack.cli_context import Saved, save_local_context
 from gpufleet_devstack.config import (
     DEFAULT_MONGO_PORT,
     DEFAULT_NATS_PORT,
+    DEFAULT_REGISTRY_PORT,
     find_repo_root,
     port_from_env,
     run_dir_from_env,
@@ -46,6 +50,7 @@ from gpufleet_devstack.emulated_gcp import GCP_PROJECT, GCP_REGION, enable_emula
 from gpufleet_devstack.health import HEALTH_TIMEOUT, check_health, print_status
 from gpufleet_devstack.nats import ensure_nats_server
 from gpufleet_devstack.processes import DevstackError, port_in_use
+from gpufleet_devstack.registry import find_registry
 from gpufleet_devstack.stack import SUPERVISE_INTERVAL, Stack
 from gpufleet_devstack.what_to_try import print_what_to_try
 
@@ -59,6 +64,15 @@ class _Stop(BaseException):
 
 def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
+
+
+def _save_context(stack: Stack) -> Saved | None:
+    """The CLI's context for this stack; None (said) when it cannot be written."""
+    try:
+        return save_local_context(stack.nats.url, identities.user_creds(stack.nats))
+    except (OSError, ValueError) as exc:
+        stack.out.warn(f"the CLI's context `local` was not saved: {exc}")
+        return None
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -88,6 +102,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         nats_port = port_from_env("GPUFLEET_NATS_PORT", DEFAULT_NATS_PORT)
         mongo_port = port_from_env("GPUFLEET_MONGO_PORT", DEFAULT_MONGO_PORT)
+        registry_port = port_from_env("GPUFLEET_REGISTRY_PORT", DEFAULT_REGISTRY_PORT)
         out.step("checking nats-server")
         binary = ensure_nats_server(log=out.step)
         out.ok(f"nats-server: {binary}")
@@ -96,10 +111,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 1
 
     run_dir = run_dir_from_env()
-    for name, port, var in (
+    ports = [
         ("NATS", nats_port, "GPUFLEET_NATS_PORT"),
         ("MongoDB", mongo_port, "GPUFLEET_MONGO_PORT"),
-    ):
+    ]
+    if find_registry():
+        ports.append(("the image registry", registry_port, "GPUFLEET_REGISTRY_PORT"))
+    for name, port, var in ports:
         if port_in_use(port):
             out.error(
                 f"port {port} for {name} is busy (is another `just up` running?). "
@@ -109,7 +127,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     out.step(f"run directory: {rel(run_dir)} (data and logs; reused by the next `just up`)")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    stack = Stack(out, run_dir, nats_port, mongo_port)
+    stack = Stack(out, run_dir, nats_port, mongo_port, registry_port)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
@@ -125,7 +143,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 out.ok(f"GCP ({GCP_PROJECT}, {GCP_REGION}) {line}")
         if args.require_healthy and not all(s.startswith("up") for s in status.values()):
             code = 1
-        print_what_to_try(stack)
+        print_what_to_try(stack, _save_context(stack))
         if not args.no_block:
             out.step("running; Ctrl-C stops everything")
             while True:

@@ -1,46 +1,58 @@
-"""What `just up` prints once the stack is up: the commands to try in another terminal."""
+"""What `just up` prints once the stack is up: who the CLI is, and what to try in another
+terminal, each line as it can be typed."""
 
 from __future__ import annotations
 
+from gpufleet_node_agent.baseimage import BASE_IMAGE
+
 from gpufleet_devstack import identities
+from gpufleet_devstack.cli_context import Saved
 from gpufleet_devstack.console import rel
 from gpufleet_devstack.stack import Stack
 
+CLI = "uv run gpufleet"
 
-def print_what_to_try(stack: Stack) -> None:
+
+def print_what_to_try(stack: Stack, context: Saved | None) -> None:
     out = stack.out
+    creds = rel(identities.user_creds(stack.nats))
     out.plain("")
-    out.plain("What to try (in another terminal):")
-    creds = identities.user_creds(stack.nats)
-    for line in (
-        f"uv run gpufleet login --creds {rel(creds)} --url {stack.nats.url} --context local",
-        "   # or, for one shell: export GPUFLEET_NATS_URL="
-        f"{stack.nats.url} GPUFLEET_NATS_CREDS={rel(creds)}",
-        "uv run gpufleet context show   # user dev of account local (plan team)",
-        "uv run gpufleet node list",
-        'uv run gpufleet job submit --name hello --gpu-type "RTX 3090" --gpu-count 1 '
-        "--max-price 1.0 -- python -c \"print('hi')\"",
-        "uv run gpufleet job show <id>",
-        "uv run gpufleet billing balance",
-        *(
-            (
-                "uv run gpufleet region list   # the emulated GCP region and its runnable jobs",
-                "uv run gpufleet job submit --name cloud --gpu-type V100 --gpu-count 1 "
-                "--max-price 1.0 --allow-burst -- python -c \"print('from the cloud')\"",
-            )
-            if stack.gcp is not None
-            else ()
-        ),
-        *(
-            (
-                f"# a customer image: the local registry {stack.registry.address} (plain "
-                "HTTP), run with GPUFLEET_WORKER_RUNTIME=podman",
-                f"podman tag localhost/gpufleet/base:bookworm {stack.registry.address}/me/app:1"
-                f" && podman push --tls-verify=false {stack.registry.address}/me/app:1",
-            )
-            if stack.registry is not None
-            else ()
-        ),
-    ):
+    if context is None:
+        out.plain(f"The CLI: {CLI} login --creds {creds} --url {stack.nats.url} --context local")
+    elif context.current:
+        out.plain(
+            f"The CLI's context `{context.name}` is current: user dev of account local at "
+            f"{stack.nats.url}"
+        )
+    else:
+        out.plain(
+            f"The CLI's context `{context.name}` talks to this stack; yours, "
+            f"`{context.other}`, stays current: {CLI} context use {context.name}"
+        )
+    out.plain("")
+    out.plain("What to try (in another terminal, in this directory):")
+    lines = [
+        f"{CLI} node list",
+        f'id=$({CLI} job submit --name hello --gpu-type "RTX 3090" --gpu-count 1 '
+        "-- python -c \"print('hi')\")",
+        f"{CLI} job logs --follow $id",
+        f"{CLI} job show $id",
+        f"{CLI} billing balance",
+    ]
+    if stack.gcp is not None:
+        lines += [
+            f"{CLI} region list   # the emulated GCP region and its runnable jobs",
+            f"{CLI} job submit --name cloud --gpu-type V100 --gpu-count 1 "
+            "--max-price 1.0 --allow-burst -- python -c \"print('from the cloud')\"",
+        ]
+    if stack.registry is not None:
+        address = stack.registry.address
+        lines += [
+            f"# a customer image: the local registry {address} (plain HTTP, kept across restarts)",
+            "uv run python -m gpufleet_node_agent.baseimage "
+            f"&& podman tag localhost/{BASE_IMAGE} {address}/me/app:1 "
+            f"&& podman push --tls-verify=false {address}/me/app:1",
+        ]
+    for line in lines:
         out.plain(f"  {line}")
     out.plain("")
