@@ -177,8 +177,8 @@ def test_physical_provider_region_and_nodes_through_the_cli(gcp_system: GcpSyste
         "node", "add", "--region", "lab-2", "--name", "gpu-9", "--minion-id", "gpu-9"
     )
     assert added["state"] == "provisioning"
-    toggle = system.cli("node", "maintenance", "gpu-9", check=False)
-    assert toggle.returncode == 1 and "provisioning" in toggle.stderr
+    activate = system.cli("node", "maintenance", "gpu-9", "off", check=False)
+    assert activate.returncode == 1 and "provisioning" in activate.stderr
     assert system.json("node", "remove", "gpu-9")["state"] == "removed"
     shown = system.cli("node", "show", "gpu-9").stdout
     assert "removed by operator" in shown

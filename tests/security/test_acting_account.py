@@ -85,6 +85,7 @@ async def test_publishing_on_the_victims_subject_is_refused(
         f"{subjects.RPC}.scheduler.cancel_job.{VICTIM_ACCOUNT}.x",
         subjects.admin("provisioner", "add_user"),  # an operator's verb
         subjects.admin("provisioner", "issue_join_token"),
+        subjects.admin("scheduler", "list_all_jobs"),  # every account's jobs
     ],
 )
 async def test_a_request_on_no_account_or_an_operators_subject_is_refused(

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import nats
 import nats.errors
 import nats.js.errors
-from gpufleet_auth import connect_options
+from gpufleet_auth import Creds, connect_options
 from gpufleet_contracts import Envelope, subjects
 from nats.aio.client import Client
 
@@ -100,14 +100,26 @@ def addressed(subject: str) -> str:
     (`gpufleet.v1.rpc.billing.balance` -> `....balance.<account>`); others as they are."""
     if not subject.startswith(subjects.RPC + ".") or subject.count(".") != 4:
         return subject
-    account = settings_mod.load().acting_account()
+    cfg = settings_mod.load()
+    account = cfg.acting_account()
     if account is None:
-        raise CliError(
-            "no identity: run `gpufleet login --creds FILE` (`just up` prints the file), or set "
-            "GPUFLEET_NATS_CREDS; an operator also sets GPUFLEET_ACCOUNT",
-            "unauthenticated",
-        )
+        raise CliError(_no_account(cfg), "unauthenticated")
     return subjects.as_account(subject, account)
+
+
+def _no_account(cfg: settings_mod.CliSettings) -> str:
+    """What to do when a request has no account to act for."""
+    path = cfg.creds
+    if path is not None and path.exists() and Creds.read(path).kind == "operator":
+        return (
+            "an operator's credential acts for no account of its own: set "
+            "GPUFLEET_ACCOUNT=<account> to act for one (`gpufleet admin account list`), "
+            "or see every account's jobs with `gpufleet job list --all-accounts`"
+        )
+    return (
+        "no identity: run `gpufleet login --creds FILE` (`just up` prints the file), or set "
+        "GPUFLEET_NATS_CREDS; an operator also sets GPUFLEET_ACCOUNT"
+    )
 
 
 def parse_reply(subject: str, data: bytes) -> dict[str, Any]:

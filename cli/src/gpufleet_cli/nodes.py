@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -17,7 +18,7 @@ app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
 LIST_NODES = subjects.rpc("provisioner", "list_nodes")
 ADD_NODE = subjects.rpc("provisioner", "add_node")
 SHOW_NODE = subjects.rpc("provisioner", "show_node")
-TOGGLE = subjects.rpc("provisioner", "toggle_maintenance")
+SET_MAINTENANCE = subjects.rpc("provisioner", "set_maintenance")
 REMOVE = subjects.rpc("provisioner", "remove_node")
 TOKEN = subjects.rpc("provisioner", "issue_join_token")
 REVOKE = subjects.rpc("provisioner", "revoke_node")
@@ -30,10 +31,20 @@ def _act(subject: str, body: dict[str, Any], as_json: bool) -> None:
         _show(reply)
 
 
+class Switch(StrEnum):
+    on = "on"
+    off = "off"
+
+
 @app.command("list")
-def list_(as_json: JsonFlag = False) -> None:
+def list_(
+    all_: Annotated[
+        bool, typer.Option("--all", help="Removed nodes too (left out otherwise).")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
     """Your nodes: region, state, GPUs, simulated or real, last heartbeat."""
-    reply = call(LIST_NODES, {}, as_json)
+    reply = call(LIST_NODES, {"include_removed": all_}, as_json)
     if not as_json:
         nodes = [n for n in reply.get("nodes") or [] if isinstance(n, dict)]
         views.node_table(nodes)
@@ -115,10 +126,27 @@ def show(
 
 @app.command("maintenance")
 def maintenance(
-    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
+    node: Annotated[str, typer.Argument(help="name or minion id")],
+    wanted: Annotated[
+        Switch,
+        typer.Argument(
+            metavar="on|off", help="on: active -> maintenance; off: maintenance -> active"
+        ),
+    ],
+    as_json: JsonFlag = False,
 ) -> None:
-    """Toggle maintenance: active <-> maintenance (only active nodes receive work)."""
-    _act(TOGGLE, {"node": node}, as_json)
+    """Put a node in maintenance (on) or back in service (off); only active nodes receive
+    work. A node already in the state asked for is left as it is."""
+    reply = call(SET_MAINTENANCE, {"node": node, "maintenance": wanted is Switch.on}, as_json)
+    if as_json:
+        return
+    if reply.get("changed") is False:
+        state = str(reply.get("state"))
+        where = "in maintenance" if state == "maintenance" else state
+        render.err().print(
+            f"{escape(str(reply.get('name')))} is already {escape(where)}: nothing changed"
+        )
+    _show(reply)
 
 
 @app.command("remove")

@@ -180,7 +180,7 @@ async def pending(bus: Cloud, *demands: Demand) -> None:
 
 
 async def cloud_nodes(bus: Cloud) -> list[dict[str, Any]]:
-    nodes = (await bus.ask("list_nodes"))["nodes"]
+    nodes = (await bus.ask("list_nodes", {"include_removed": True}))["nodes"]
     return [n for n in nodes if n["provider"] == "gcp" and n["kind"] == "compute"]
 
 

@@ -222,13 +222,27 @@ async def test_physical_provider_region_and_node_lifecycle(
             return (await node(bus, m))["state"] == "maintenance"
 
         await wait_for_async(in_maintenance, timeout=10)  # R-NODE-2: lands in maintenance
-        toggled = await bus.ask("toggle_maintenance", {"node": "box"})
-        assert toggled["state"] == "active"
-        assert (await bus.ask("toggle_maintenance", {"node": m}))["state"] == "maintenance"
-        await bus.ask("toggle_maintenance", {"node": m})
+        # Maintenance on or off says what it wants: asked twice, the second changes nothing.
+        off = {"node": "box", "maintenance": False}
+        activated = await bus.ask("set_maintenance", off)
+        assert (activated["state"], activated["changed"]) == ("active", True)
+        again = await bus.ask("set_maintenance", off)
+        assert (again["state"], again["changed"]) == ("active", False)
+        on = {"node": m, "maintenance": True}
+        assert (await bus.ask("set_maintenance", on))["state"] == "maintenance"
+        assert (await bus.ask("set_maintenance", on))["changed"] is False
+        await bus.ask("set_maintenance", {"node": m, "maintenance": False})
+        # the toggle is gone: a request without the state wanted is refused
+        assert (await bus.ask("set_maintenance", {"node": m}))["error"]["code"] == "invalid"
 
+        assert [n["minion_id"] for n in (await bus.ask("list_nodes"))["nodes"]] == [m]
         removed = await bus.ask("remove_node", {"node": m})
         assert removed["state"] == "removed"
+        # A removed node leaves the list; it is still shown alone, and listed when asked for.
+        assert (await bus.ask("list_nodes"))["nodes"] == []
+        listed = (await bus.ask("list_nodes", {"include_removed": True}))["nodes"]
+        assert [(n["minion_id"], n["state"]) for n in listed] == [(m, "removed")]
+        assert (await node(bus, m))["state"] == "removed"
         await asyncio.sleep(0.5)
         changed = [e for e in bus.events if e.get("minion_id") == m and "workers" in e]
         assert [e["state"] for e in changed] == ["active", "maintenance", "active", "removed"]
@@ -260,7 +274,7 @@ async def test_failing_hardware_stays_out_of_service_with_every_reason(
             "R-NODE-4.tpm",
             "R-NODE-4.sata",
         ]
-        refused = await bus.ask("toggle_maintenance", {"node": m})
+        refused = await bus.ask("set_maintenance", {"node": m, "maintenance": False})
         assert refused["error"]["code"] == "conflict" and "TPM 2.0" in refused["error"]["message"]
         listed = await bus.ask("list_nodes")
         assert listed["nodes"][0]["failed_rules"] == shown["failed_rules"]

@@ -262,6 +262,24 @@ async def test_maintenance_takes_no_new_work_and_active_runs_the_queue(system: S
     assert job["workers"][0]["node"] == "b"
 
 
+async def test_a_removed_node_is_no_reason_to_wait(system: Sys) -> None:
+    """A waiting job's reasons neither name nor count a removed node."""
+    s = system
+    await s.node(registered("r", gpus=1))
+    await s.node(registered("m", gpus=1, state=NodeState.maintenance))
+    await known(s, "r", "m")
+    await s.node(state_changed("r", NodeState.removed))
+
+    async def removed() -> bool:
+        n = await s.sched.state.db.nodes.find_one({"minion_id": "r"})
+        return bool(n and n["state"] == "removed")
+
+    await wait_for_async(removed, timeout=10)
+    waiting = await s.submit("waits")
+    assert waiting["queue_reason"] == "1 node: maintenance, not active"
+    assert waiting["queue_detail"] == [{"reason": "maintenance, not active", "nodes": 1}]
+
+
 async def test_a_pin_to_a_region_without_the_gpu_type_is_refused(system: Sys) -> None:
     s = system
     await s.node(registered("a", region="eu"))

@@ -14,6 +14,7 @@ import nats
 import pytest
 from gpufleet_bus import BusSettings, Ports, make_broker
 from gpufleet_contracts import Envelope, subjects
+from gpufleet_contracts.jobs import ListAllJobs
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_devstack.identities import admin_request
 from gpufleet_provisioner.app import build_app as provisioner_app
@@ -83,6 +84,18 @@ async def stack(
                 await u.nc.close()
     await pstore.close()
     await sstore.close()
+
+
+async def operator_asks(server: NatsServer, body: dict[str, Any]) -> Any:
+    """The operators' `list_all_jobs`, on the admin subject, with an operator's credential."""
+    subject = subjects.admin("scheduler", "list_all_jobs")
+    headers = Envelope(type=ListAllJobs.TYPE, source="test", subject=subject).headers()
+    nc = await nats.connect(server.url, **server.admin())
+    try:
+        msg = await nc.request(subject, json.dumps(body).encode(), 10, headers=headers)
+    finally:
+        await nc.close()
+    return json.loads(msg.data)
 
 
 def job(name: str, **kw: Any) -> dict[str, Any]:
@@ -176,3 +189,35 @@ async def test_projects_federated_jobs_and_plans_over_the_bus(
     assert (await bob.ask("get_job", {"job_id": submitted["id"]}))["creator"] == bob.account
     cancelled = await bob.ask("cancel_job", {"job_id": submitted["id"]})
     assert cancelled["state"] == "stopped", cancelled
+
+
+async def test_an_operator_lists_every_accounts_jobs_and_a_user_cannot(
+    stack: tuple[Scheduler, dict[str, User]], nats_server: NatsServer
+) -> None:
+    _, u = stack
+    acme, bob = u["acme"], u["bob"]
+    a1 = (await acme.ask("submit_job", job("a-1")))["id"]
+    b1 = (await bob.ask("submit_job", job("b-1")))["id"]
+    assert (await bob.ask("cancel_job", {"job_id": b1}))["state"] == "stopped"
+    a2 = (await acme.ask("submit_job", job("a-2")))["id"]
+
+    every = (await operator_asks(nats_server, {}))["jobs"]
+    assert {(j["id"], j["owner"], j["creator"]) for j in every} == {
+        (a1, acme.account, acme.account),
+        (b1, bob.account, bob.account),
+        (a2, acme.account, acme.account),
+    }
+    queued_at = [j["queued_at"] for j in every]
+    assert queued_at == sorted(queued_at, reverse=True)  # newest first
+    assert len((await operator_asks(nats_server, {"limit": 2}))["jobs"]) == 2
+    of_bob = await operator_asks(nats_server, {"account": bob.account})
+    assert [j["id"] for j in of_bob["jobs"]] == [b1]
+    waiting = await operator_asks(nats_server, {"account": acme.account, "state": "queued"})
+    assert {j["id"] for j in waiting["jobs"]} == {a1, a2}
+    assert (await operator_asks(nats_server, {"state": "stopped"}))["jobs"][0]["id"] == b1
+    bad = await operator_asks(nats_server, {"state": "sleeping"})
+    assert bad["error"]["code"] == "invalid"
+
+    # A user's credential may not publish on the admin subject: nobody ever answers it.
+    with pytest.raises(nats.errors.TimeoutError):
+        await bob.nc.request(subjects.admin("scheduler", "list_all_jobs"), b"{}", timeout=1)

@@ -94,6 +94,27 @@ def test_why_cpu_work_waits() -> None:
     assert index.explain(cpu_req(8)).reasons == got.reasons
 
 
+def test_why_cpu_work_waits_speaks_of_cpus_not_gpus() -> None:
+    """Every reason a CPU-only worker can be given, on a fleet that gives each: none names
+    GPUs (a CPU-only job asks for none)."""
+    nodes = [
+        node("none", cpus=0),
+        node("small", cpus=4),
+        node("busy", cpus=16, free=4),
+        node("theirs", owner="other"),
+        replace(node("sim", owner="other", price="0.01", public=True), simulated=True),
+        node("dear", owner="other", price="0.50", public=True),
+        replace(node("off"), state="maintenance"),
+        node("away", region="elsewhere"),
+    ]
+    pinned = replace(cpu_req(8, max_price="0.10"), region="local")
+    got = why_not(pinned, nodes)
+    assert "1 node: another account's simulated node (its owner's jobs only)" in got.explain()
+    assert len(got.reasons) == len(nodes)  # one reason each
+    assert not [r for r in got.reasons if "GPU" in r]
+    assert PlacementIndex(nodes).explain(pinned).reasons == got.reasons
+
+
 def test_another_accounts_public_node_at_its_cpu_price_within_max_price() -> None:
     seller = node("s", owner="seller", price="0.02", public=True)
     unpriced = node("u", owner="seller", public=True)  # sells GPUs, not CPUs

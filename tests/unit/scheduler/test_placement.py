@@ -142,6 +142,21 @@ def test_reasons_are_counted_per_cause() -> None:
     assert "1 node: maintenance, not active" in text
 
 
+def test_removed_nodes_are_left_out_of_the_reasons() -> None:
+    """A removed node is gone: a waiting job's reasons neither name nor count it, in the
+    reference scan and in the index, while the index still knows it."""
+    nodes = [node("a", model="T4"), node("gone", state="removed"), node("b", free=0)]
+    d = place(req(), nodes)
+    assert isinstance(d, NoPlacement)
+    assert d.explain() == "1 node: busy (0 of 2 GPUs free, needs 1); 1 node: no RTX 3090"
+    assert why_not(req(), nodes).reasons == d.reasons
+    index = PlacementIndex(nodes)
+    assert index.explain(req()).reasons == d.reasons and "gone" in index.nodes
+    only_removed = [node("gone", state="removed")]
+    assert why_not(req(), only_removed).explain() == "no nodes registered"
+    assert PlacementIndex(only_removed).explain(req()).explain() == "no nodes registered"
+
+
 def test_no_nodes_at_all_says_so() -> None:
     d = place(req(), [])
     assert isinstance(d, NoPlacement) and d.explain() == "no nodes registered"
@@ -256,7 +271,7 @@ def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
                 minion_id=f"m{i}",
                 region=rng.choice(("eu", "us", "asia")),
                 owner=rng.choice(("acme", "beta", "gamma")),
-                state=rng.choice(("active",) * 6 + ("maintenance", "lost")),
+                state=rng.choice(("active",) * 6 + ("maintenance", "lost", "removed")),
                 gpu_model=None if cpu_node else rng.choice(MODELS),
                 gpu_indices=idx,
                 free_indices=tuple(free),

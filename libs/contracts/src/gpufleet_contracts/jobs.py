@@ -268,6 +268,17 @@ class ListJobs(Command):
     limit: Int = Field(default=100, ge=1, le=1000)
 
 
+class ListAllJobs(Command):
+    """Operator request: the jobs of every account, newest first; `account` keeps those it
+    owns or created, `state` those in that state. Answered with a JobList."""
+
+    TYPE = "gpufleet.job.list_all.v1"
+    SUBJECT = subjects.admin("scheduler", "list_all_jobs")
+    limit: Int = Field(default=100, ge=1, le=1000)
+    account: str | None = Field(default=None, pattern=subjects.ACCOUNT_RE.pattern)
+    state: JobState | None = None
+
+
 class Demand(BaseModel):
     """One waiting worker that no node can take now."""
 

@@ -78,7 +78,8 @@ class JobView(BaseModel):
 
 
 class JobList(BaseModel):
-    """The reply to `ListJobs`: the jobs the account owns or created, newest first."""
+    """The reply to `ListJobs` (the jobs the account owns or created) and to an operator's
+    `ListAllJobs` (every account's: each job names its `owner` and `creator`), newest first."""
 
     jobs: list[JobView]
 

@@ -180,10 +180,11 @@ NodeName = Annotated[Name, Field(min_length=1, max_length=limits.NAME_CHARS)]
 
 
 class ListNodes(Command):
-    """An account's request: its nodes."""
+    """An account's request: its nodes; removed ones only with `include_removed`."""
 
     TYPE = "gpufleet.node.list.v1"
     SUBJECT = subjects.rpc("provisioner", "list_nodes")
+    include_removed: bool = False
 
 
 class NodeList(Message):
@@ -221,11 +222,14 @@ class ShowNode(NodeRequest):
     SUBJECT = subjects.rpc("provisioner", "show_node")
 
 
-class ToggleMaintenance(NodeRequest):
-    """active <-> maintenance (a node failing R-NODE-4 stays out of service)."""
+class SetMaintenance(NodeRequest):
+    """Put a node in maintenance (`on`: active -> maintenance) or back in service (`off`:
+    maintenance -> active; a node failing R-NODE-4 stays out of service). A node already in
+    the state asked for is left as it is: asking twice changes nothing."""
 
-    TYPE = "gpufleet.node.toggle_maintenance.v1"
-    SUBJECT = subjects.rpc("provisioner", "toggle_maintenance")
+    TYPE = "gpufleet.node.set_maintenance.v1"
+    SUBJECT = subjects.rpc("provisioner", "set_maintenance")
+    maintenance: bool
 
 
 class RemoveNode(NodeRequest):

@@ -204,14 +204,31 @@ class JobSpec(BaseModel):
     @field_validator("gpu_types")
     @classmethod
     def _known_gpu_types(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """Each type as the catalogue names it; a loose or short name (catalog.py) stands
+        for the one model it names."""
         known = catalog().model_names()
-        unknown = [t for t in value if t not in known]
+        named = {t: catalog().models_named(t) for t in value}
+        unknown = [t for t, models in named.items() if not models]
         if unknown:
             raise PydanticCustomError(
                 "unknown_gpu_type",
                 "unknown GPU type(s): {unknown}",
                 {"unknown": ", ".join(unknown), "rule": "R-JOB-2", "valid": ", ".join(known)},
             )
+        ambiguous = {t: models for t, models in named.items() if len(models) > 1}
+        if ambiguous:
+            raise PydanticCustomError(
+                "ambiguous_gpu_type",
+                "ambiguous GPU type(s): {ambiguous}",
+                {
+                    "ambiguous": "; ".join(
+                        f"{t} could be {' or '.join(m)}" for t, m in ambiguous.items()
+                    ),
+                    "rule": "R-JOB-2",
+                    "valid": ", ".join(dict.fromkeys(m for ms in ambiguous.values() for m in ms)),
+                },
+            )
+        value = [named[t][0] for t in value]
         count = info.data.get("gpu_count")
         if count == 0 and value:
             raise bad(

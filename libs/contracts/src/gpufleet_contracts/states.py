@@ -17,7 +17,7 @@ class JobType(StrEnum):
 
 
 class JobState(StrEnum):
-    """R-JOB-8. `queued` is shown to users as "waiting for GPUs"."""
+    """R-JOB-8. `queued` is shown to users as "waiting for GPUs" ("for CPUs": a CPU-only job)."""
 
     queued = "queued"
     starting = "starting"

@@ -84,7 +84,7 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             "list_nodes": nodes.list_nodes,
             "add_node": nodes.add_node,
             "show_node": nodes.show_node,
-            "toggle_maintenance": nodes.toggle_maintenance,
+            "set_maintenance": nodes.set_maintenance,
             "remove_node": nodes.remove_node,
             "revoke_node": nodes.revoke_node,
             "issue_join_token": identity.issue_join_token,

@@ -1,5 +1,5 @@
 """An account's requests about its nodes (PRODUCT.md section 3): add (R-NODE-2/3), show,
-list, toggle maintenance, remove and revoke.
+list, maintenance on or off, remove and revoke.
 
 A node is added by its `minion_id` into a physical region. A compute node waits, in
 `provisioning`, for its agent's registration (`registration`); a storage node is active at
@@ -20,8 +20,8 @@ from gpufleet_contracts.nodes import (
     NodeList,
     NodeState,
     RemoveNode,
+    SetMaintenance,
     ShowNode,
-    ToggleMaintenance,
 )
 from gpufleet_store import Doc, Transaction, now_ms
 
@@ -37,8 +37,11 @@ class NodeRequests:
         self.db = records.db
 
     async def list_nodes(self, body: ListNodes, account: str) -> NodeList:
-        """The acting account's nodes."""
-        nodes = await self.db.nodes.find({"owner": account}).sort("name", 1).to_list(None)
+        """The acting account's nodes; removed ones only when asked for."""
+        query: Doc = {"owner": account}
+        if not body.include_removed:
+            query["state"] = {"$ne": NodeState.removed.value}
+        nodes = await self.db.nodes.find(query).sort("name", 1).to_list(None)
         return NodeList(nodes=[node_view(n) for n in nodes])
 
     async def show_node(self, body: ShowNode, account: str) -> Doc:
@@ -124,28 +127,30 @@ class NodeRequests:
 
         return node_view(await self.records.transaction(tx_body))
 
-    async def toggle_maintenance(self, body: ToggleMaintenance, account: str) -> Doc:
-        """active <-> maintenance (only active nodes receive work)."""
+    async def set_maintenance(self, body: SetMaintenance, account: str) -> Doc:
+        """Maintenance on (active -> maintenance) or off (maintenance -> active: only active
+        nodes receive work). A node already in the state asked for is shown as it is, with
+        `changed: false`, and no event."""
         node = await self.records.find_node(account, body.node)
+        new = NodeState.maintenance if body.maintenance else NodeState.active
         state = node["state"]
-        if state == NodeState.active.value:
-            new = NodeState.maintenance
-        elif state == NodeState.maintenance.value:
-            if node.get("failed_rules"):
-                raise Refused(
-                    "conflict",
-                    f"node {node['name']!r} fails the hardware requirements and stays out of "
-                    "service: " + "; ".join(node["failed_rules"]),
-                )
-            new = NodeState.active
-        else:
+        if state == new.value:
+            return {**node_view(node, full=True), "changed": False}
+        if state not in (NodeState.active.value, NodeState.maintenance.value):
             raise Refused(
                 "conflict",
                 f"node {node['name']!r} is {state}; only an active node or one in "
-                "maintenance can be toggled",
+                "maintenance can go in or out of maintenance",
             )
-        await self.records.change_state(node, new, "toggled by operator")
-        return await self._shown(account, body.node)
+        if new == NodeState.active and node.get("failed_rules"):
+            raise Refused(
+                "conflict",
+                f"node {node['name']!r} fails the hardware requirements and stays out of "
+                "service: " + "; ".join(node["failed_rules"]),
+            )
+        reason = "maintenance on" if body.maintenance else "maintenance off"
+        await self.records.change_state(node, new, f"{reason} (operator)")
+        return {**await self._shown(account, body.node), "changed": True}
 
     async def remove_node(self, body: RemoveNode, account: str) -> Doc:
         """Remove a node; its credential is revoked first and its workers are requeued."""

@@ -4,9 +4,9 @@ The node is the one the command's subject names (only its credential may publish
 and its account and region are its enrolment's, never the payload's (R-TEN-2). A compute
 node of a physical region is checked against R-NODE-4 and stays out of service, with every
 failed rule visible, until it passes. A node added by an operator lands in `maintenance`
-(an operator toggles it `active`); GPUFLEET_AUTO_ACTIVATE_NODES (development) activates a
-passing node at once, and lets an agent that nobody added register itself (creating its
-region when missing). A cloud node is active at once.
+(an operator turns maintenance off: `active`); GPUFLEET_AUTO_ACTIVATE_NODES (development)
+activates a passing node at once, and lets an agent that nobody added register itself
+(creating its region when missing). A cloud node is active at once.
 """
 
 from __future__ import annotations

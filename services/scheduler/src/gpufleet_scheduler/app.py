@@ -29,6 +29,7 @@ from gpufleet_contracts.jobs import (
     JobRejected,
     JobStateChanged,
     JobView,
+    ListAllJobs,
     ListJobs,
     PendingDemandChanged,
     SchedulerSync,
@@ -105,6 +106,12 @@ class Handlers:
 
     async def list_jobs(self, body: ListJobs, account: str) -> JobList:
         return JobList.model_validate({"jobs": await self.sched.queries.list(account, body.limit)})
+
+    # --- operators' requests (core NATS, the admin subject: operator credentials only) ---
+
+    async def list_all_jobs(self, body: ListAllJobs) -> JobList:
+        jobs = await self.sched.queries.list_all(body.limit, body.account, body.state)
+        return JobList.model_validate({"jobs": jobs})
 
     async def cancel_job(self, body: CancelJob, account: str) -> JobView:
         """Cancel a job (its project's owner or its creator)."""
@@ -225,6 +232,9 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "attach_key": Request(on.attach_key, description=AttachKey.__doc__),
             "list_keys": Request(on.list_keys, description=ListKeys.__doc__),
             "remove_key": Request(on.remove_key, description=RemoveKey.__doc__),
+        },
+        admin={
+            "list_all_jobs": Request(on.list_all_jobs, description=ListAllJobs.__doc__),
         },
         events={
             "account-changed": on.on_account_changed,

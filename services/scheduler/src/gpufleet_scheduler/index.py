@@ -34,6 +34,7 @@ from gpufleet_contracts.catalog import catalog
 
 from .placement import (
     NO_CPUS,
+    REMOVED,
     NodeView,
     NoPlacement,
     Placement,
@@ -323,10 +324,11 @@ class PlacementIndex:
 
     def explain(self, req: WorkerRequest, reserved: Mapping[str, str] | None = None) -> NoPlacement:
         """What rules each node out for `req`: the counts of `placement.why_not`, looking
-        only at active nodes of the requested models (the rest are counted in bulk)."""
+        only at active nodes of the requested models (the rest are counted in bulk, removed
+        nodes not at all)."""
         reasons: Counter[str] = Counter()
         for state, n in self._states.items():
-            if state != "active" and n > 0:
+            if state not in ("active", REMOVED) and n > 0:
                 reasons[f"{state}, not active"] += n
         candidates = 0
         for node_id in self.active_for(req):

@@ -38,6 +38,9 @@ from decimal import Decimal
 from gpufleet_contracts.catalog import catalog
 
 NO_CPUS = "offers no CPUs to CPU-only jobs"
+# A removed node is gone for good: no reason counts it (the fleet keeps it for the work and
+# claims it had).
+REMOVED = "removed"
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,8 @@ def rule_out(
         return f"not in pinned region {req.region}"
     priced = cpu_rate_for(node, req.owner) if req.cpu_count else rate_for(node, req.owner)
     if priced is None and node.simulated:
+        if req.cpu_count:
+            return "another account's simulated node (its owner's jobs only)"
         return "another account's node with simulated GPUs"
     if priced is None:
         return "another account's node, region not open to public jobs"
@@ -259,7 +264,8 @@ def place(
     for node in nodes:
         reason = rule_out(req, node, reserved)
         if reason is not None:
-            reasons[reason] += 1
+            if node.state != REMOVED:
+                reasons[reason] += 1
             continue
         key, placement = fit(req, node)
         if best is None or key < best[0]:
@@ -272,8 +278,10 @@ def place(
 def why_not(
     req: WorkerRequest, nodes: list[NodeView], reserved: Mapping[str, str] | None = None
 ) -> NoPlacement:
-    """Every node, counted under the reason that rules it out (for a waiting worker)."""
+    """Every node but removed ones, counted under the reason that rules it out (for a
+    waiting worker)."""
     reasons: Counter[str] = Counter()
     for node in nodes:
-        reasons[rule_out(req, node, reserved) or "free now"] += 1
+        if node.state != REMOVED:
+            reasons[rule_out(req, node, reserved) or "free now"] += 1
     return NoPlacement(reasons)

@@ -1,13 +1,16 @@
-"""What the scheduler answers about jobs: one job, an account's jobs, a job's logs.
+"""What the scheduler answers about jobs: one job, an account's jobs, a job's logs, and to
+operators every account's jobs.
 
 A job is visible to its owner and its creator only (tenancy.py, R-TEN-2): another account's
-job answers "not found", like one that does not exist.
+job answers "not found", like one that does not exist. Operators (the admin subject, which
+only their credentials may publish) see every job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from gpufleet_contracts.jobs import JobState
 from gpufleet_store import Doc
 from nats.js import JetStreamContext
 
@@ -33,6 +36,17 @@ class Queries:
     async def document(self, job_id: str, account: str) -> Doc:
         """The stored job, if `account` may see it (NotFound otherwise, R-TEN-2)."""
         return await self.state.find_job(job_id, account)
+
+    async def list_all(
+        self, limit: int = 100, account: str | None = None, state: JobState | None = None
+    ) -> list[Doc]:
+        """Every account's jobs (or those `account` owns or created), newest first; only
+        those in `state` if given. For operators."""
+        query: Doc = tenancy.visible_to(account) if account is not None else {}
+        if state is not None:
+            query["state"] = state.value
+        jobs = await self.state.db.jobs.find(query).sort("queued_at", -1).to_list(limit)
+        return [jobdoc.view(j) for j in jobs]
 
     async def list(self, account: str, limit: int = 100) -> list[Doc]:
         """The jobs `account` owns (its projects') or created (in others'), newest first."""
