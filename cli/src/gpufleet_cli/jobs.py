@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import sys
 import uuid
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListJobs
+from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListAllJobs, ListJobs, WorkerState
 
 from . import client, logs, render, spec, views
 from .client import CliError, StreamRecord
@@ -25,6 +26,24 @@ BILLING_JOB_COST = subjects.rpc("billing", "job_cost")
 JobId = Annotated[
     str, typer.Argument(metavar="ID", help="The job id (as printed by `job submit`).")
 ]
+
+
+ADJECTIVES = (
+    "amber", "bold", "brave", "brisk", "calm", "clever", "cosmic", "crisp", "eager", "fancy",
+    "gentle", "golden", "happy", "jolly", "keen", "lively", "lucky", "mellow", "nimble", "proud",
+    "quick", "quiet", "rapid", "shiny", "silent", "steady", "sunny", "swift", "tidy", "witty",
+)  # fmt: skip
+ANIMALS = (
+    "badger", "beaver", "bison", "cobra", "condor", "crane", "dingo", "eagle", "falcon", "ferret",
+    "gecko", "heron", "ibis", "jaguar", "koala", "lemur", "lynx", "marten", "moose", "ocelot",
+    "otter", "panda", "puffin", "quokka", "raven", "salmon", "tapir", "walrus", "wombat", "yak",
+)  # fmt: skip
+
+
+def generated_name() -> str:
+    """A job name when none is given, made up as dstack does: 'brisk-otter-3f2a' (900 word
+    pairs, 65,536 suffixes; within JobSpec's name rules)."""
+    return f"{secrets.choice(ADJECTIVES)}-{secrets.choice(ANIMALS)}-{secrets.token_hex(2)}"
 
 
 def _terminal(value: Any) -> bool:
@@ -74,7 +93,14 @@ def submit(
         ),
     ] = None,
     name: Annotated[
-        str | None, typer.Option("--name", "-n", metavar="NAME", help="Job name.")
+        str | None,
+        typer.Option(
+            "--name",
+            "-n",
+            metavar="NAME",
+            help="Job name (default: the file's, else a generated one like brisk-otter-3f2a, "
+            "printed on stderr).",
+        ),
     ] = None,
     gpu_type: Annotated[
         list[str] | None,
@@ -190,8 +216,9 @@ def submit(
     """Submit a job. The spec is validated here first; nothing is sent if it is not valid."""
     with render.reported(as_json, spec.FLAGS):
         base = spec.load_file(file) if file is not None else {}
+        generated = None if name or base.get("name") else generated_name()
         flags = {
-            "name": name,
+            "name": name or generated,
             "gpu_types": gpu_type,
             "gpu_count": spec.integer(gpu_count),
             "cpu_count": spec.integer(cpu_count),
@@ -216,11 +243,13 @@ def submit(
         render.emit_json(reply)
         return
     sys.stdout.write(f"{reply.get('id')}\n")
+    note = render.state(reply.get("state"), render.cpu_only(reply) or job_spec.gpu_count == 0)
     if reply.get("state") == "queued":
-        note = f"waiting for GPUs: {render.text(reply.get('queue_reason'))}"
-    else:
-        note = render.state(reply.get("state"))
-    render.err().print(f"submitted; {note}")
+        note += f": {render.text(reply.get('queue_reason'))}"
+    # A name made up here is said once, with the id (the reply's: a repeated --request-id
+    # answers with the job it queued first).
+    named = f" as {render.text(reply.get('name') or generated)}" if generated else ""
+    render.err().print(f"submitted{named}; {note}")
 
 
 @app.command()
@@ -243,16 +272,28 @@ def list_(
     limit: Annotated[
         int, typer.Option("--limit", metavar="N", min=1, max=1000, help="At most N jobs.")
     ] = 100,
+    all_accounts: Annotated[
+        bool,
+        typer.Option("--all-accounts", help="Operators: every account's jobs, with their owner."),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Your jobs, newest first."""
+    """Your jobs, newest first (operators: every account's, with --all-accounts)."""
     with render.reported(as_json):
-        msg = ListJobs(limit=limit)
-        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+        msg = ListAllJobs(limit=limit) if all_accounts else ListJobs(limit=limit)
+        try:
+            reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+        except CliError as exc:
+            if all_accounts and exc.code == "forbidden":
+                raise CliError(
+                    "--all-accounts is for operators: this credential is a user's", exc.code
+                ) from exc
+            raise
     if as_json:
         render.emit_json(reply)
     else:
-        views.job_table([j for j in reply.get("jobs") or [] if isinstance(j, dict)])
+        jobs = [j for j in reply.get("jobs") or [] if isinstance(j, dict)]
+        views.job_table(jobs, owners=all_accounts)
 
 
 def _follow(job_id: str, on_msg: Callable[[StreamRecord], None]) -> None:
@@ -309,6 +350,21 @@ def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
     if as_json:
         render.emit_json(reply)
     else:
-        render.out().print(
-            f"job {render.text(reply.get('id', job_id))}: {render.state(reply.get('state'))}"
-        )
+        render.out().print(f"job {render.text(reply.get('id', job_id))}: {cancelled(reply)}")
+
+
+def cancelled(job: dict[str, Any]) -> str:
+    """What a cancel did, read from the job it answers with: `stopping` while the workers
+    that held GPUs or CPUs are told to stop, `stopped` when there were only waiting workers
+    to drop, or that the job had already ended (a cancel makes no job finished or failed)."""
+    value = job.get("state")
+    if not _terminal(value):
+        told = [
+            w
+            for w in job.get("workers") or []
+            if isinstance(w, dict) and w.get("state") in (WorkerState.placed, WorkerState.running)
+        ]
+        return "[cyan]stopping[/]" + (f" ({len(told)} worker(s) told to stop)" if told else "")
+    if value == JobState.stopped:
+        return render.state(value)
+    return f"already {render.state(value)}; nothing to cancel"

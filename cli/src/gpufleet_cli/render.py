@@ -76,8 +76,9 @@ def reported(as_json: bool, hints: Mapping[str, str] | None = None) -> Iterator[
 # --- formatters ---------------------------------------------------------------------
 
 
-def when(iso: str | None) -> str:
-    """An ISO time as local 'YYYY-MM-DD HH:MM:SS', '-' when missing."""
+def when(iso: str | None, short: bool = False) -> str:
+    """An ISO time as local 'YYYY-MM-DD HH:MM:SS', '-' when missing. `short` (a narrow
+    table): 'HH:MM:SS' today, 'MM-DD HH:MM' earlier this year, 'YYYY-MM-DD' before."""
     if not iso:
         return "-"
     try:
@@ -86,7 +87,13 @@ def when(iso: str | None) -> str:
         return str(iso)
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
-    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    t = t.astimezone()
+    if not short:
+        return t.strftime("%Y-%m-%d %H:%M:%S")
+    today = datetime.now(t.tzinfo).date()
+    if t.date() == today:
+        return t.strftime("%H:%M:%S")
+    return t.strftime("%m-%d %H:%M" if t.year == today.year else "%Y-%m-%d")
 
 
 def duration(seconds: float | None) -> str:
@@ -112,10 +119,22 @@ def text(value: Any) -> str:
     return escape(str(value))
 
 
-def state(value: Any) -> str:
-    """A job/node state, with `queued` shown the way users know it."""
+def cpu_only(job: Mapping[str, Any]) -> bool:
+    """A CPU-only job (R-JOB-2): its spec asks for no GPU, or its workers hold CPUs."""
+    spec = job.get("spec")
+    if isinstance(spec, Mapping) and (spec.get("gpu_count") == 0 or spec.get("cpu_count")):
+        return True
+    workers = job.get("workers")
+    return isinstance(workers, list) and any(
+        isinstance(w, Mapping) and w.get("cpu_count") for w in workers
+    )
+
+
+def state(value: Any, cpu: bool = False) -> str:
+    """A job/node state, with `queued` shown the way users know it (`cpu`: a CPU-only job's,
+    which waits for CPUs)."""
     s = str(value or "-")
-    label = "waiting for GPUs" if s == "queued" else s
+    label = f"waiting for {'CPUs' if cpu else 'GPUs'}" if s == "queued" else s
     color = {
         "running": "green",
         "finished": "green",
@@ -127,6 +146,7 @@ def state(value: Any) -> str:
         "stopped": "yellow",
         "queued": "yellow",
         "starting": "cyan",
+        "stopping": "cyan",
         "uploading": "cyan",
     }.get(s)
     return f"[{color}]{escape(label)}[/]" if color else escape(label)

@@ -3,24 +3,169 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from decimal import Decimal, InvalidOperation
+from functools import cached_property
+from typing import Any, Literal
 
+from rich import box
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.panel import Panel
-from rich.table import Column, Table
+from rich.table import Table
 from rich.text import Text
 
-from .render import duration, out, state, text, when
-
-
-def _col(header: str) -> Column:
-    """A column that is never wrapped (times, ids, amounts)."""
-    return Column(header, no_wrap=True)
+from .render import cpu_only, duration, out, state, text, when
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+# --- tables that fit the terminal ---------------------------------------------------------
+
+TIMES = "\N{MULTIPLICATION SIGN}"  # in '1xRTX 3090', one cell wide
+GAP = 2  # cells between two columns (box.SIMPLE_HEAD, no edge, padding on the right only)
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of a fitted table: its header, its cells (rich markup) and how it gives way.
+
+    A column keeps its full width on one line (ids, states, amounts, times are never cut or
+    wrapped) unless it has a `floor` and a `cut` step has been taken for it: it is then cut
+    with an ellipsis down to `floor` cells (names, memos), or, with `wrap`, wraps down to
+    `floor` cells (the prose of a detail view). `short` is a compact form of every cell
+    (times), put in by a `short` step.
+    """
+
+    header: str
+    cells: list[str]
+    short: list[str] | None = None
+    floor: int = 0
+    wrap: bool = False
+    justify: JustifyMethod = "left"
+    giving: bool = False  # a `cut` step was taken for it
+
+    @cached_property
+    def natural(self) -> int:
+        return max([_cell_width(escape(self.header)), *(_cell_width(c) for c in self.cells)])
+
+    @property
+    def least(self) -> int:
+        """The narrowest it may be now."""
+        if not (self.floor and self.giving):
+            return self.natural
+        return min(self.natural, max(self.floor, _cell_width(escape(self.header))))
+
+    def after(self, how: Literal["short", "cut"]) -> Col:
+        if how == "cut":
+            return replace(self, giving=True)
+        return replace(self, cells=self.short) if self.short else self
+
+
+# What a table gives up next, by column header: `drop` it, put in its `short` form, `cut` it.
+Step = tuple[Literal["drop", "short", "cut"], str]
+
+
+def _cell_width(markup: str) -> int:
+    return max((Text.from_markup(line).cell_len for line in markup.split("\n")), default=0)
+
+
+def _need(cols: Sequence[Col]) -> int:
+    return sum(c.least for c in cols) + GAP * (len(cols) - 1)
+
+
+def fitted(cols: Sequence[Col], steps: Sequence[Step], width: int, **kw: Any) -> Table:
+    """A table of `cols` as wide as it needs and at most `width`: while it does not fit, the
+    next of `steps` (the table's own order, least important first) gives up some width.
+    The columns that were cut share what is left, up to their natural widths."""
+    kept = list(cols)
+    for how, header in steps:
+        if _need(kept) <= width:
+            break
+        if how == "drop":
+            kept = [c for c in kept if c.header != header]
+        else:
+            kept = [c.after(how) if c.header == header else c for c in kept]
+    widths = [c.least for c in kept]
+    spare = width - _need(kept)
+    growing = [i for i, c in enumerate(kept) if widths[i] < c.natural]
+    while spare > 0 and growing:
+        for i in list(growing):
+            if spare == 0:
+                break
+            widths[i] += 1
+            spare -= 1
+            if widths[i] >= kept[i].natural:
+                growing.remove(i)
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, GAP - 1, 0, 0),
+        title_justify="left",
+        **kw,
+    )
+    for c, w in zip(kept, widths, strict=True):
+        table.add_column(
+            escape(c.header),
+            width=w,
+            justify=c.justify,
+            no_wrap=not c.wrap,
+            overflow="fold" if c.wrap else "ellipsis",
+        )
+    for row in zip(*(c.cells for c in kept), strict=True):
+        table.add_row(*row)
+    return table
+
+
+def _line(markup: str) -> str:
+    """A cell that must stay on one line (a memo, a name): line breaks become spaces."""
+    return " ".join(markup.split("\n"))
+
+
+def gpus(spec: dict[str, Any], short: bool = False) -> str:
+    """What a worker asks for: '1xRTX 3090' (count TIMES the models it may get, '/' between
+    them), '0.5xRTX 3090' (a share of one GPU), '4 CPUs' (a CPU-only job). `short`: the
+    first model and how many others ('2xRTX 3090/+2')."""
+    if spec.get("gpu_count") == 0 or spec.get("cpu_count"):
+        return f"{spec.get('cpu_count') or '?'} CPUs"
+    count = _number(spec.get("gpu_fraction")) or spec.get("gpu_count", "?")
+    models = [str(t) for t in spec.get("gpu_types") or []] or ["?"]
+    if short and len(models) > 1:
+        models = [models[0], f"+{len(models) - 1}"]
+    return f"{count}{TIMES}{'/'.join(models)}"
+
+
+def _number(value: Any) -> str | None:
+    """A decimal as written, without trailing zeros ('0.50' -> '0.5'); None when missing."""
+    if value is None or value == "":
+        return None
+    try:
+        return f"{Decimal(str(value)).normalize():f}"
+    except InvalidOperation:
+        return str(value)
+
+
+def rates(value: Any) -> str:
+    """A locked rate, exact and without trailing zeros ('0.0125', '0.050000' -> '0.05');
+    workers at different rates: 'lowest-highest'."""
+    if isinstance(value, list) and value:
+        try:
+            ordered = sorted((str(v) for v in value), key=Decimal)
+        except InvalidOperation:
+            ordered = [str(v) for v in value]
+        low, high = _number(ordered[0]), _number(ordered[-1])
+        return escape(str(low) if low == high else f"{low}-{high}")
+    return text(_number(value))
+
+
+def _time_col(header: str, values: Sequence[Any]) -> Col:
+    """Times in full, or short once the table narrows."""
+    return Col(header, [when(v) for v in values], short=[when(v, short=True) for v in values])
 
 
 def worker_seconds(w: dict[str, Any]) -> float | None:
@@ -56,6 +201,18 @@ def _nodes(job: dict[str, Any]) -> str:
     return ", ".join(dict.fromkeys(parts)) or "-"
 
 
+def _worker_gpus(w: dict[str, Any]) -> str:
+    """'2xRTX 3090 [0,1]' (the GPUs a worker holds, by index), '8 CPUs', '-' before it is
+    placed."""
+    if w.get("cpu_count"):
+        return f"{w['cpu_count']} CPUs"
+    indices = [str(i) for i in w.get("gpu_indices") or []]
+    if not indices:
+        return "-"
+    count = _number(w.get("gpu_fraction")) or len(indices)
+    return f"{count}{TIMES}{w.get('gpu_model') or '?'} [{','.join(indices)}]"
+
+
 def job_detail(job: dict[str, Any]) -> None:
     """Header, state history and log tail of `job show`."""
     cost = job.get("cost")
@@ -64,69 +221,69 @@ def job_detail(job: dict[str, Any]) -> None:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
+    cpu = cpu_only(job)
     head.add_row("job", f"{text(job.get('id'))}  {text(job.get('name'))}")
     if job.get("state") == "queued":
-        head.add_row("state", state("queued") + f": {text(job.get('queue_reason'))}")
+        head.add_row("state", state("queued", cpu) + f": {text(job.get('queue_reason'))}")
     else:
         head.add_row("state", state(job.get("state")))
     waiting = [w for w in _dicts(job.get("workers")) if w.get("state") == "waiting"]
     if waiting and job.get("state") != "queued":
-        # Some workers run, others still wait for GPUs (R-JOB-5): say why they wait.
+        # Some workers run, others still wait for GPUs or CPUs (R-JOB-5): say why they wait.
         head.add_row(
             "waiting",
             f"{len(waiting)} worker(s): {text(job.get('queue_reason') or 'not yet considered')}",
         )
     head.add_row("node(s)", escape(_nodes(job)))
-    cpu_only = any(w.get("cpu_count") for w in _dicts(job.get("workers")))
-    unit = "CPU-hour" if cpu_only else "GPU-hour"
+    unit = "CPU-hour" if cpu else "GPU-hour"
     head.add_row("rate", f"{text(rate)} credits/{unit}" if rate else "-")
     head.add_row("run time", duration(run_seconds(job)))
     head.add_row("cost", escape(cost_text))
     console = out()
     console.print(head)
 
-    history = Table("State", _col("Time"), "Reason", title="history", title_justify="left")
-    for h in _dicts(job.get("history")):
-        history.add_row(state(h.get("state")), when(h.get("at")), text(h.get("reason")))
-    console.print(history)
+    # The tables below keep their reasons whole: reasons wrap before times shorten, and the
+    # workers table gives up, in this order, Rate/h, reasons on one line, GPUs, Run time.
+    history = _dicts(job.get("history"))
+    cols = [
+        Col("State", [state(h.get("state"), cpu) for h in history]),
+        _time_col("Time", [h.get("at") for h in history]),
+        Col("Reason", [text(h.get("reason")) for h in history], floor=20, wrap=True),
+    ]
+    steps: list[Step] = [("cut", "Reason"), ("short", "Time")]
+    console.print(fitted(cols, steps, console.width, title="history"))
 
     detail = _dicts(job.get("queue_detail"))
     if detail and waiting:
-        why = Table(_col("Nodes"), "Ruled out because", title="why waiting", title_justify="left")
-        for d in detail:
-            why.add_row(text(d.get("nodes")), text(d.get("reason")))
-        console.print(why)
+        cols = [
+            Col("Nodes", [text(d.get("nodes")) for d in detail]),
+            Col("Ruled out because", [text(d.get("reason")) for d in detail], floor=20, wrap=True),
+        ]
+        steps = [("cut", "Ruled out because")]
+        console.print(fitted(cols, steps, console.width, title="why waiting"))
     notes = _dicts(job.get("notes"))
     if notes:
-        nt = Table(_col("Time"), "Note", title="notes", title_justify="left")
-        for n in notes:
-            nt.add_row(when(n.get("at")), text(n.get("note")))
-        console.print(nt)
+        cols = [
+            _time_col("Time", [n.get("at") for n in notes]),
+            Col("Note", [text(n.get("note")) for n in notes], floor=20, wrap=True),
+        ]
+        steps = [("cut", "Note"), ("short", "Time")]
+        console.print(fitted(cols, steps, console.width, title="notes"))
 
     workers = _dicts(job.get("workers"))
     if len(workers) > 1 or any(w.get("exit_code") is not None for w in workers):
-        table = Table(
-            "Worker",
-            "State",
-            "Node",
-            "GPUs",
-            "Run time",
-            "Exit",
-            "Reason",
-            title="workers",
-            title_justify="left",
-        )
-        for w in workers:
-            table.add_row(
-                text(w.get("index")),
-                state(w.get("state")),
-                text(w.get("node")),
-                text(w.get("gpu_indices")),
-                duration(worker_seconds(w)),
-                text(w.get("exit_code")),
-                text(w.get("reason")),
-            )
-        console.print(table)
+        cols = [
+            Col("Worker", [text(w.get("index")) for w in workers], justify="right"),
+            Col("State", [state(w.get("state"), cpu) for w in workers]),
+            Col("Node", [text(w.get("node")) for w in workers]),
+            Col("GPUs", [escape(_worker_gpus(w)) for w in workers]),
+            Col("Rate/h", [rates(w.get("rate")) for w in workers], justify="right"),
+            Col("Run time", [duration(worker_seconds(w)) for w in workers], justify="right"),
+            Col("Exit", [text(w.get("exit_code")) for w in workers], justify="right"),
+            Col("Reason", [text(w.get("reason")) for w in workers], floor=16, wrap=True),
+        ]
+        steps = [("drop", "Rate/h"), ("cut", "Reason"), ("drop", "GPUs"), ("drop", "Run time")]
+        console.print(fitted(cols, steps, console.width, title="workers"))
 
     tail = str(job.get("log_tail") or "")
     console.print(
@@ -134,83 +291,147 @@ def job_detail(job: dict[str, Any]) -> None:
     )
 
 
-def job_table(jobs: list[dict[str, Any]]) -> None:
-    table = Table(_col("ID"), "Name", _col("State"), "Workers", "GPUs", "Rate", _col("Queued at"))
-    for j in jobs:
-        spec = j.get("spec")
-        if not isinstance(spec, dict):
-            spec = {}
-        count = spec.get("gpu_fraction") or spec.get("gpu_count", "?")
-        gpus = f"{count} x {'/'.join(spec.get('gpu_types') or [])}"
-        table.add_row(
-            text(j.get("id")),
-            text(j.get("name")),
-            state(j.get("state")),
-            text(spec.get("workers")),
-            escape(gpus),
-            text(j.get("rate")),
-            when(j.get("queued_at")),
-        )
-    out().print(table if jobs else "no jobs")
+# As the terminal narrows `job list` gives up, in order: Nodes and Project (shown from about
+# 120 columns), the full queue time (then 'HH:MM:SS' today, 'MM-DD HH:MM' before), the
+# other GPU models a worker may get, the end of long names (Name is cut to 10 at least),
+# Workers, Queued at, Rate/h and GPUs. ID, State, GPUs and Rate/h are never cut.
+JOB_STEPS: list[Step] = [
+    ("drop", "Nodes"),
+    ("drop", "Project"),
+    ("short", "Queued at"),
+    ("short", "GPUs"),
+    ("cut", "Name"),
+    ("drop", "Workers"),
+    ("drop", "Queued at"),
+    ("drop", "Rate/h"),
+    ("drop", "GPUs"),
+]
+
+
+def _owner(job: dict[str, Any]) -> str:
+    """The account a job belongs to, and its creator when another account ran it."""
+    owner, creator = job.get("owner"), job.get("creator")
+    return text(owner if not creator or creator == owner else f"{owner} (by {creator})")
+
+
+def job_table(jobs: list[dict[str, Any]], owners: bool = False) -> None:
+    """`owners`: every account's jobs (an operator's view): an Account column, kept whole."""
+    specs = [j["spec"] if isinstance(j.get("spec"), dict) else {} for j in jobs]
+    nodes = [
+        dict.fromkeys(str(w["node"]) for w in _dicts(j.get("workers")) if w.get("node"))
+        for j in jobs
+    ]
+    cols = [
+        Col("ID", [text(j.get("id")) for j in jobs]),
+        *([Col("Account", [_owner(j) for j in jobs])] if owners else []),
+        Col("Name", [_line(text(j.get("name"))) for j in jobs], floor=10),
+        Col("Project", [text(j.get("project")) for j in jobs]),
+        Col("State", [state(j.get("state"), cpu_only(j)) for j in jobs]),
+        Col("Workers", [text(s.get("workers")) for s in specs], justify="right"),
+        Col("GPUs", [escape(gpus(s)) for s in specs], short=[escape(gpus(s, True)) for s in specs]),
+        Col("Nodes", [text(list(n) or None) for n in nodes]),
+        Col("Rate/h", [rates(j.get("rate")) for j in jobs], justify="right"),
+        _time_col("Queued at", [j.get("queued_at") for j in jobs]),
+    ]
+    console = out()
+    console.print(fitted(cols, JOB_STEPS, console.width) if jobs else "no jobs")
 
 
 def gpu_summary(gpus: Any) -> str:
-    """'2 x RTX 3090' (models counted, NVML name when not in the catalogue)."""
+    """'2xRTX 3090' (models counted, NVML name when not in the catalogue)."""
     counts = Counter(str(g.get("model") or g.get("nvml_name") or "?") for g in _dicts(gpus))
-    return ", ".join(f"{n} x {m}" for m, n in counts.items()) or "none"
+    return ", ".join(f"{n}{TIMES}{m}" for m, n in counts.items()) or "none"
+
+
+# `node list` gives up, in order: Minion and Kind (wide terminals), the full time of the last
+# heartbeat, Simulated, Last seen, Region. Name (an id), State and GPUs are never cut.
+NODE_STEPS: list[Step] = [
+    ("drop", "Minion"),
+    ("drop", "Kind"),
+    ("short", "Last seen"),
+    ("drop", "Simulated"),
+    ("drop", "Last seen"),
+    ("drop", "Region"),
+]
 
 
 def node_table(nodes: list[dict[str, Any]]) -> None:
-    table = Table("Name", "Region", "State", "GPUs", "Simulated", _col("Last seen"))
-    for n in nodes:
-        table.add_row(
-            text(n.get("name")),
-            text(n.get("region")),
-            state(n.get("state")),
-            escape(gpu_summary(n.get("gpus"))),
-            "yes" if n.get("simulated") else "no",
-            when(n.get("last_seen")),
-        )
-    out().print(table if nodes else "no nodes")
+    cols = [
+        Col("Name", [text(n.get("name")) for n in nodes]),
+        Col("Minion", [text(n.get("minion_id")) for n in nodes]),
+        Col("Region", [text(n.get("region")) for n in nodes]),
+        Col("Kind", [text(n.get("kind")) for n in nodes]),
+        Col("State", [state(n.get("state")) for n in nodes]),
+        Col("GPUs", [escape(gpu_summary(n.get("gpus"))) for n in nodes]),
+        Col("Simulated", ["yes" if n.get("simulated") else "no" for n in nodes]),
+        _time_col("Last seen", [n.get("last_seen") for n in nodes]),
+    ]
+    console = out()
+    console.print(fitted(cols, NODE_STEPS, console.width) if nodes else "no nodes")
+
+
+# `billing entries` gives up, in order: Account (wide terminals), the full time, the end of
+# long memos (cut to 12 at least), Worker, Memo, Kind, At. Amount and Job (an id) are never
+# cut.
+ENTRY_STEPS: list[Step] = [
+    ("drop", "Account"),
+    ("short", "At"),
+    ("cut", "Memo"),
+    ("drop", "Worker"),
+    ("drop", "Memo"),
+    ("drop", "Kind"),
+    ("drop", "At"),
+]
 
 
 def entry_table(entries: list[dict[str, Any]]) -> None:
-    table = Table(_col("At"), "Kind", _col("Amount"), "Job", "Worker", "Memo")
-    for e in entries:
-        table.add_row(
-            when(e.get("at")),
-            text(e.get("kind")),
-            text(e.get("amount")),
-            text(e.get("job_id")),
-            text(e.get("worker")),
-            text(e.get("memo")),
-        )
-    out().print(table if entries else "no ledger entries")
+    cols = [
+        _time_col("At", [e.get("at") for e in entries]),
+        Col("Account", [text(e.get("account")) for e in entries]),
+        Col("Kind", [text(e.get("kind")) for e in entries]),
+        Col("Amount", [text(e.get("amount")) for e in entries], justify="right"),
+        Col("Job", [text(e.get("job_id")) for e in entries]),
+        Col("Worker", [text(e.get("worker")) for e in entries], justify="right"),
+        Col("Memo", [_line(text(e.get("memo"))) for e in entries], floor=12),
+    ]
+    console = out()
+    console.print(fitted(cols, ENTRY_STEPS, console.width) if entries else "no ledger entries")
 
 
 def health_table(rows: list[dict[str, Any]]) -> None:
-    table = Table("Service", "Status", "Collections")
-    for r in rows:
-        detail = r.get("collections") if r.get("status") != "down" else r.get("error")
-        table.add_row(text(r.get("service")), state(r.get("status")), text(detail))
-    out().print(table)
+    """Service, Status and what it said (its collections, or why it is down), wrapped."""
+    details = [r.get("collections") if r.get("status") != "down" else r.get("error") for r in rows]
+    cols = [
+        Col("Service", [text(r.get("service")) for r in rows]),
+        Col("Status", [state(r.get("status")) for r in rows]),
+        Col("Collections", [text(d) for d in details], floor=20, wrap=True),
+    ]
+    console = out()
+    console.print(fitted(cols, [("cut", "Collections")], console.width))
+
+
+# `dlq list` gives up, in order: the full time, Errors on one line (they wrap), Service (the
+# subject names it), At. Seq, Subject and Reason are never cut.
+DLQ_STEPS: list[Step] = [("short", "At"), ("cut", "Errors"), ("drop", "Service"), ("drop", "At")]
 
 
 def dlq_table(records: list[dict[str, Any]]) -> None:
-    table = Table(
-        "Seq", _col("At"), "Service", Column("Subject", overflow="fold"), "Reason", "Errors"
-    )
-    for r in records:
-        errors = "; ".join(
+    errors = [
+        "; ".join(
             f"{e.get('field', '')}: {e.get('message', e.get('error', ''))}"
             for e in _dicts(r.get("errors"))
         )
-        table.add_row(
-            text(r.get("seq")),
-            when(r.get("at")),
-            text(r.get("service")),
-            text(r.get("subject")),
-            text(r.get("reason")),
-            text(errors),
-        )
-    out().print(table if records else "the dead-letter queue is empty")
+        for r in records
+    ]
+    cols = [
+        Col("Seq", [text(r.get("seq")) for r in records], justify="right"),
+        _time_col("At", [r.get("at") for r in records]),
+        Col("Service", [text(r.get("service")) for r in records]),
+        Col("Subject", [text(r.get("subject")) for r in records]),
+        Col("Reason", [_line(text(r.get("reason"))) for r in records]),
+        Col("Errors", [text(e) for e in errors], floor=16, wrap=True),
+    ]
+    console = out()
+    console.print(
+        fitted(cols, DLQ_STEPS, console.width) if records else "the dead-letter queue is empty"
+    )

@@ -11,6 +11,7 @@ from gpufleet_cli.billing import BALANCE, ENTRIES
 from gpufleet_cli.client import CliError, ServiceError, StreamRecord
 from gpufleet_cli.main import app
 from gpufleet_cli.nodes import LIST_NODES, SHOW_NODE
+from gpufleet_cli.views import TIMES
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import ListJobs
 from typer.testing import CliRunner
@@ -72,10 +73,10 @@ def test_node_list_table(monkeypatch: pytest.MonkeyPatch) -> None:
     result = runner.invoke(app, ["node", "list"])
     assert result.exit_code == 0, result.output
     row_a = next(line for line in result.stdout.splitlines() if "box-a" in line)
-    for text in ("eu-west", "active", "2 x RTX 3090", "yes"):
+    for text in ("eu-west", "active", f"2{TIMES}RTX 3090", "yes"):
         assert text in row_a
     row_b = next(line for line in result.stdout.splitlines() if "box-b" in line)
-    for text in ("lost", "1 x Mystery GPU", "no"):
+    for text in ("lost", f"1{TIMES}Mystery GPU", "no"):
         assert text in row_b
 
 
@@ -148,7 +149,7 @@ def test_job_list(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     replying(monkeypatch, {ListJobs.SUBJECT: jobs})
     result = runner.invoke(app, ["job", "list"])
-    assert "waiting for GPUs" in result.stdout and "2 x T4" in result.stdout
+    assert "waiting for GPUs" in result.stdout and f"2{TIMES}T4" in result.stdout
     assert json.loads(runner.invoke(app, ["job", "list", "--json"]).stdout) == jobs
 
 

@@ -1,4 +1,5 @@
-"""`gpufleet job show / logs`: the job merged with its cost and log tail (no NATS)."""
+"""`gpufleet job show / logs / cancel`: the job merged with its cost and log tail, and what
+a cancel did (no NATS)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from gpufleet_cli.client import StreamRecord
 from gpufleet_cli.jobs import BILLING_JOB_COST
 from gpufleet_cli.main import app
 from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import GetJob
+from gpufleet_contracts.jobs import CancelJob, GetJob
 from typer.testing import CliRunner
 
 runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
@@ -239,3 +240,27 @@ def test_show_explains_a_waiting_job(
         "worker 0 requeued: node a lost",
     ):
         assert text in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("state", "workers", "said"),
+    [
+        ("running", ["running", "waiting"], "job j1: stopping (1 worker(s) told to stop)"),
+        ("starting", ["placed"], "job j1: stopping (1 worker(s) told to stop)"),
+        ("stopped", ["stopped", "stopped"], "job j1: stopped"),
+        ("finished", ["finished"], "job j1: already finished; nothing to cancel"),
+        ("failed", ["failed"], "job j1: already failed; nothing to cancel"),
+    ],
+)
+def test_cancel_says_what_it_did(
+    monkeypatch: pytest.MonkeyPatch, state: str, workers: list[str], said: str
+) -> None:
+    reply = job(state, workers=len(workers))
+    for w, s in zip(reply["workers"], workers, strict=True):
+        w["state"] = s
+    bus = use(monkeypatch, {CancelJob.SUBJECT: reply})
+    result = runner.invoke(app, ["job", "cancel", "j1"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == said
+    assert [(s, p) for s, p, _ in bus.calls] == [(CancelJob.SUBJECT, {"job_id": "j1"})]
+    assert json.loads(runner.invoke(app, ["job", "cancel", "j1", "--json"]).stdout) == reply

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gpufleet_cli import client
+from gpufleet_cli.jobs import generated_name
 from gpufleet_cli.main import app
-from gpufleet_contracts.jobs import SubmitJob
+from gpufleet_contracts.jobs import JobSpec, SubmitJob
 from typer.testing import CliRunner
 
 runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
@@ -391,3 +393,34 @@ def test_a_request_id_that_is_not_valid_is_refused_naming_the_flag(no_bus: None)
     assert result.exit_code == 2
     reply = json.loads(result.stdout)
     assert [f["field"] for f in reply["error"]["fields"]] == ["request_id"]
+
+
+NAMED = re.compile(r"[a-z]+-[a-z]+-[0-9a-f]{4}")
+
+
+def test_without_a_name_one_is_made_up_and_said_on_stderr(sent: list[dict[str, Any]]) -> None:
+    result = runner.invoke(app, ["job", "submit", "--gpu-type", "RTX 3090", "--", "true"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "j1\n"  # the id alone
+    name = sent[0]["payload"]["spec"]["name"]
+    assert NAMED.fullmatch(name)
+    assert f"submitted as {name}; waiting for GPUs: none free" in result.stderr
+    pattern = JobSpec.model_json_schema()["properties"]["name"]["pattern"]
+    assert all(re.fullmatch(pattern, generated_name()) for _ in range(200))
+
+
+def test_a_given_name_or_the_files_is_kept(tmp_path: Path, sent: list[dict[str, Any]]) -> None:
+    result = runner.invoke(app, OK)
+    assert result.exit_code == 0, result.output
+    assert "submitted; " in result.stderr and "submitted as" not in result.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text("name: from-file\ngpu_types: [RTX 3090]\ncommand: [python, train.py]\n")
+    result = runner.invoke(app, ["job", "submit", "-f", str(job)])
+    assert result.exit_code == 0, result.output
+    assert [c["payload"]["spec"]["name"] for c in sent] == ["train-1", "from-file"]
+
+
+def test_a_cpu_only_job_is_said_to_wait_for_cpus(sent: list[dict[str, Any]]) -> None:
+    result = runner.invoke(app, [*BASE, "--gpu-count", "0", "--cpu-count", "4", "--", "true"])
+    assert result.exit_code == 0, result.output
+    assert "submitted; waiting for CPUs: none free" in result.stderr
