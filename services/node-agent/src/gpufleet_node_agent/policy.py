@@ -13,6 +13,7 @@ refused: it is reported `failed` with the reason, and never falls back to a bare
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,10 +32,14 @@ class Decision:
     refused: str | None = None  # why, when refused
 
 
-def container_problem(podman: str, env: Mapping[str, str]) -> str | None:
-    """Why this node cannot run containers, or None."""
+def container_problem(podman: str, env: Mapping[str, str], uid: int | None = None) -> str | None:
+    """Why this node cannot run containers, or None. `uid`: the agent's (its effective one);
+    only root's podman is done (its workers' cgroups, disks and mounts), not rootless."""
     if shutil.which(podman, path=env.get("PATH")) is None:
         return f"podman is not installed ({INSTALL_HINT})"
+    uid = os.geteuid() if uid is None else uid
+    if uid != 0:
+        return f"the agent runs as uid {uid}, not root (rootless podman is not done)"
     return None
 
 
