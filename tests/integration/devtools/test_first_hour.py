@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from gpufleet_cli import settings as cli_settings
-from gpufleet_devstack import NatsServer, identities
+from gpufleet_devstack import NatsServer, identities, wait_for
 from gpufleet_devstack.clean import clean, users_of
 from gpufleet_devstack.cli_context import save_local_context
 
@@ -45,10 +46,12 @@ def test_up_keeps_the_context_the_user_chose(nats_server: NatsServer, config: Pa
 def test_clean_refuses_while_something_runs_on_the_run_directory(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    holder = ["sh", "-c", "sleep 60", "holder", str(run_dir / "logs")]
+    # one process (a shell would fork its sleep: a child naming the directory until it execs)
+    holder = [sys.executable, "-c", "import time; time.sleep(60)", str(run_dir / "logs")]
     user = subprocess.Popen(holder, start_new_session=True)
     try:
-        assert users_of(run_dir) == [user.pid]
+        # its command line is the new one a moment after Popen returns
+        wait_for(lambda: users_of(run_dir) == [user.pid], timeout=10)
         assert clean(run_dir) == 1
         assert run_dir.exists()
     finally:
