@@ -27,7 +27,7 @@ from gpufleet_contracts.jobs import StartWorker, WorkerState
 from gpufleet_contracts.jobspec import BaseEnvironment, Packages
 from gpufleet_devstack.pyindex import LocalIndex, debian_reachable, host_address, wheel
 from gpufleet_node_agent.baseimage import BASE_IMAGE, podman_env
-from gpufleet_node_agent.builds import BuildConfig, build_argv
+from gpufleet_node_agent.builds import BuildConfig, container_argv
 from gpufleet_node_agent.environments import ENV_REPO
 from gpufleet_node_agent.packages import NO_CONDA, PKG_REPO
 from gpufleet_node_agent.podman import PodmanRuntime
@@ -221,48 +221,65 @@ async def test_a_framework_environment_is_built_once_then_apt_then_pip(
 
 
 PROBE = """
-import json, os, socket, sys
+import errno, json, os, socket, sys
 def connects(host, port):
     s = socket.socket(); s.settimeout(2)
     try:
         s.connect((host, port)); return True
-    except OSError:
-        return False
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e))
 caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]
 print(json.dumps({
     'uid': os.getuid(), 'caps': caps,
     'loopback': connects('127.0.0.1', %(port)d), 'slirp_host': connects('10.0.2.2', %(port)d),
-    'index': connects(%(index_host)r, %(index_port)d), 'host_dir': os.path.exists(%(host_dir)r),
+    'host': connects(%(index_host)r, %(port)d), 'index': connects(%(index_host)r, %(index_port)d),
+    'metadata': connects('169.254.169.254', 80), 'private': connects('10.1.2.3', 4222),
+    'control_plane': connects(%(control)r, 4222), 'host_dir': os.path.exists(%(host_dir)r),
 }))
 """
+CONTROL = "203.0.113.7"  # stands for the control plane's NATS (TEST-NET-3: nothing answers)
 
 
-def test_a_build_container_reaches_the_index_but_not_the_hosts_loopback_nor_its_files(
-    tmp_path: Path, index: Index
+async def test_a_build_container_reaches_the_index_but_not_the_host_nor_the_control_plane(
+    tmp_path: Path, index: Index, minion: str
 ) -> None:
-    """The build's own container settings (`build_argv`), with a probe in place of the
-    install script: what third-party install code could reach."""
+    """The build's own container settings and network confinement (`Builder.run`), with a
+    probe in place of the install script: what third-party install code could reach.
+    Refused by the build's egress table answers at once, EHOSTUNREACH (buildnet.py)."""
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))  # stands for NATS and the agent's services on loopback
+    listener.bind(("0.0.0.0", 0))  # stands for NATS and the agent's services, every address
     listener.listen()
     host, port = index.url.split("//")[1].split("/")[0].split(":")
     probe = PROBE % {
         "port": listener.getsockname()[1],
         "index_host": host,
         "index_port": int(port),
+        "control": CONTROL,
         "host_dir": str(tmp_path),
     }
-    name = f"gpufleet-probe-{uuid.uuid4().hex[:8]}"
-    argv = build_argv(name, BASE_IMAGE, (), BuildConfig())
-    argv = [*argv[: argv.index("--entrypoint")], "--rm", "--entrypoint", "python3", BASE_IMAGE]
-    res = subprocess.run(
-        ["podman", *argv, "-c", probe], env=podman_env(CONF), capture_output=True, text=True
+    config = BuildConfig(
+        index_url=index.url, build_dir=tmp_path / "builds", control_plane=(f"nats://{CONTROL}",)
     )
-    listener.close()
-    assert res.returncode == 0, res.stderr
-    seen = json.loads(res.stdout)
-    assert seen["index"] is True  # the registries: yes
-    assert (seen["loopback"], seen["slirp_host"], seen["host_dir"]) == (False, False, False)
+    runtime = PodmanRuntime(
+        PodmanConfig(image=BASE_IMAGE, containers_conf=CONF, build=config), minion
+    )
+    name = f"gpufleet-probe-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "probe.log"
+    try:
+        with log.open("w") as out:
+            run = await runtime.builder.run(
+                name, container_argv(name, BASE_IMAGE, ["python3", "-c", probe], config), out
+            )
+    finally:
+        await runtime.builder.podman("rm", "--force", name)
+        listener.close()
+    assert (run.error, run.code, run.timed_out) == (None, 0, False), log.read_text()
+    seen = json.loads(log.read_text().splitlines()[-1])
+    assert seen["index"] is True  # the operator's index, on the host's address: its port only
+    assert seen["loopback"] == "ECONNREFUSED"  # its own loopback: nothing of the host's there
+    refused = ("slirp_host", "host", "metadata", "private", "control_plane")
+    assert {k: seen[k] for k in refused} == dict.fromkeys(refused, "EHOSTUNREACH")
+    assert seen["host_dir"] is False
     assert seen["uid"] == 0
     # exactly CHOWN DAC_OVERRIDE FOWNER FSETID SETGID SETUID SETFCAP (bits 0-4, 6, 7, 31)
     assert int(seen["caps"], 16) == sum(1 << b for b in (0, 1, 3, 4, 6, 7, 31))

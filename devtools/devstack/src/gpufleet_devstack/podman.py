@@ -13,16 +13,21 @@ __all__ = ["PODMAN_PACKAGES", "ensure_podman", "missing_podman_tools", "node_run
 # podman itself runs containers with runc (deploy/podman/containers.conf: crun, podman's
 # default on Debian, refuses these hosts' hybrid cgroups). The agent starts its workers'
 # containers with crun where it can (runc.py, cgroupv1.py), else runc: crun is optional.
-PODMAN_PACKAGES = ("podman", "runc", "mmdebstrap")
+# nftables: the node agent confines each package build's network with nft (builds.py).
+PODMAN_PACKAGES = ("podman", "runc", "mmdebstrap", "nftables")
 OPTIONAL_PACKAGES = ("crun",)
 INSTALL_HINT = (
     f"install them with `sudo apt-get install -y {' '.join(PODMAN_PACKAGES + OPTIONAL_PACKAGES)}`"
 )
 
 
+COMMANDS = {"nftables": "nft"}  # a package whose command is not named after it
+
+
 def missing_podman_tools(optional: bool = False) -> list[str]:
+    """The packages whose command is not on PATH."""
     wanted = PODMAN_PACKAGES + (OPTIONAL_PACKAGES if optional else ())
-    return [p for p in wanted if shutil.which(p) is None]
+    return [p for p in wanted if shutil.which(COMMANDS.get(p, p)) is None]
 
 
 def ensure_podman(log: Callable[[str], None] = print) -> bool:

@@ -9,10 +9,12 @@ need the job type are checked there, on the field that breaks them.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,9 +24,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import limits
+from . import limits, package_entries
 from .errors import rule, ruled
-from .fields import Int, Name, PackageList
+from .fields import Cap, Int, Name, PackageList, PackageName
 from .paths import UnsafePath, contained_path
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -287,35 +289,50 @@ IMAGE_NEEDS = {
 }
 
 
+def _entry_check(kind: str) -> Callable[[str], str]:
+    """The check of an entry of `packages.<kind>` (package_entries.py): refused naming the
+    entry and why."""
+
+    def check(entry: str) -> str:
+        problem = package_entries.PROBLEMS[kind](entry)
+        if problem is not None:
+            raise bad(
+                "package",
+                "{p}: {problem}",
+                "R-JOB-7",
+                package_entries.VALID[kind],
+                p=entry,
+                problem=problem,
+            )
+        return entry
+
+    return check
+
+
+_ENTRIES = Cap(limits.PACKAGES, "packages", "entries")
+AptList = Annotated[list[Annotated[PackageName, AfterValidator(_entry_check("apt"))]], _ENTRIES]
+CondaList = Annotated[list[Annotated[PackageName, AfterValidator(_entry_check("conda"))]], _ENTRIES]
+RequirementsLines = Annotated[
+    list[Annotated[PackageName, AfterValidator(_entry_check("requirements"))]], _ENTRIES
+]
+PipList = Annotated[list[Annotated[PackageName, AfterValidator(_entry_check("pip"))]], _ENTRIES]
+
+
 @ruled
 class Packages(BaseModel):
     """Installed in the order apt, conda, requirements.txt, pip (R-JOB-7).
 
-    `requirements` holds the lines of a requirements.txt (one requirement each), installed
-    with `pip install -r` between conda and pip. No entry may start with `-`: an option
-    (`--index-url`, `-e`, ...) is not a package, and would steer the installer.
+    `requirements` holds the lines of a requirements.txt, installed with `pip install -r`
+    between conda and pip. Every entry is data, a name with a version spec in its kind's
+    grammar (package_entries.py): never a URL, a local path or an installer option.
     """
 
     model_config = _FROZEN
 
-    apt: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    conda: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    requirements: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-    pip: PackageList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
-
-    @field_validator("apt", "conda", "requirements", "pip")
-    @classmethod
-    def _one_per_entry(cls, v: list[str]) -> list[str]:
-        for p in v:
-            if not p.strip() or p.lstrip().startswith("-") or any(c in p for c in "\n;&|`"):
-                raise bad(
-                    "package",
-                    "not a single package specification: '{p}'",
-                    "R-JOB-7",
-                    "one package per entry, no option, e.g. numpy==1.26",
-                    p=p,
-                )
-        return v
+    apt: AptList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    conda: CondaList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    requirements: RequirementsLines = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
+    pip: PipList = Field(default_factory=list, json_schema_extra=rule("R-JOB-7"))
 
     def empty(self) -> bool:
         return not (self.apt or self.conda or self.requirements or self.pip)

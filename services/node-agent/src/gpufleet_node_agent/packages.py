@@ -5,8 +5,9 @@ it makes; and the reason a failed build gives. No I/O here (builds.py runs it).
 The script runs as root in a container of the image being extended (its ENTRYPOINT
 replaced by `/bin/sh -c`), with the network (services/node-agent/README.md, "Packages").
 Before each step it prints a marker line, `==> gpufleet step <name>`, so a failure names
-its step. Every package is one shell word (shlex-quoted; the contract refuses entries that
-start with `-`, so none is read as an option).
+its step. Every package is one shell word (shlex-quoted), and a name with a version spec:
+the contract refuses URLs, local paths and installer options
+(gpufleet_contracts.package_entries), so none is read as a source or an option.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ class Step:
 
 def plan(packages: Mapping[str, Any] | None) -> tuple[Step, ...]:
     """The steps for a job's `packages` (StartWorker's, as in spec.json), in R-JOB-7's
-    order; a kind without entries has no step."""
+    order; a kind without entries has no step (requirements.txt's comments are none)."""
     steps = []
     for kind in ORDER:
         items = tuple(str(p).strip() for p in (packages or {}).get(kind) or [] if str(p).strip())
+        items = tuple(i for i in items if not (kind == "requirements" and i.startswith("#")))
         if items:
             steps.append(Step(kind, items))
     return tuple(steps)
