@@ -44,6 +44,8 @@ NODE_SUBSCRIPTIONS = [
     f"{subjects.LOGS}.>",
     f"{subjects.COMMANDS}.node.{VICTIM_NODE}.*",  # another node's commands, as published
     f"{subjects.NODES}.{VICTIM_NODE}.*",  # requests to another node
+    f"{subjects.NODES}.*.*",  # requests to every node
+    f"{subjects.NODES}.>",
     f"{subjects.RPC}.>",
     "_INBOX.>",
 ]

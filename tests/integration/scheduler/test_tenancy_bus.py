@@ -147,6 +147,11 @@ async def test_projects_federated_jobs_and_plans_over_the_bus(
     for verb in ("get_job", "cancel_job", "job_logs"):
         refused = await carol.ask(verb, {"job_id": submitted["id"]})
         assert refused["error"]["code"] == "not_found", (verb, refused)
+    # carol's cancel changed nothing: the job still waits, as its owner and creator see it
+    for who in (acme, bob):
+        after = await who.ask("get_job", {"job_id": submitted["id"]})
+        assert after["state"] == "queued" and after["history"] == shown["history"], after
+        assert [w["state"] for w in after["workers"]] == [w["state"] for w in shown["workers"]]
     assert [j["id"] for j in (await acme.ask("list_jobs", {}))["jobs"]] == [submitted["id"]]
     assert (await carol.ask("list_jobs", {}))["jobs"] == []
 

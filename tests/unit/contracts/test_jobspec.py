@@ -63,6 +63,22 @@ def test_cpu_only_and_gpu_fields_do_not_mix_r_job_2() -> None:
     assert errors_of(gpu_types=["None"], gpu_count=0)["spec"][0] == "R-JOB-2"  # no cpu_count
 
 
+@pytest.mark.parametrize("cpus", [5, 6, 7, 10, 14, 18, 254])
+def test_a_cpu_only_jobs_cpu_count_is_a_multiple_of_4_r_job_2(cpus: int) -> None:
+    """CPU-only specs within 4..256, where no other rule refuses cpu_count: only the
+    multiple-of-4 rule does."""
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate({**BASE, "gpu_types": None, "gpu_count": 0, "cpu_count": cpus})
+    (err,) = field_errors(info.value)
+    assert (err.field, err.rule, err.valid) == ("cpu_count", "R-JOB-2", "4, 8, 12, ...")
+    assert err.message == f"cpu_count must be a multiple of 4, got {cpus}"
+
+
+@pytest.mark.parametrize("cpus", [4, 8, 12, 64])
+def test_a_cpu_only_job_with_a_multiple_of_4_cpus_is_accepted(cpus: int) -> None:
+    assert ok(gpu_types=None, gpu_count=0, cpu_count=cpus).cpu_count == cpus
+
+
 def test_fractional_gpu_r_sched_4() -> None:
     spec = ok(gpu_count="0.25")
     assert spec.gpu_count == 1 and str(spec.gpu_fraction) == "0.25"
