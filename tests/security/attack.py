@@ -109,6 +109,15 @@ class Client:
         data: dict[str, Any] = json.loads(reply.data)
         return data
 
+    async def aim(self, subject: str, body: dict[str, Any], reply: str) -> None:
+        """A request whose answer is aimed at `reply` (someone else's inbox), not at this
+        connection's own: published with that reply subject, answered (if at all) there."""
+        envelope = Envelope(type="gpufleet.attack.v1", source=SOURCE, subject=subject)
+        await self.nc.publish(
+            subject, json.dumps(body).encode(), reply=reply, headers=envelope.headers()
+        )
+        await self.nc.flush()
+
     # --- refusals -----------------------------------------------------------------------
 
     async def refusal(self, action: str, subject: str) -> str:

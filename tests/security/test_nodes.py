@@ -8,9 +8,12 @@ only on the node's own subject and only for an enrolled node; a revoked node is 
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpufleet_auth import Creds, new_user_key, public
@@ -193,16 +196,51 @@ async def test_a_join_token_for_one_minion_cannot_enrol_another(
     await victim.assert_untouched()
 
 
-async def test_a_join_token_for_another_accounts_node_is_not_issued(
-    system: System, victim: Victim, eve: Path
+def token_shape(reply: dict[str, Any], minion_id: str) -> str:
+    """A join token's answer as text, its variable parts (the id asked for, the enrolment
+    credential's key, its JWT's id and times, the secret) as placeholders."""
+    token = JoinToken.parse(reply["token"])
+    claims = dict(token.creds.claims)
+    assert claims["exp"] - claims["iat"] == 3600 and abs(reply["expires_at"] - claims["exp"]) <= 2
+    claims |= {"jti": "<jti>", "iat": "<t>", "exp": "<t+ttl>"}
+    parts = {
+        "reply": reply | {"token": "<token>", "expires_at": "<t+ttl>"},
+        "token": {"claims": claims, "secret": len(token.secret), "minion_id": token.minion_id},
+    }
+    text = json.dumps(parts)  # in the order the provisioner wrote them
+    return text.replace(token.creds.public_key, "<key>").replace(minion_id, "<id>")
+
+
+async def test_a_join_token_for_another_accounts_node_answers_as_for_a_free_id(
+    system: System, victim: Victim, eve: Path, tmp_path: Path
 ) -> None:
-    """The attacker asks its own account for a join token for the victim's minion id."""
-    body = {"minion_id": VICTIM_NODE, "region": "local", "ttl_s": 3600}
+    """The attacker asks its own account for a join token for the victim's minion id, and
+    for an id nobody holds: the two answers are alike (a token each, the same fields, the
+    same enrolment credential but for the id), so the attacker learns nothing of the
+    victim's node. The token for the victim's id is a decoy: enrolling with it is refused
+    as an unknown token's, and the victim's node, its enrolment and its key are untouched."""
+    free = f"free-{uuid.uuid4().hex[:7]}"
+    assert len(free) == len(VICTIM_NODE)  # equal lengths: the tokens' texts too
+    asked = attacker_subject("provisioner", "issue_join_token")
     async with Client(system.nats.url, eve) as attacker:
-        reply = await attacker.request(attacker_subject("provisioner", "issue_join_token"), body)
-    assert reply.get("ok") is False and reply["error"]["code"] == "conflict", reply
-    assert "token" not in reply
-    assert stored(system, "provisioner", "join_tokens", {"account": ATTACKER_ACCOUNT}) == []
+        held = await attacker.request(
+            asked, {"minion_id": VICTIM_NODE, "region": "r", "ttl_s": 3600}
+        )
+        unheld = await attacker.request(asked, {"minion_id": free, "region": "r", "ttl_s": 3600})
+    assert "token" in held and "token" in unheld, (held, unheld)
+    assert token_shape(held, VICTIM_NODE) == token_shape(unheld, free)
+    assert len(held["token"]) == len(unheld["token"])
+    with pytest.raises(EnrolmentError, match="no such join token"):
+        await enrol([system.nats.url], held["token"], VICTIM_NODE, tmp_path / "n", attempts=1)
+    assert not (tmp_path / "n").exists()
+    (enrolment,) = stored(system, "provisioner", "enrolments", {"_id": VICTIM_NODE})
+    assert enrolment["account"] == VICTIM_ACCOUNT and enrolment["state"] == "active"
+    assert enrolment["public_key"] == Creds.read(system.root / "agent" / "node.creds").public_key
+    (node,) = stored(system, "provisioner", "nodes", {"minion_id": VICTIM_NODE})
+    assert node["owner"] == VICTIM_ACCOUNT and node["state"] == "active"
+    mine = {"account": ATTACKER_ACCOUNT, "minion_id": VICTIM_NODE}
+    assert stored(system, "provisioner", "join_tokens", mine) == []
+    assert len(stored(system, "provisioner", "join_token_decoys", mine)) == 1  # for operators
     await victim.assert_untouched()
 
 

@@ -251,9 +251,14 @@ class Session:
 LOGS_SUBJECT = subjects.rpc("scheduler", "job_logs")
 
 
-async def _log_page(s: Session, job_id: str, after: int) -> tuple[list[StreamRecord], int, bool]:
-    """One page of a job's logs from the scheduler (users cannot read the stream itself)."""
-    body = json.dumps({"job_id": job_id, "after": after}).encode()
+Cursor = dict[str, int]  # per node, the last sequence read of its log stream
+
+
+async def _log_page(
+    s: Session, job_id: str, cursor: Cursor
+) -> tuple[list[StreamRecord], Cursor, bool]:
+    """One page of a job's logs from the scheduler (users cannot read the streams)."""
+    body = json.dumps({"job_id": job_id, "cursor": cursor}).encode()
     reply = await s.request(LOGS_SUBJECT, body, ce_type="gpufleet.job.logs.v1")
     records = [
         StreamRecord(
@@ -265,24 +270,26 @@ async def _log_page(s: Session, job_id: str, after: int) -> tuple[list[StreamRec
         for c in reply.get("chunks") or []
         if isinstance(c, dict)
     ]
-    return records, int(reply.get("last_seq") or after), bool(reply.get("more"))
+    got = reply.get("cursor")
+    after = {str(k): int(v) for k, v in got.items()} if isinstance(got, dict) else cursor
+    return records, after, bool(reply.get("more"))
 
 
 async def _drain_logs(
-    s: Session, job_id: str, after: int, on_msg: Callable[[StreamRecord], None]
-) -> int:
+    s: Session, job_id: str, cursor: Cursor, on_msg: Callable[[StreamRecord], None]
+) -> Cursor:
     while True:
-        records, after, more = await _log_page(s, job_id, after)
+        records, cursor, more = await _log_page(s, job_id, cursor)
         for r in records:
             on_msg(r)
         if not more:
-            return after
+            return cursor
 
 
 def read_logs(job_id: str) -> list[StreamRecord]:
     """Every log chunk of a job, oldest first."""
     out: list[StreamRecord] = []
-    run(lambda s: _drain_logs(s, job_id, 0, out.append))
+    run(lambda s: _drain_logs(s, job_id, {}, out.append))
     return out
 
 
@@ -297,7 +304,7 @@ def follow_logs(
     subject_, payload, ce_type = poll
 
     async def follow(s: Session) -> None:
-        after = await _drain_logs(s, job_id, 0, on_msg)
+        after = await _drain_logs(s, job_id, {}, on_msg)
         while True:
             await asyncio.sleep(interval_s)
             after = await _drain_logs(s, job_id, after, on_msg)
@@ -313,13 +320,34 @@ async def _noop_cb(*_: Any) -> None:
     """nats-py logs every connection error by default; the CLI reports them itself."""
 
 
+def _options(cfg: settings_mod.CliSettings) -> dict[str, Any]:
+    """This identity's connect options: its replies come to the inbox the services answer the
+    acting account in (an operator's acting for an account: under that account's)."""
+    account = cfg.acting_account()
+    path = cfg.creds
+    if path is not None and path.exists() and account:
+        creds = Creds.read(path)
+        if creds.kind == "user" and not creds.inbox_prefix.startswith(
+            f"{subjects.account_inbox(account)}."
+        ):
+            raise CliError(
+                "this credential was issued before replies went to an account's own inboxes, "
+                "so no service would answer it: ask an operator for a new one (`gpufleet "
+                f"admin user add {account} {creds.tag('user') or 'USER'}` issues it again; "
+                "`just up` renews the local one)",
+                "unauthenticated",
+            )
+    return connect_options(path, cfg.nats_ca, acting_for=account)
+
+
 async def _connect(servers: list[str], refusals: Refusals | None = None) -> Client:
     cfg = settings_mod.load()
+    options = _options(cfg)
     try:
         nc: Client = await asyncio.wait_for(
             nats.connect(
                 servers=servers,
-                **connect_options(cfg.creds, cfg.nats_ca),
+                **options,
                 name="gpufleet-cli",
                 allow_reconnect=False,
                 max_reconnect_attempts=1,

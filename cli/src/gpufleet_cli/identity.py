@@ -203,4 +203,22 @@ def node_token(
         render.out().print(f"join token of {escape(minion_id)} written to {out}")
 
 
+@admin_app.command("node-verify")
+def node_verify(
+    account: Annotated[str, typer.Option(help="the account that owns the node")],
+    node: Annotated[str, typer.Argument(help="name or minion id")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Ask a node of any account for a GPU check now (verified nodes)."""
+    reply = call(
+        subjects.admin("provisioner", "verify_node"), {"account": account, "node": node}, as_json
+    )
+    if not as_json:
+        pending = (reply.get("verification") or {}).get("pending") or {}
+        render.out().print(
+            f"GPU check asked of {escape(str(reply.get('name')))}; "
+            f"answer due by {escape(str(pending.get('deadline')))}"
+        )
+
+
 __all__ = ["account_app", "admin_app", "context_app", "json", "login", "user_app"]

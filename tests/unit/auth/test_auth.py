@@ -40,9 +40,34 @@ def test_user_credentials_carry_their_account_and_only_its_subjects(authority: A
         "gpufleet.v1.rpc.*.*.acme",
         "gpufleet.v1.cmd.scheduler.acme.enqueue_job",
     ]
-    assert nats["sub"]["allow"] == [f"_INBOX.{creds.public_key}.>"]
+    assert nats["sub"]["allow"] == [f"_INBOX.account.acme.{creds.public_key}.>"]
     again = Creds.parse(creds.text())
-    assert again == creds and again.inbox_prefix == f"_INBOX.{creds.public_key}"
+    assert again == creds and again.inbox_prefix == f"_INBOX.account.acme.{creds.public_key}"
+
+
+def test_each_identity_s_inbox_is_under_the_scope_its_subjects_prove(authority: Authority) -> None:
+    """A user's inbox is under its account's inboxes, a node's and a join token's under their
+    minion id's; a service's and an operator's are their keys'. The inbox a client takes is
+    the one its JWT lets it subscribe to; an operator acting for an account takes one under
+    that account's (it may subscribe anywhere), anyone else keeps its own."""
+    from gpufleet_auth.creds import new_user_key
+
+    user = authority.issuer.user("acme", "alice")
+    node_key = new_user_key()
+    token = authority.issuer.node("m1", public(node_key), account="acme", region="r")
+    node = Creds(token, node_key.seed.decode())
+    enrol = authority.issuer.enroll("m1", 60)
+    service = authority.issuer.service("scheduler")
+    operator = authority.issuer.operator()
+    assert node.inbox_prefix == f"_INBOX.node.m1.{public(node_key)}"
+    assert jwt.decode(node.jwt)["nats"]["sub"]["allow"][-1] == f"{node.inbox_prefix}.>"
+    assert enrol.inbox_prefix == f"_INBOX.enroll.m1.{enrol.public_key}"
+    assert service.inbox_prefix == f"_INBOX.{service.public_key}"
+    assert operator.inbox_prefix == f"_INBOX.{operator.public_key}"
+    assert operator.acting_inbox("acme") == f"_INBOX.account.acme.{operator.public_key}"
+    assert operator.acting_inbox(None) == operator.inbox_prefix
+    assert user.acting_inbox("globex") == user.inbox_prefix  # a user acts for its own only
+    assert operator.connect_options("acme")["inbox_prefix"] == operator.acting_inbox("acme")
 
 
 def test_secret_files_are_private(tmp_path: Path, authority: Authority) -> None:

@@ -202,3 +202,38 @@ def test_a_reply_goes_to_an_inbox_only(destination: str, sent: bool) -> None:
     middleware = dead_letter_middleware("svc")(None, context=None)
     asyncio.run(middleware.publish_scope(call_next, Cmd(destination)))
     assert published == ([destination] if sent else [])
+
+
+@pytest.mark.parametrize(
+    ("destination", "sent"),
+    [
+        ("_INBOX.account.acme.UKEY.abc.1", True),
+        ("_INBOX.account.globex.UKEY.abc.1", False),
+        ("_INBOX.UKEY.abc.1", False),
+    ],
+)
+def test_a_reply_goes_only_to_the_inboxes_of_the_account_that_asked(
+    destination: str, sent: bool
+) -> None:
+    """A FastStream reply to an account's request (`...get_job.acme`) goes only to that
+    account's inboxes: another identity's would receive an answer it never asked for."""
+    from faststream.response.publish_type import PublishType
+    from gpufleet_bus.deadletter import dead_letter_middleware
+
+    published: list[str] = []
+
+    class Asked:
+        subject = "gpufleet.v1.rpc.scheduler.get_job.acme"
+
+    class Cmd:
+        publish_type = PublishType.REPLY
+
+        def __init__(self, destination: str) -> None:
+            self.destination = destination
+
+    async def call_next(cmd: Any) -> None:
+        published.append(cmd.destination)
+
+    middleware = dead_letter_middleware("svc")(Asked(), context=None)
+    asyncio.run(middleware.publish_scope(call_next, Cmd(destination)))
+    assert published == ([destination] if sent else [])

@@ -47,7 +47,10 @@ async def check_health(stack: Stack, wait_s: float = HEALTH_TIMEOUT) -> dict[str
 
     status: dict[str, str] = {}
     nc = await nats.connect(
-        stack.nats.url, connect_timeout=5, max_reconnect_attempts=-1, **stack.nats.admin()
+        stack.nats.url,
+        connect_timeout=5,
+        max_reconnect_attempts=-1,
+        **stack.nats.admin(acting_for=identities.LOCAL_ACCOUNT),  # health_subject's account
     )
     try:
         heartbeats: set[str] = set()

@@ -4,6 +4,7 @@ binary (2.12, the line docker-compose.yml runs), else Debian's (2.9.10, which ha
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -25,10 +26,20 @@ __all__ = ["NatsServer", "NatsServerNotFoundError", "ensure_nats_server", "find_
 
 _FALLBACK_PATHS = ("/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server")
 INSTALL_HINT = "install it with `sudo apt-get install nats-server`"
+MAX_FILE_STORE = "8GB"  # as compose's (deploy/nats/nats.conf)
 
 
 class NatsServerNotFoundError(DevstackError):
     """The nats-server binary is not installed."""
+
+
+def _grants(creds: Creds) -> str:
+    """What a credential grants, its own key aside: two of one identity differ only when the
+    permission table (or the inbox scheme) changed between their issues."""
+    nats = creds.claims.get("nats")
+    keys = ("pub", "sub", "resp", "tags")
+    granted = {k: nats.get(k) for k in keys} if isinstance(nats, dict) else {}
+    return json.dumps(granted, sort_keys=True).replace(creds.public_key, "<key>")
 
 
 def find_nats_server() -> str | None:
@@ -92,6 +103,13 @@ class NatsServer(ServerProcess):
     cut may take back, never what a crash of the process may: docs/reliability.md. It
     needs nats-server 2.10+; `server_name` and `cluster` (a `cluster { }` block, see
     `gpufleet_devstack.cluster`) make it a member of a cluster.
+
+    `max_file_store` is the disk JetStream may use, as compose's servers have it
+    (`deploy/nats/nats.conf`, 8GB): the guard under every stream's own limits. A stream
+    with `max_bytes` (REPORTS, each node's log stream) reserves them in it when it is made,
+    and one that would not fit is refused ("insufficient storage resources"): a node whose
+    log stream cannot be made is not enrolled (docs/reliability.md). None: the server's
+    default (75% of the free disk).
     """
 
     kind = "nats-server"
@@ -113,6 +131,7 @@ class NatsServer(ServerProcess):
         sync_interval: str | None = None,
         server_name: str | None = None,
         cluster: str = "",
+        max_file_store: str | None = MAX_FILE_STORE,
     ) -> None:
         store_dir = Path(store_dir).absolute()
         super().__init__(
@@ -134,6 +153,7 @@ class NatsServer(ServerProcess):
         self.sync_interval = sync_interval
         self.server_name = server_name
         self.cluster = cluster
+        self.max_file_store = max_file_store
         self._authority: Authority | None = None
 
     # --- identities -------------------------------------------------------------------
@@ -147,12 +167,12 @@ class NatsServer(ServerProcess):
     def creds(self, kind: str, name: str = "", account: str = "local") -> Path:
         """A credentials file: kind `service` (name = the service), `user` (of `account`,
         name = the user), `operator`, `node` (name = minion id, owned by `account`, region
-        `local`: an already-enrolled node, as the provisioner would issue it)."""
+        `local`: an already-enrolled node, as the provisioner would issue it). One already
+        written is kept unless it grants other than this release would (issued by an older
+        one, before its permission table or inbox changed): then it is issued again."""
         issuer = self.authority.issuer
         label = f"{kind}-{account}-{name}" if kind == "user" else f"{kind}-{name or 'admin'}"
         path = self.authority.directory / "creds" / f"{label}.creds"
-        if path.exists():
-            return path
         if kind == "service":
             made = issuer.service(name)
         elif kind == "user":
@@ -167,6 +187,8 @@ class NatsServer(ServerProcess):
             made = Creds(jwt=token, seed=key.seed.decode())
         else:
             raise ValueError(f"unknown identity kind {kind!r}")
+        if path.exists() and _grants(Creds.read(path)) == _grants(made):
+            return path
         return made.write(path)
 
     @staticmethod
@@ -174,9 +196,10 @@ class NatsServer(ServerProcess):
         """`nats.connect` keyword arguments for a credentials file (none: anonymous)."""
         return connect_options(creds)
 
-    def admin(self) -> dict[str, Any]:
-        """`nats.connect` keyword arguments of an operator: tests that poke at streams."""
-        return self.client(self.creds("operator"))
+    def admin(self, acting_for: str | None = None) -> dict[str, Any]:
+        """`nats.connect` keyword arguments of an operator: tests that poke at streams;
+        `acting_for` an account, for its requests (answered only under its inboxes)."""
+        return connect_options(self.creds("operator"), acting_for=acting_for)
 
     @property
     def jetstream_key_file(self) -> Path:
@@ -228,6 +251,8 @@ class NatsServer(ServerProcess):
             js += f'  cipher: chachapoly\n  key: "{self.jetstream_key()}"\n'
         if self.sync_interval:
             js += f'  sync_interval: "{self.sync_interval}"\n'
+        if self.max_file_store:
+            js += f"  max_file_store: {self.max_file_store}\n"
         if js:
             conf += f"jetstream {{\n{js}}}\n"
         write_secret(self.config_file, conf)  # it may hold the JetStream key: 0600

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import nkeys
+from gpufleet_contracts import subjects
 
 from . import jwt, permissions
 from .creds import (
@@ -155,10 +156,12 @@ class Issuer:
         *,
         expires: int | None = None,
         tags: tuple[str, ...] = (),
+        inboxes: str = subjects.INBOX,
     ) -> Creds:
-        """A new key pair and its JWT; `grant_for(inbox)` gives the identity's grant."""
+        """A new key pair and its JWT; `grant_for(inbox)` gives the identity's grant, its
+        inbox being `<inboxes>.<public key>` (the scope the services answer it in)."""
         key = new_user_key()
-        grant: Grant = grant_for(inbox_prefix(public(key)))
+        grant: Grant = grant_for(inbox_prefix(public(key), inboxes))
         token = self.user_jwt(public(key), name, grant, expires=expires, tags=tags)
         return Creds(jwt=token, seed=seed_of(key))
 
@@ -170,6 +173,7 @@ class Issuer:
             f"user:{account}:{user}",
             lambda inbox: permissions.for_user(account, inbox),
             tags=(f"account:{account}", f"user:{user}"),
+            inboxes=subjects.account_inbox(account),
         )
 
     def operator(self, name: str = "admin") -> Creds:
@@ -180,11 +184,14 @@ class Issuer:
             f"enroll:{minion_id}",
             lambda inbox: permissions.for_enroll(minion_id, inbox),
             expires=int(time.time()) + ttl_s,
+            inboxes=subjects.enroll_inbox(minion_id),
         )
 
     def node(self, minion_id: str, node_public: str, *, account: str, region: str) -> str:
         """The JWT of a node agent's own key (the agent keeps its seed; only this travels)."""
-        grant = permissions.for_node(minion_id, inbox_prefix(node_public))
+        grant = permissions.for_node(
+            minion_id, inbox_prefix(node_public, subjects.node_inbox(minion_id))
+        )
         return self.user_jwt(
             node_public,
             f"node:{account}:{region}:{minion_id}",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import nkeys
+from gpufleet_contracts import subjects
 
 from . import jwt
 
@@ -92,14 +93,35 @@ class Creds:
 
     @property
     def inbox_prefix(self) -> str:
-        """`_INBOX.<public key>`: the only inbox this identity may subscribe to."""
+        """The only inbox this identity may subscribe to, as its JWT grants it (`_INBOX.<scope>
+        .<public key>`, gpufleet_contracts.subjects); `_INBOX.<public key>` for one that
+        may subscribe anywhere (an operator) or a JWT that is none (the server refuses it)."""
+        try:
+            nats = self.claims.get("nats")
+        except jwt.JwtError:
+            nats = None
+        sub = nats.get("sub", {}) if isinstance(nats, dict) else {}
+        allow = sub.get("allow", []) if isinstance(sub, dict) else []
+        for pattern in allow:
+            inbox = str(pattern).removesuffix(".>")
+            if inbox.startswith(f"{subjects.INBOX}.") and inbox.endswith(f".{self.public_key}"):
+                return inbox
         return inbox_prefix(self.public_key)
+
+    def acting_inbox(self, account: str | None) -> str:
+        """The inbox prefix of requests made for `account`: the services answer an account's
+        requests only under its inboxes (`_INBOX.account.<account>`), so an operator (who
+        may subscribe anywhere) acting for it takes its inbox there; anyone else its own."""
+        if account and self.kind == "operator":
+            return inbox_prefix(self.public_key, subjects.account_inbox(account))
+        return self.inbox_prefix
 
     def text(self) -> str:
         return format_creds(self.jwt, self.seed)
 
-    def connect_options(self) -> dict[str, Any]:
-        """`nats.connect` keyword arguments for this credential held in memory (no file)."""
+    def connect_options(self, acting_for: str | None = None) -> dict[str, Any]:
+        """`nats.connect` keyword arguments for this credential held in memory (no file);
+        `acting_for`: the account its requests are made for (`acting_inbox`)."""
         key = key_from_seed(self.seed)
         token = self.jwt.encode()
 
@@ -109,7 +131,11 @@ class Creds:
         def sig_cb(nonce: str) -> bytes:
             return base64.b64encode(key.sign(nonce.encode()))
 
-        return {"user_jwt_cb": jwt_cb, "signature_cb": sig_cb, "inbox_prefix": self.inbox_prefix}
+        return {
+            "user_jwt_cb": jwt_cb,
+            "signature_cb": sig_cb,
+            "inbox_prefix": self.acting_inbox(acting_for),
+        }
 
     @classmethod
     def parse(cls, text: str) -> Creds:
@@ -126,8 +152,10 @@ class Creds:
         return write_secret(Path(path), self.text())
 
 
-def inbox_prefix(public_key: str) -> str:
-    return f"_INBOX.{public_key}"
+def inbox_prefix(public_key: str, scope: str = subjects.INBOX) -> str:
+    """An identity's own inbox: `<scope>.<public key>` (a user's scope is its account's
+    inboxes, `subjects.account_inbox`; a service's or an operator's is `_INBOX`)."""
+    return f"{scope}.{public_key}"
 
 
 def write_secret(path: Path, text: str) -> Path:
@@ -142,14 +170,17 @@ def write_secret(path: Path, text: str) -> Path:
     return path
 
 
-def connect_options(creds: Path | str | None, ca: Path | str | None = None) -> dict[str, Any]:
+def connect_options(
+    creds: Path | str | None, ca: Path | str | None = None, *, acting_for: str | None = None
+) -> dict[str, Any]:
     """`nats.connect` keyword arguments: the credential file, its inbox (the only one it may
-    subscribe to), and TLS verified against `ca` when given."""
+    subscribe to; an operator's `acting_for` an account: under that account's), and TLS
+    verified against `ca` when given."""
     options: dict[str, Any] = {}
     if creds is not None:
         path = Path(creds).expanduser()
         options["user_credentials"] = str(path)
-        options["inbox_prefix"] = Creds.read(path).inbox_prefix
+        options["inbox_prefix"] = Creds.read(path).acting_inbox(acting_for)
     if ca is not None:
         options["tls"] = ssl.create_default_context(cafile=str(Path(ca).expanduser()))
     return options

@@ -10,6 +10,8 @@ from typing import Any
 from gpufleet_contracts import subjects
 from gpufleet_contracts.subjects import ACCOUNT_RE
 
+from .notices import Notices
+
 log = logging.getLogger("gpufleet.bus")
 
 
@@ -42,6 +44,11 @@ def node_of(msg: Any) -> str | None:
     return subjects.token_at(str(subject), -1)
 
 
+# A node sends as many such facts as it likes (its heartbeats are not even stored): the
+# warning is logged once for a node, then once a minute with the count (notices.py).
+_MISNAMED = Notices()
+
+
 def on_its_own_subject(msg: Any, minion_id: str) -> bool:
     """Whether a fact naming node `minion_id` in its body arrived on that node's subject.
     The body is the sender's word: a node may publish its own subject only, so a body naming
@@ -49,16 +56,49 @@ def on_its_own_subject(msg: Any, minion_id: str) -> bool:
     sender = node_of(msg)
     if sender == minion_id:
         return True
-    log.warning("a fact naming node %s arrived on the subject of %s: ignored", minion_id, sender)
+    notice = _MISNAMED.note(str(sender))
+    if notice is not None:
+        log.warning(
+            "a fact naming node %s arrived on the subject of %s: ignored (%s)",
+            minion_id,
+            sender,
+            notice.text(),
+        )
     return False
 
 
 INBOX_PREFIX = "_INBOX."
 
 
-def is_inbox(subject: str | None) -> bool:
-    """Whether a reply subject is an inbox: the only kind gpufleet answers to."""
-    return bool(subject) and str(subject).startswith(INBOX_PREFIX)
+def is_inbox(subject: str | None, scope: str = subjects.INBOX) -> bool:
+    """Whether a reply subject is an inbox (under `scope`): the only kind gpufleet answers to."""
+    return bool(subject) and str(subject).startswith(f"{scope}.")
+
+
+def reply_scope(subject: str) -> str | None:
+    """The inboxes the answer to a request on `subject` may go to: what the subject proves of
+    who asked (a requester chooses the reply subject, and could aim the answer at another
+    identity's inbox). An account's request: that account's (`_INBOX.account.<account>`,
+    its users' and the operators acting for it). An enrolment (`enroll.<minion_id>`): that
+    minion's join tokens'. What only services and operators may publish (an operator's
+    `adm` request, a request to a node, to a service's instances, one on no account's
+    subject): any inbox. Anything else (a node's own subjects, events): none."""
+    account = subjects.rpc_account(subject)
+    if account is not None and ACCOUNT_RE.fullmatch(account):
+        return subjects.account_inbox(account)
+    if subject.startswith(f"{subjects.ENROLL}."):
+        minion_id = subjects.token_at(subject, -1)
+        return subjects.enroll_inbox(minion_id) if subject.count(".") == 3 and minion_id else None
+    trusted = (subjects.RPC, subjects.ADMIN, subjects.NODES, subjects.INTERNAL)
+    if subject.startswith(tuple(f"{prefix}." for prefix in trusted)):
+        return subjects.INBOX
+    return None
+
+
+def may_answer(subject: str, reply: str | None) -> bool:
+    """Whether a request on `subject` may be answered on `reply` (reply_scope)."""
+    scope = reply_scope(subject)
+    return scope is not None and is_inbox(reply, scope)
 
 
 def received_at(msg: Any) -> datetime | None:

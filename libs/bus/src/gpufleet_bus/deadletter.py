@@ -50,7 +50,7 @@ from gpufleet_contracts.base import SPEC_VERSION
 from gpufleet_contracts.subjects import ACCOUNT_RE
 from pydantic import ValidationError
 
-from .accounts import NoAccountError, is_inbox
+from .accounts import NoAccountError, is_inbox, may_answer
 from .redact import body_fields, redact
 
 log = logging.getLogger("gpufleet.bus")
@@ -272,14 +272,16 @@ def dead_letter_middleware(service: str) -> type[BaseMiddleware]:
             ).model_dump(mode="json")
 
         async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
-            """A reply goes to an inbox only: a requester chooses the reply subject, and
-            one such as `$JS.API.STREAM.DELETE.<stream>` would have this service's
-            credential make the request for it."""
-            if getattr(cmd, "publish_type", None) == PublishType.REPLY and not is_inbox(
-                str(getattr(cmd, "destination", ""))
-            ):
-                log.warning("not answering to %r: not an inbox", getattr(cmd, "destination", ""))
-                return None
+            """A reply goes to an inbox only, of the requester: a requester chooses the reply
+            subject, and one such as `$JS.API.STREAM.DELETE.<stream>` would have this
+            service's credential make the request for it, another identity's inbox would
+            deliver it the answer (accounts.reply_scope of the request's subject)."""
+            if getattr(cmd, "publish_type", None) == PublishType.REPLY:
+                destination = str(getattr(cmd, "destination", ""))
+                asked = getattr(self.msg, "subject", None)  # the request being answered
+                if not (may_answer(asked, destination) if asked else is_inbox(destination)):
+                    log.warning("not answering %s to %r: not its inbox", asked, destination)
+                    return None
             return await call_next(cmd)
 
         async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:

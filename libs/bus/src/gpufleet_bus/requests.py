@@ -21,9 +21,14 @@ the reply is a pydantic model or a dict. One error mapping:
 - any other exception: logged, answered `internal` (its type only).
 
 Up to `concurrency` requests of a subject run at once (nats-py calls a subscription's
-callback one message at a time, so each request gets its own task). A reply goes to an
-`_INBOX.` subject only: a requester chooses the reply subject, and one such as
-`$JS.API.STREAM.DELETE.<stream>` would have this service's credential make the request for it.
+callback one message at a time, so each request gets its own task). A requester chooses the
+reply subject: one such as `$JS.API.STREAM.DELETE.<stream>` would have this service's
+credential make the request for it, and another identity's inbox would deliver it the answer.
+So a request is served only if its reply lies in the inboxes its subject proves
+(accounts.reply_scope: an account's request, that account's `_INBOX.account.<account>`);
+any other is dropped unserved (logged and counted, `gpufleet.replies.refused`: not a dead
+letter, nothing in it is wrong but where it asked the answer to go). A request without a
+reply subject is served, unanswered.
 What is not recorded is an OpenTelemetry span per request. The subjects are declared to
 FastStream (`schema_broker`, never connected) so the AsyncAPI document lists them.
 """
@@ -41,9 +46,10 @@ from typing import Any, get_type_hints
 from faststream.nats import NatsBroker
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, Message, field_errors, subjects
 from gpufleet_contracts.errors import Refused
+from gpufleet_telemetry.instruments import METRICS
 from pydantic import BaseModel, ValidationError
 
-from .accounts import NoAccountError, account_of, is_inbox
+from .accounts import NoAccountError, account_of, may_answer
 from .broker import dead_letters_of
 from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
 
@@ -161,14 +167,19 @@ class Requests:
         return cb
 
     async def _serve(self, route: _Route, msg: Any) -> None:
+        if msg.reply and not may_answer(msg.subject, msg.reply):
+            # aimed at an inbox not the requester's (or at no inbox): neither served nor answered
+            log.warning(
+                "not serving %s: its reply %r is not the requester's", msg.subject, msg.reply
+            )
+            METRICS.replies_refused.add(1, {"service": self.service})
+            return
         reply = await self.answer(route, msg.subject, msg.data, msg.headers)
-        if is_inbox(msg.reply):  # never a subject the requester chose to aim us at
+        if msg.reply:
             try:
                 await msg.respond(json.dumps(reply, default=str).encode())
             except Exception:
                 log.warning("could not reply on %s", msg.subject, exc_info=True)
-        elif msg.reply:
-            log.warning("not answering to %r: not an inbox", msg.reply)
 
     async def answer(
         self, route: _Route, subject: str, data: bytes, headers: dict[str, str] | None

@@ -30,6 +30,12 @@ class Metrics:
         self.ledger_entries = meter.create_counter(
             "gpufleet.ledger.entries", unit="{entry}", description="Ledger entries, by kind."
         )
+        self.replies_refused = meter.create_counter(
+            "gpufleet.replies.refused",
+            unit="{request}",
+            description="Requests left unserved: their reply was aimed outside the requester's "
+            "inboxes, by service.",
+        )
         self._queue_depth = 0
         self._gpu_utilization: dict[tuple[str, int], int] = {}
         meter.create_observable_gauge(

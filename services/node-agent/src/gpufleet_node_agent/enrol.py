@@ -50,6 +50,12 @@ async def enrol(
             f"this join token enrols minion {token_minion!r}, not {minion_id!r} "
             "(set GPUFLEET_MINION_ID to match)"
         )
+    if not enrol_creds.inbox_prefix.startswith(f"{subjects.enroll_inbox(minion_id)}."):
+        # the provisioner answers an enrolment only on the token's enrolment inbox
+        raise EnrolmentError(
+            "this join token was issued by an older provisioner and cannot be answered: "
+            "issue a new one (`gpufleet node token`)"
+        )
     key = new_user_key()
     cmd = EnrollNode(minion_id=minion_id, secret=secret, public_key=public(key))
     subject = subjects.enroll(minion_id)

@@ -8,12 +8,21 @@ GPUFLEET_AUTH_DIR): it issues users' and nodes' credentials and revokes them.
   publish only `gpufleet.v1.enroll.<minion_id>`, so the token cannot be used for anything
   else even before it is spent.
 - Enrolment: the node sends the secret and its own public key; the provisioner spends the
-  token, creates the node's command consumer (the node may read it, not create it), records
-  the enrolment and answers with a JWT for that key. Which account a node belongs to, and
-  its region, come from this record, never from the node's later messages.
+  token, makes the node's log stream (what it can store: refused, the token unspent, when
+  the JetStream store cannot reserve it) and its command consumer (the node may read it,
+  not create it), records the enrolment and answers with a JWT for that key. Which account
+  a node belongs to, and its region, come from this record, never from the node's later
+  messages.
+- A minion id another account holds (enrolled, a node of it, or promised by its unspent
+  token) is not revealed to an account asking a join token for it (R-TEN-2): the answer is
+  the one a free id gets, a real-looking token (a signed enrolment credential for that id,
+  a secret, the asker's region and expiry), but a decoy: it is not a join token the
+  provisioner knows (only recorded in `join_token_decoys`, for operators), so its enrolment
+  is answered as for any unknown token and the other account's node is never touched. An
+  operator asking for an account is told the id is taken.
 - Revocation puts the node's key in the account JWT's revocation list and pushes it to the
-  servers (they close its connection at once), deletes its consumer, and records it, so a
-  restarted server or provisioner pushes it again.
+  servers (they close its connection at once), deletes its consumer and its log stream, and
+  records it, so a restarted server or provisioner pushes it again.
 """
 
 from __future__ import annotations
@@ -30,7 +39,14 @@ from faststream.nats import NatsBroker
 from gpufleet_auth import Issuer
 from gpufleet_auth.tokens import JoinToken
 from gpufleet_bus import BusSettings, emit
-from gpufleet_bus.streams import delete_node_consumer, ensure_node_consumer
+from gpufleet_bus.streams import (
+    NodeLogLimits,
+    delete_node_consumer,
+    delete_node_logs,
+    ensure_node_consumer,
+    ensure_node_logs,
+    retire_streams,
+)
 from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import Clock
 from gpufleet_contracts.errors import NotFound, Refused
@@ -54,12 +70,14 @@ from gpufleet_contracts.identity import (
 from gpufleet_store import Doc, Store, Transaction, now_ms
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 from pymongo import ASCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError
 
 from .records import invalid
 
 log = logging.getLogger("gpufleet.provisioner.identity")
+NO_ROOM = 10047  # JetStream: "insufficient storage resources available"
 
 INDEXES = {
     # Created at start-up (a transaction cannot create a collection); looked up by `_id`.
@@ -68,6 +86,7 @@ INDEXES = {
     "enrolments": [],
     "revocations": [],
     "join_tokens": [IndexModel([("minion_id", ASCENDING)])],
+    "join_token_decoys": [],
 }
 
 
@@ -83,9 +102,11 @@ class Identity:
         clock: Clock,
         bus: BusSettings,
         broker: NatsBroker | None = None,
+        logs: NodeLogLimits | None = None,
     ) -> None:
         """`broker`: the service's own, whose connection makes and deletes node consumers
-        (none: no consumers are touched)."""
+        and log streams (none: neither is touched); `logs`: what each node's log stream
+        keeps at most."""
         self.store = store
         self.db = store.db
         self.issuer = issuer
@@ -93,16 +114,46 @@ class Identity:
         self.servers = bus.servers
         self.connect_options = bus.connect_options()
         self.broker = broker
+        self.logs = logs or NodeLogLimits()
+        self.replicas = bus.stream_replicas
 
     async def _js(self) -> JetStreamContext | None:
         return None if self.broker is None else (await self.broker.connect()).jetstream()
 
     async def start(self) -> None:
-        """At start-up: a server that lost the revocations gets them again."""
+        """At start-up: a server that lost the revocations gets them again; every enrolled
+        node has its log stream, with this release's limits (the shared stream of earlier
+        releases, which held every node's logs, is deleted first)."""
         try:
             await self.push_revocations()
         except Exception:
             log.exception("could not push the revocation list; retried at the next revocation")
+        js = await self._js()
+        if js is None:
+            return
+        await retire_streams(js)
+        async for doc in self.db.enrolments.find({"state": "active"}, {"_id": 1}):
+            try:
+                await ensure_node_logs(js, doc["_id"], self.logs, self.replicas, update=True)
+            except Exception as exc:  # no room: said here; its enrolment is refused again
+                log.error("node %s has no log stream: %s", doc["_id"], exc)
+
+    async def _node_logs(self, js: JetStreamContext, minion_id: str) -> None:
+        """The node's log stream, made before it gets a credential: a node that could keep
+        no logs would run jobs whose output and ends it can never report."""
+        try:
+            await ensure_node_logs(js, minion_id, self.logs, self.replicas)
+        except APIError as exc:
+            if exc.err_code != NO_ROOM:
+                raise
+            log.error("no room for node %s's log stream: %s", minion_id, exc)
+            raise Refused(
+                "unavailable",
+                f"node {minion_id} cannot be given its log stream: the JetStream store has no "
+                f"room to reserve {self.logs.max_bytes} bytes more; an operator raises "
+                "max_file_store or lowers GPUFLEET_NODE_LOG_MAX_BYTES, and the same join "
+                "token enrols it then",
+            ) from exc
 
     def _issuer(self) -> Issuer:
         if self.issuer is None:
@@ -209,23 +260,31 @@ class Identity:
     # --- join tokens and enrolment ---------------------------------------------------
 
     async def issue_join_token(self, body: IssueJoinToken, account: str) -> JoinTokenIssued:
-        """A one-time join token for one node of the acting account (shown once)."""
-        return await self.join_token(account, body.minion_id, body.region, body.ttl_s)
+        """A one-time join token for one node of the acting account (shown once); for a
+        minion id another account holds, a decoy answered the same way (module docstring)."""
+        return await self.join_token(
+            account, body.minion_id, body.region, body.ttl_s, decoy_if_taken=True
+        )
 
     async def admin_issue_join_token(self, body: AdminIssueJoinToken) -> JoinTokenIssued:
         """An operator's: a one-time join token for one node of any account."""
         return await self.join_token(body.account, body.minion_id, body.region, body.ttl_s)
 
     async def join_token(
-        self, account: str, minion_id: str, region: str, ttl_s: int
+        self, account: str, minion_id: str, region: str, ttl_s: int, *, decoy_if_taken: bool = False
     ) -> JoinTokenIssued:
+        """A minion id another account holds is refused (`conflict`: an operator, a burst),
+        or, `decoy_if_taken` (the account's own request), answered with a decoy: made and
+        answered alike, but kept where enrolment never looks, so it cannot enrol (nor
+        reserve the id: `_taken` does not see it)."""
         issuer = self._issuer()
-        if await self._taken(account, minion_id):
-            # Another account's node: the same answer as for any unknown object (R-TEN-2).
+        decoy = await self._taken(account, minion_id)
+        if decoy and not decoy_if_taken:
             raise Refused("conflict", f"minion id {minion_id!r} is taken")
         secret = secrets.token_urlsafe(32)
         expires = int(time.time()) + ttl_s
-        await self.db.join_tokens.insert_one(
+        kept = self.db.join_token_decoys if decoy else self.db.join_tokens
+        await kept.insert_one(
             {
                 "_id": _hash(secret),
                 "account": account,
@@ -236,6 +295,10 @@ class Identity:
                 "issued_at_ms": now_ms(self.clock()),
             }
         )
+        if decoy:
+            log.warning(
+                "%s asked a join token for %s, another account's: a decoy", account, minion_id
+            )
         token = JoinToken(issuer.enroll(minion_id, ttl_s), secret, minion_id).text()
         return JoinTokenIssued(minion_id=minion_id, region=region, expires_at=expires, token=token)
 
@@ -259,6 +322,14 @@ class Identity:
         if spent is None:
             raise NotFound("no such join token (unknown, spent or expired)")
         account, region = spent["account"], spent["region"]
+        js = await self._js()
+        if js is not None:
+            try:
+                await self._node_logs(js, cmd.minion_id)
+            except Exception:  # the token stays good, for when an operator made room
+                unspent = {"$set": {"used_at_ms": None}, "$unset": {"public_key": ""}}
+                await self.db.join_tokens.update_one({"_id": spent["_id"]}, unspent)
+                raise
         previous = await self.db.enrolments.find_one({"_id": cmd.minion_id, "account": account})
         try:
             # Conditional on the account: another account's row (even one written a moment
@@ -278,7 +349,8 @@ class Identity:
                 upsert=True,
             )
         except DuplicateKeyError:
-            raise Refused("conflict", f"minion id {cmd.minion_id!r} is taken") from None
+            # Taken meanwhile by another account: answered as an unknown token (R-TEN-2).
+            raise NotFound("no such join token (unknown, spent or expired)") from None
         js = await self._js()
         if js is not None:
             # A fresh consumer, delivering only commands published from now on: a new host
@@ -333,6 +405,7 @@ class Identity:
         js = await self._js()
         if js is not None:
             await delete_node_consumer(js, minion_id)
+            await delete_node_logs(js, minion_id)  # the logs it kept go with it
         if doc is None:
             return False
         await self._revoke_key(doc["public_key"], minion_id)
