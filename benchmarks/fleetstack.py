@@ -119,7 +119,8 @@ class Fleet:
     def __init__(self, root: Path, on_start: Callable[[str, int], None] = _ignore) -> None:
         self.root = root
         self.on_start = on_start
-        self.nats = NatsServer(root / "nats")
+        # each enrolled node reserves its log stream's 256 MiB: room for ~250 (idle) agents
+        self.nats = NatsServer(root / "nats", max_file_store="64GB")
         self.mongo = EmbeddedMongo(root / "mongo")
         self.services: dict[str, ServiceProcess] = {}
         self.agents: list[ServiceProcess] = []
@@ -188,7 +189,7 @@ class Fleet:
         minutes; the agents' enrolment asks the provisioner with a shorter patience)."""
         from gpufleet_devstack.health import health_subject
 
-        nc = await connect_admin(self)
+        nc = await connect_admin(self, acting_for=identities.LOCAL_ACCOUNT)  # health_subject's
 
         async def up(name: str) -> bool:
             try:
@@ -369,5 +370,6 @@ async def connect_user(fleet: Fleet, account: str, user: str = "bench") -> Any:
     return await nats.connect(fleet.nats.url, **NatsServer.client(creds))
 
 
-async def connect_admin(fleet: Fleet) -> Any:
-    return await nats.connect(fleet.nats.url, **fleet.nats.admin())
+async def connect_admin(fleet: Fleet, acting_for: str | None = None) -> Any:
+    """An operator's connection (`acting_for` an account: its requests are answered)."""
+    return await nats.connect(fleet.nats.url, **fleet.nats.admin(acting_for))

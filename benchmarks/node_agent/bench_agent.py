@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from gpufleet_bus.streams import ensure_node_consumer, ensure_streams
+from gpufleet_bus.streams import ensure_node_consumer, ensure_node_logs, ensure_streams
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import StartWorker
 from gpufleet_devstack import NatsServer
@@ -262,6 +262,7 @@ async def idle_agent(server: NatsServer, root: Path, seconds: float) -> Any:
     minion = f"ba-idle-{uuid.uuid4().hex[:6]}"
     nc = await nats.connect(server.url, **server.admin())
     await ensure_node_consumer(nc.jetstream(), minion)
+    await ensure_node_logs(nc.jetstream(), minion)
     beats = await nc.subscribe(subjects.heartbeat(minion))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     env.update(

@@ -31,11 +31,16 @@ BARE_OWN_JOBS = {"GPUFLEET_ALLOW_BARE_PROCESSES": "own-jobs"}
 
 class System:
     def __init__(
-        self, root: Path, nats_cluster: int = 1, agent_env: dict[str, str] | None = None
+        self,
+        root: Path,
+        nats_cluster: int = 1,
+        agent_env: dict[str, str] | None = None,
+        service_env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         # the node agent's settings: by default the operator's opt-in to bare processes
         self.agent_env = dict(BARE_OWN_JOBS if agent_env is None else agent_env)
+        self.service_env = dict(service_env or {})  # every service's (not the agent's)
         # Generous start deadlines: six other Pythons share two loaded cores.
         self.cluster = (
             NatsCluster(root / "nats", nats_cluster, start_timeout=60) if nats_cluster > 1 else None
@@ -102,6 +107,8 @@ class System:
             # operator's opt-in, keep the suite fast, but in test_runtime.py (containers,
             # the default). Another account's job always runs in a container.
             env.update(self.agent_env)
+        else:
+            env.update(self.service_env)
         env.update(extra or {})
         if spec.name == "node-agent":
             state = Path(env["GPUFLEET_AGENT_STATE_DIR"])

@@ -13,7 +13,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import nats.js.errors
 import pytest
+from gpufleet_bus.streams import stream_for
 from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.billing import UsageCharged
 from gpufleet_contracts.devices import DeviceAdded
@@ -136,6 +138,9 @@ FORGERIES: dict[str, tuple[str, Callable[[Victim], Message]]] = {
     "WorkerPlaced": (WorkerPlaced.SUBJECT, placed),
     "WorkerStarted": (f"{subjects.EVENTS}.worker.started.{VICTIM_NODE}", started),
     "WorkerFinished": (f"{subjects.EVENTS}.worker.finished.{VICTIM_NODE}", finished),
+    # the history's copy, which only the scheduler states of the reports it took
+    "KeptWorkerStarted": (subjects.kept("started", VICTIM_NODE), started),
+    "KeptWorkerFinished": (subjects.kept("finished", VICTIM_NODE), finished),
     "UsageCharged": (UsageCharged.SUBJECT, charged),
     "DeviceAdded": (DeviceAdded.SUBJECT, device),
     "JobStateChanged": (JobStateChanged.SUBJECT, job_state),
@@ -157,11 +162,12 @@ async def test_a_forged_event_is_refused(
     server, nothing stored, the victim's job and bill unchanged."""
     subject, make = FORGERIES[event]
     msg = make(victim)
-    before = await last_seq(system, EVENTS, subject)
+    stream = stream_for(subject) or EVENTS  # a node's report: REPORTS
+    before = await last_seq(system, stream, subject)
     async with Client(system.nats.url, forger) as attacker:
         await attacker.send_refused(subject, msg)
         await attacker.js_send_refused(subject, msg)
-    assert await last_seq(system, EVENTS, subject) == before
+    assert await last_seq(system, stream, subject) == before
     await victim.assert_untouched()
 
 
@@ -171,14 +177,18 @@ async def test_worker_finished_on_the_evil_nodes_own_subject_is_ignored(
 ) -> None:
     """Another node states, on its own subject (which it may publish), that the victim's
     running worker finished, with the victim's real placement id; its body names either
-    itself or the victim's node. The scheduler and billing take worker facts only from the
-    node the placement named: the job keeps running, nothing is charged, and the GPUs stay
-    held (a job that needs one of them waits)."""
+    itself or the victim's node. The scheduler takes worker facts only from the node the
+    placement named, and states only those in the history billing reads: the report is
+    read and dropped (REPORTS keeps nothing once read), nothing of the evil node's is in
+    the history, the job keeps running, nothing is charged, and the GPUs stay held (a job
+    that needs one of them waits)."""
     subject = f"{subjects.EVENTS}.worker.finished.{EVIL_NODE}"
     async with Client(system.nats.url, evil_node) as attacker:
         ack = await attacker.js_send(subject, finished(victim, claimed))
-    for durable in ("scheduler-worker-events", "billing-worker-events"):
-        await wait_consumed(system, EVENTS, durable, ack.seq)
+    assert ack.stream == subjects.STREAM_REPORTS
+    await wait_consumed(system, subjects.STREAM_REPORTS, "scheduler-worker-events", ack.seq)
+    assert await last_seq(system, subjects.STREAM_REPORTS, subject) is None  # read: gone
+    assert await last_seq(system, EVENTS, subjects.kept("finished", EVIL_NODE)) is None
     await victim.assert_untouched()
 
     second = system.submit("--", "true", name="wants-a-gpu", gpus=1)
@@ -198,14 +208,19 @@ async def test_log_lines_for_the_victims_job_from_another_node_are_not_shown(
     system: System, victim: Victim, evil_node: Path, eve: Path
 ) -> None:
     """Log chunks for the victim's job: on the victim node's subject refused (user and
-    node alike); on the evil node's own subject stored, but the victim's `job logs` shows
-    only what the node its worker ran on wrote."""
+    node alike); on the evil node's own subject, which it may publish, stored nowhere (a
+    node's logs go to its own stream, which the provisioner made when it enrolled: `evil`
+    never did); and the victim's `job logs` shows only what the node its worker ran on
+    wrote (an enrolled node's chunks for the victim's job: test_bounds.py)."""
     injected = b"INJECTED: your job is compromised, visit evil.example\n"
     for who in (eve, evil_node):
         async with Client(system.nats.url, who) as attacker:
             await attacker.publish_refused(subjects.log(VICTIM_NODE, victim.job_id, 0), injected)
     async with Client(system.nats.url, evil_node) as attacker:
-        await attacker.nc.jetstream().publish(subjects.log(EVIL_NODE, victim.job_id, 0), injected)
+        with pytest.raises(nats.js.errors.NoStreamResponseError):  # no stream takes it
+            await attacker.nc.jetstream().publish(
+                subjects.log(EVIL_NODE, victim.job_id, 0), injected
+            )
     logs = system.cli("job", "logs", victim.job_id).stdout
     assert victim.secret in logs and "INJECTED" not in logs
     await victim.assert_untouched()

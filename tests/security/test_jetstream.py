@@ -29,8 +29,13 @@ from .conftest import (
     stream_state,
 )
 
-STREAMS = (subjects.STREAM_EVENTS, subjects.STREAM_LOGS, subjects.STREAM_COMMANDS)
+VICTIM_LOGS = subjects.node_logs_stream(VICTIM_NODE)  # the victim node's log stream
+STREAMS = (subjects.STREAM_EVENTS, VICTIM_LOGS, subjects.STREAM_COMMANDS)
 ALL_STREAMS = (*STREAMS, subjects.STREAM_DLQ)
+# What nodes report, until the scheduler reads it (a work queue: its counts go down by
+# themselves, so only the refusals are checked there)
+REPORTS = subjects.STREAM_REPORTS
+ATTEMPTED = (*ALL_STREAMS, REPORTS)
 
 
 @pytest.fixture(params=["user", "node"])
@@ -67,7 +72,7 @@ async def attempt_each(system: System, who: Path, requests: list[tuple[str, Any]
 async def test_purging_a_stream_is_refused(system: System, victim: Victim, intruder: Path) -> None:
     """`$JS.API.STREAM.PURGE.<stream>` on every gpufleet stream: refused, nothing lost."""
     before = await states(system)
-    await attempt_each(system, intruder, [(f"$JS.API.STREAM.PURGE.{s}", {}) for s in ALL_STREAMS])
+    await attempt_each(system, intruder, [(f"$JS.API.STREAM.PURGE.{s}", {}) for s in ATTEMPTED])
     untouched(before, await states(system))
     await victim.assert_untouched()
 
@@ -75,7 +80,7 @@ async def test_purging_a_stream_is_refused(system: System, victim: Victim, intru
 async def test_deleting_a_stream_is_refused(system: System, victim: Victim, intruder: Path) -> None:
     """`$JS.API.STREAM.DELETE.<stream>`: refused."""
     before = await states(system)
-    await attempt_each(system, intruder, [(f"$JS.API.STREAM.DELETE.{s}", {}) for s in ALL_STREAMS])
+    await attempt_each(system, intruder, [(f"$JS.API.STREAM.DELETE.{s}", {}) for s in ATTEMPTED])
     untouched(before, await states(system))
     await victim.assert_untouched()
 
@@ -100,8 +105,9 @@ async def test_deleting_a_message_is_refused(
 async def test_creating_a_consumer_is_refused(
     system: System, victim: Victim, intruder: Path
 ) -> None:
-    """An ephemeral and a durable consumer on EVENTS, LOGS and COMMANDS (to read every
-    event, every job's output, every node's commands): refused, none exists."""
+    """An ephemeral and a durable consumer on EVENTS, the victim node's LOGS, COMMANDS and
+    REPORTS (to read every event, the victim's output, every node's commands, or to take
+    the nodes' reports before the scheduler): refused, none exists."""
     before = await states(system)
 
     def config(stream: str, durable: str | None = None) -> dict[str, Any]:
@@ -113,14 +119,14 @@ async def test_creating_a_consumer_is_refused(
     await attempt_each(
         system,
         intruder,
-        [(f"$JS.API.CONSUMER.CREATE.{s}", config(s)) for s in STREAMS]
+        [(f"$JS.API.CONSUMER.CREATE.{s}", config(s)) for s in (*STREAMS, REPORTS)]
         + [
             (f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.attacker", config(s, "attacker"))
-            for s in STREAMS
+            for s in (*STREAMS, REPORTS)
         ]
         + [
             (f"$JS.API.CONSUMER.CREATE.{s}.attacker.{subjects.ROOT}.>", config(s, "attacker"))
-            for s in STREAMS
+            for s in (*STREAMS, REPORTS)
         ],
     )
     untouched(before, await states(system))
@@ -135,10 +141,10 @@ async def test_reading_stream_messages_directly_is_refused(
     await attempt_each(
         system,
         intruder,
-        [(f"$JS.API.STREAM.MSG.GET.{s}", {"seq": 1}) for s in ALL_STREAMS]
+        [(f"$JS.API.STREAM.MSG.GET.{s}", {"seq": 1}) for s in ATTEMPTED]
         + [
             (f"$JS.API.DIRECT.GET.{s}.{subjects.LOGS}.{VICTIM_NODE}.{victim.job_id}.0", {})
-            for s in (subjects.STREAM_LOGS,)
+            for s in (VICTIM_LOGS,)
         ],
     )
     await victim.assert_untouched()

@@ -1,5 +1,5 @@
-"""Worker log chunks (stream GPUFLEET_LOGS, subject gpufleet.v1.log.<minion>.<job>.<worker>),
-read through the scheduler's `job_logs` request."""
+"""Worker log chunks (subject gpufleet.v1.log.<minion>.<job>.<worker>, in the log stream of
+the node that ran the worker), read through the scheduler's `job_logs` request."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _order(worker: str) -> tuple[int, str]:
 def group(records: Iterable[StreamRecord]) -> dict[str, str]:
     """Text per worker, chunks joined in stream order, workers in number order."""
     raw: dict[str, bytes] = {}
-    for r in sorted(records, key=lambda r: r.seq):
+    for r in records:  # as the scheduler gave them: node by node, each in stream order
         w = worker_of(r.subject)
         raw[w] = raw.get(w, b"") + r.data
     return {w: raw[w].decode("utf-8", "replace") for w in sorted(raw, key=_order)}

@@ -12,6 +12,7 @@ from typing import Any
 from gpufleet_billing.app import BillingSettings, build_app
 from gpufleet_bus import Ports
 from gpufleet_contracts import Message, envelope_for, subjects
+from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted
 from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 
@@ -73,8 +74,16 @@ async def publish_all(server: NatsServer, messages: list[Message], dup_every: in
     for i, msg in enumerate(messages):
         for _ in range(2 if i % dup_every == 0 else 1):
             env = envelope_for(msg, source="gpufleet/test", id=uuid.uuid4().hex)
-            await js.publish(env.subject, msg.to_bytes(), headers=env.headers())
+            await js.publish(history_subject(msg), msg.to_bytes(), headers=env.headers())
     await nc.close()
+
+
+def history_subject(msg: Message) -> str:
+    """Where the history holds `msg`: a node's report as the scheduler kept it."""
+    if isinstance(msg, WorkerStarted | WorkerFinished):
+        fact = "started" if isinstance(msg, WorkerStarted) else "finished"
+        return subjects.kept(fact, msg.minion_id)
+    return msg.subject()
 
 
 async def settled(store: Any, within_s: float = 60) -> dict[str, int]:

@@ -7,7 +7,7 @@ import json
 
 import nats
 from gpufleet_bus import Delivery, Events, Ports, ServiceRuntime, publish
-from gpufleet_bus.streams import LOGS_MAX_BYTES, ensure_streams
+from gpufleet_bus.streams import NODE_LOG_MAX_BYTES, ensure_node_logs, ensure_streams
 from gpufleet_contracts import Envelope, Event, subjects
 from gpufleet_contracts.health import HealthCheck
 from gpufleet_contracts.jobs import SubmitJob
@@ -206,15 +206,19 @@ async def test_one_consumer_dispatches_by_type_in_stream_order(fresh_nats: NatsS
     assert [json.loads(m.data)["errors"][0]["field"] for m in dead] == ["ce-type"]
 
 
-async def test_the_log_stream_is_bounded_in_bytes_and_the_event_history_is_not(
+async def test_a_nodes_logs_are_bounded_in_bytes_and_the_event_history_is_not(
     fresh_nats: NatsServer,
 ) -> None:
-    """Jobs print what they like: their logs may not take the file store the events need."""
+    """Jobs print what they like: a node's logs (its own stream) may not take the file
+    store the events need; the history goes by age alone (30 days), and what nodes report
+    waits in REPORTS, a bounded work queue (test_bounds.py)."""
     nc = await admin_connect(fresh_nats)
     js = nc.jetstream()
     await ensure_streams(js)
-    logs = (await js.stream_info(subjects.STREAM_LOGS)).config
+    await ensure_node_logs(js, "m1")
+    logs = (await js.stream_info(subjects.node_logs_stream("m1"))).config
     events = (await js.stream_info(subjects.STREAM_EVENTS)).config
-    assert logs.max_bytes == LOGS_MAX_BYTES and logs.discard == DiscardPolicy.OLD
-    assert events.max_bytes == -1  # history goes by age alone (30 days)
+    assert logs.max_bytes == NODE_LOG_MAX_BYTES and logs.discard == DiscardPolicy.OLD
+    assert logs.subjects == [f"{subjects.LOGS}.m1.>"]
+    assert events.max_bytes == -1
     await nc.close()

@@ -123,6 +123,7 @@ async def provisioner(
 ) -> AsyncIterator[Cloud]:
     settings = ProvisionerSettings(
         auth_dir=nats_server.authority.directory,
+        node_log_max_bytes=8 * 1024 * 1024,  # reserved per node in the session's server
         secret_key=Fernet.generate_key().decode(),
         provisioner_tick_s=0.2,
         node_lost_min_s=2.0,

@@ -37,6 +37,8 @@ from nats.js.errors import NotFoundError
 
 from ..conftest import JsPublisher, running, store_for
 
+TEST_NODE_LOG_BYTES = 8 * 1024 * 1024
+
 
 def good_hw(**kw: Any) -> HardwareInventory:
     base: dict[str, Any] = {
@@ -152,6 +154,8 @@ async def provisioner(
         "node_lost_min_s": 0.6,
         "provisioner_tick_s": 0.2,
         "auto_activate_nodes": False,
+        # each node's log stream reserves this in the session's server (8 GiB in all)
+        "node_log_max_bytes": TEST_NODE_LOG_BYTES,
         **settings,
     }
     config = ProvisionerSettings(auth_dir=nats_server.authority.directory, **values)
@@ -437,7 +441,8 @@ async def test_an_enrolment_racing_another_accounts_is_refused(
     nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:
     """Another account's enrolment written between token and enrolment (a race): the
-    enrolment is refused, no consumer is made and the other account's row is untouched."""
+    enrolment is refused as an unknown token's (the other account's node is not revealed),
+    no consumer is made and the other account's row is untouched."""
     async with provisioner(nats_server, mongo_server, db_prefix) as bus:
         m = f"race-{uuid.uuid4().hex[:6]}"
         token = (await bus.token(m))["token"]
@@ -451,7 +456,7 @@ async def test_an_enrolment_racing_another_accounts_is_refused(
         }
         await db.enrolments.insert_one(dict(row))
         path = nats_server.authority.directory / "test-nodes" / f"{m}.creds"
-        with pytest.raises(EnrolmentError, match="taken"):
+        with pytest.raises(EnrolmentError, match="no such join token"):
             await enrol([nats_server.url], token, m, path, attempts=1)
         assert await db.enrolments.find_one({"_id": m}) == row
         with pytest.raises(NotFoundError):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from gpufleet_bus import Ports, publish
+from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import (
     GetJob,
     JobSpec,
@@ -51,6 +52,7 @@ def registered(
     public: bool = False,
     state: NodeState = NodeState.active,
     simulated: bool = False,
+    verified: bool = True,
 ) -> NodeRegistered:
     return NodeRegistered(
         node_id="n-" + minion,
@@ -67,6 +69,8 @@ def registered(
         price_per_gpu_hour=None if price is None else Decimal(price),
         allow_public_jobs=public,
         gpu_shares=shares,
+        # as the provisioner says of a node whose GPU check passed (simulated: never)
+        verified=verified and not simulated,
         at=datetime.now(UTC),
     )
 
@@ -198,7 +202,7 @@ async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) ->
     ]
     assert {x.job_id for x in stops} == {train["id"], note["id"]}
     # the lost node's workers, declared failed by the scheduler on that node's subject
-    finished = await read_stream(s.server, WorkerFinished.SUBJECT.format(minion_id="a"))
+    finished = await read_stream(s.server, subjects.kept("finished", "a"))  # as billing reads
     closed = [WorkerFinished.from_bytes(m.data) for m in finished]
     assert {(f.job_id, f.reason) for f in closed} >= {(train["id"], "node a lost")}
     claims = await s.sched.state.db.claims.find({}).to_list(None)

@@ -127,10 +127,15 @@ def event_catalogue(
         "each service's full AsyncAPI 3.0 document (payload schemas included) is in",
         "[`asyncapi/`](asyncapi/).",
         "",
-        f"Streams: `{subjects.STREAM_EVENTS}` (`{subjects.EVENTS}.>`), "
+        f"Streams: `{subjects.STREAM_EVENTS}` (`{subjects.EVENTS}.*.*` and four tokens or "
+        f"more), `{subjects.STREAM_REPORTS}` (`{subjects.EVENTS}.*.*.*`: what a node reports, "
+        "until a service reads it), "
         f"`{subjects.STREAM_COMMANDS}` (`{subjects.COMMANDS}.>`), "
-        f"`{subjects.STREAM_LOGS}` (`{subjects.LOGS}.>`), `{subjects.STREAM_DLQ}` "
-        f"(`{subjects.DLQ}.>`). Request/reply (`{subjects.RPC}.<service>.<verb>.<account>`, "
+        f"`{subjects.node_logs_stream('<minion_id>')}` (`{subjects.LOGS}.<minion_id>.>`: one "
+        f"per node), `{subjects.STREAM_DLQ}` "
+        f"(`{subjects.DLQ}.>`); their limits: "
+        "[`reliability.md`](reliability.md#what-a-node-or-an-account-can-store). "
+        f"Request/reply (`{subjects.RPC}.<service>.<verb>.<account>`, "
         f"`{subjects.ADMIN}.*`, `{subjects.ENROLL}.*`, `{subjects.NODES}.*`) and heartbeats "
         f"(`{subjects.HEARTBEATS}.*`) are core NATS.",
         "",

@@ -7,7 +7,10 @@ before the next fetch, so that a busy stream's messages come in fewer, larger ba
 while messages that come one at a time are each handled at once), checks each
 one's envelope and body as every consumer does (deadletter.py: a message that cannot be
 valid is dead-lettered and termed, alone), hands the valid ones to the handler in stream
-order, and acks them all once it returned.
+order, and acks them all once it returned. Invalid messages are recorded as they come, the
+first REFUSALS_BURST of a subject each minute; past them one record a minute stands for the
+rest, with their count (notices.py): a node's own subject is its to fill, the DLQ and the
+service's log are not.
 If it raises, the batch is handled again **one message at a time**, in order, so that one
 message the handler cannot take never holds back (or dead-letters) the others: each that
 succeeds is acked, each that fails is nak'ed with the growing delay and, after MAX_DELIVER
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -52,9 +56,11 @@ from .deadletter import (
     dead_letter_subject,
     retry_delay,
 )
+from .notices import Notice, Notices
 from .wiring import Batched, Delivery
 
 log = logging.getLogger("gpufleet.bus")
+REFUSALS_BURST = 10  # invalid messages of one subject recorded each, a minute
 
 
 class BatchConsumer:
@@ -78,6 +84,7 @@ class BatchConsumer:
         self._task: asyncio.Task[None] | None = None
         self._psub: Any = None  # nats-py's JetStreamContext.PullSubscription
         self._nc: Client | None = None
+        self.refusals = Notices(burst=REFUSALS_BURST)  # per subject
 
     async def start(self, nc: Client) -> None:
         self._nc = nc
@@ -166,6 +173,8 @@ class BatchConsumer:
                     await asyncio.wait_for(self._stop.wait(), self.spec.linger_s)
 
     async def _handle(self, msgs: list[Msg]) -> None:
+        for notice in self.refusals.due():  # a flood that stopped: its count, in the log
+            log.warning("%s invalid message(s) on %s not recorded", notice.text(), notice.key)
         valid: list[tuple[Msg, tuple[Message, Delivery]]] = []
         for msg in msgs:
             decoded = await self._decode(msg)
@@ -208,8 +217,15 @@ class BatchConsumer:
         return body, Delivery(msg.subject, stamp, str(headers["ce-id"]))
 
     async def _refuse(self, msg: Msg, message: str, errors: list[dict[str, Any]]) -> None:
-        log.warning("rejected invalid message: %s", message, extra={"subject": msg.subject})
-        await self._dead_letter(msg, "invalid", errors)
+        notice = self.refusals.note(msg.subject)
+        if notice is not None:
+            log.warning(
+                "rejected invalid message: %s%s",
+                message,
+                "" if notice.count == 1 else f" ({notice.text()} on its subject)",
+                extra={"subject": msg.subject},
+            )
+            await self._dead_letter(msg, "invalid", errors, notice)
         await msg.term()
 
     async def _retry(self, msgs: list[Msg], exc: Exception) -> None:
@@ -226,9 +242,13 @@ class BatchConsumer:
             )
             await msg.nak(delay=delay)
 
-    async def _dead_letter(self, msg: Msg, reason: str, errors: list[dict[str, Any]]) -> None:
+    async def _dead_letter(
+        self, msg: Msg, reason: str, errors: list[dict[str, Any]], notice: Notice | None = None
+    ) -> None:
         assert self._nc is not None
         record = dead_letter_bytes(self.service, msg.subject, msg.data, msg.headers, reason, errors)
+        if notice is not None and notice.count > 1:  # it stands for these many
+            record = json.dumps({**json.loads(record), "count": notice.count}).encode()
         await self._nc.jetstream().publish(
             dead_letter_subject(self.service, msg.subject),
             record,

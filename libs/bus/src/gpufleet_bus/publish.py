@@ -45,10 +45,18 @@ async def publish(
     return env.id
 
 
-def emit(tx: object, msg: Message, msg_id: str | None = None, *, sealed: bool = False) -> str:
+def emit(
+    tx: object,
+    msg: Message,
+    msg_id: str | None = None,
+    *,
+    sealed: bool = False,
+    subject: str | None = None,
+) -> str:
     """Queue `msg` in a store transaction's outbox (see gpufleet_store.Transaction.emit);
-    `sealed`: it carries a secret, and is stored encrypted until the relay publishes it."""
+    `sealed`: it carries a secret, and is stored encrypted until the relay publishes it;
+    `subject`: another than its own (the scheduler's `kept` worker facts)."""
     from gpufleet_store import Transaction
 
     assert isinstance(tx, Transaction)
-    return tx.emit(msg.subject(), msg.TYPE, msg.to_bytes(), msg_id, sealed=sealed)
+    return tx.emit(subject or msg.subject(), msg.TYPE, msg.to_bytes(), msg_id, sealed=sealed)

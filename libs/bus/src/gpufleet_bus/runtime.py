@@ -144,7 +144,7 @@ class ServiceRuntime:
         events: Mapping[str, EventHandler | Events | Batched] | None = None,
         signals: Mapping[str, Callable[..., Awaitable[None]]] | None = None,
         every: Sequence[Every] = (),
-        publishes: Sequence[type[Message]] = (),
+        publishes: Sequence[type[Message] | tuple[type[Message], str]] = (),
         prepare: Sequence[Callable[[], Awaitable[Any]]] = (),
         startup: Sequence[Callable[[], Awaitable[Any]]] = (),
         shutdown: Sequence[Callable[[], Awaitable[Any]]] = (),
@@ -256,12 +256,13 @@ class ServiceRuntime:
             BatchConsumer(self.service, name, stream, subject, spec, self.inbox_prefix)
         )
         for model in spec.types:
+            typed = spec.type_subjects.get(model, model.SUBJECT)
             self.schema_broker.subscriber(
-                subjects.wildcard(model.SUBJECT),
+                subjects.wildcard(typed),
                 title=f"{self.service}:{durable}:{model.__name__}",
                 description=spec.handler.__doc__ or model.__doc__,
             )(schema_handler(model))
-            self._row("event", model.SUBJECT, spec.handler, model.__name__)
+            self._row("event", typed, spec.handler, model.__name__)
 
     def _signal(self, subject: str, fn: Callable[..., Awaitable[None]]) -> None:
         """`fn` is `(body)` or `(body, delivery)`: the subject it arrived on (a wildcard
@@ -282,18 +283,21 @@ class ServiceRuntime:
         )(on_signal)
         self._row("signal", subject, fn, model.__name__)
 
-    def _publishes(self, messages: Sequence[type[Message]]) -> None:
-        """What this service publishes (through its outbox), for the AsyncAPI document."""
-        for message in messages:
-            stream = stream_for(subjects.wildcard(message.SUBJECT))
+    def _publishes(self, messages: Sequence[type[Message] | tuple[type[Message], str]]) -> None:
+        """What this service publishes (through its outbox), for the AsyncAPI document: a
+        message on its own subject, or `(message, subject)` on another (the scheduler's
+        `kept` worker facts)."""
+        for entry in messages:
+            message, subject = entry if isinstance(entry, tuple) else (entry, entry.SUBJECT)
+            stream = stream_for(subjects.wildcard(subject))
             self.broker.publisher(
-                message.SUBJECT,
+                subject,
                 stream=JStream(stream, declare=False) if stream else None,
                 title=f"{self.service}:{message.__name__}",
                 description=message.__doc__,
                 schema=message,
             )
-            self.table.append(Wired("publish", message.SUBJECT, "", message.__name__))
+            self.table.append(Wired("publish", subject, "", message.__name__))
 
     def _row(self, kind: str, subject: str, fn: Callable[..., Any], message: str) -> None:
         self.table.append(Wired(kind, subject, qualname(fn), message))

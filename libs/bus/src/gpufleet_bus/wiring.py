@@ -83,6 +83,9 @@ class Batched:
     # fetching the next, so that under load a batch (one transaction) carries more
     # messages; messages that come one at a time are each handled at once (batches.py).
     linger_s: float = 0.0
+    # The subject a type arrives on when not its own SUBJECT (billing reads the nodes'
+    # WorkerStarted/WorkerFinished as the scheduler kept them: subjects.kept)
+    type_subjects: Mapping[type[Message], str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -93,12 +93,16 @@ class LogChunk(BaseModel):
 
 
 class JobLogs(BaseModel):
-    """The reply to `GetJobLogs`: chunks after `after`, oldest first; `more` when some are left."""
+    """The reply to `GetJobLogs`: chunks after its cursor, node by node in the order the
+    workers ran on them, each node's oldest first; `cursor` to ask for the next page (per
+    node, the last sequence read of its stream; `last_seq`: the largest of them); `more`
+    when some are left."""
 
     job_id: str
     chunks: list[LogChunk]
     last_seq: int
     more: bool
+    cursor: dict[str, int] = Field(default_factory=dict)
 
 
 class SchedulerSync(BaseModel):

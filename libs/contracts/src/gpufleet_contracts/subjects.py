@@ -1,14 +1,21 @@
 """The subject scheme: every NATS subject gpufleet uses is built here.
 
-    gpufleet.v1.evt.<domain>.<event>[.<key>]    events (JetStream stream EVENTS)
+    gpufleet.v1.evt.<domain>.<event>            events (JetStream stream EVENTS)
+    gpufleet.v1.evt.worker.<fact>.<minion_id>   a node's report of its worker (stream REPORTS)
+    gpufleet.v1.evt.worker.kept.<fact>.<minion_id>  a report the scheduler took (stream EVENTS)
     gpufleet.v1.cmd.<domain>.<key>.<verb>       durable commands (JetStream stream COMMANDS)
     gpufleet.v1.rpc.<service>.<verb>.<account>  an account's request/reply (core NATS)
     gpufleet.v1.adm.<service>.<verb>            an operator's request/reply (core NATS)
     gpufleet.v1.enroll.<minion_id>              a node exchanging its join token (core NATS)
     gpufleet.v1.node.<minion_id>.<verb>         requests to one node agent (core NATS)
-    gpufleet.v1.log.<minion_id>.<job_id>.<worker>  worker log chunks (JetStream stream LOGS)
+    gpufleet.v1.log.<minion_id>.<job_id>.<worker>  worker log chunks (the node's own stream)
     gpufleet.v1.dlq.<service>.<account>         refused messages kept for inspection (stream DLQ)
     gpufleet.v1.hb.<minion_id>                  node heartbeats (core NATS: losing one is harmless)
+    _INBOX.account.<account>.<public key>       a user's replies (an account's requests are
+                                                answered only under _INBOX.account.<account>)
+    _INBOX.node.<minion_id>.<public key>        a node agent's replies
+    _INBOX.enroll.<minion_id>.<public key>      a join token's replies (its enrolment's answer)
+    _INBOX.<public key>                         a service's or an operator's replies
 
 `v1` is the version of the scheme itself; each message also carries its own version in
 its CloudEvents type (`gpufleet.job.queued.v1`). A consumer subscribes to the subject of
@@ -45,8 +52,9 @@ ACCOUNT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 # JetStream streams: name -> subjects. Declared once, by every service at start-up (idempotent).
 STREAM_EVENTS = "GPUFLEET_EVENTS"
 STREAM_COMMANDS = "GPUFLEET_COMMANDS"
-STREAM_LOGS = "GPUFLEET_LOGS"
+STREAM_LOGS = "GPUFLEET_LOGS"  # each node's log stream is GPUFLEET_LOGS_<minion_id>
 STREAM_DLQ = "GPUFLEET_DLQ"
+STREAM_REPORTS = "GPUFLEET_REPORTS"
 
 
 def event(domain: str, name: str) -> str:
@@ -95,6 +103,20 @@ def log(minion_id: str, job_id: str, worker: int) -> str:
     return f"{LOGS}.{minion_id}.{job_id}.{worker}"
 
 
+def node_logs_stream(minion_id: str) -> str:
+    """The stream of one node's log chunks (`log.<minion_id>.>`): what a node can store is
+    bounded by its own stream's limits, and no node's output can push another's out."""
+    return f"{STREAM_LOGS}_{minion_id}"
+
+
+def kept(fact: str, minion_id: str) -> str:
+    """Where the scheduler states a node's report it took (`started`, `finished`): a fact
+    of a worker that node runs, in the event history. The node's own subject
+    (`evt.worker.<fact>.<minion_id>`) goes to the REPORTS stream, which keeps nothing once
+    the scheduler has read it."""
+    return f"{WORKER_KEPT}.{fact}.{minion_id}"
+
+
 def dead_letter(service: str, account: str | None = None) -> str:
     """Where `service` keeps a refused message; the account it was acting for, if known."""
     return f"{DLQ}.{service}.{account or NO_ACCOUNT}"
@@ -123,6 +145,27 @@ def node_health(minion_id: str) -> str:
     return node(minion_id, "health")
 
 
+INBOX = "_INBOX"
+
+
+def account_inbox(account: str) -> str:
+    """`_INBOX.account.<account>`: the replies to `account`'s requests go only under it, each
+    identity acting for the account (its users; an operator acting for it) having its own
+    inbox there, `.<public key>`, the only one its credential may subscribe to."""
+    return f"{INBOX}.account.{account}"
+
+
+def node_inbox(minion_id: str) -> str:
+    """`_INBOX.node.<minion_id>`: the inboxes of that node agent's credential."""
+    return f"{INBOX}.node.{minion_id}"
+
+
+def enroll_inbox(minion_id: str) -> str:
+    """`_INBOX.enroll.<minion_id>`: the inboxes of the join tokens' credentials of that
+    minion id; the provisioner answers an enrolment only there."""
+    return f"{INBOX}.enroll.{minion_id}"
+
+
 def wildcard(template: str) -> str:
     """A message's subject template with every `{key}` as `*`: what a consumer of every
     value of its keys subscribes to."""
@@ -132,8 +175,10 @@ def wildcard(template: str) -> str:
 # Every worker fact (placed, started, finished) on one subject tree: each service reads them
 # with one consumer, in stream order, dispatched by type (gpufleet_bus.runtime).
 WORKER_EVENTS = f"{EVENTS}.worker.>"
-# What nodes report of their workers (started, finished: `<fact>.<minion_id>`), without the
-# scheduler's own `placed`: the scheduler's one consumer of the worker stream.
+# What nodes report of their workers (started, finished: `<fact>.<minion_id>`), in the
+# REPORTS stream: the scheduler's one consumer of them. The facts it takes go on
+# `kept.<fact>.<minion_id>` (EVENTS), which billing reads with the scheduler's `placed`.
 WORKER_REPORTS = f"{EVENTS}.worker.*.*"
+WORKER_KEPT = f"{EVENTS}.worker.kept"
 # Core NATS between scheduler instances: "these jobs/nodes changed" from one that does not lead.
 SCHEDULER_SYNC = internal("scheduler", "sync")

@@ -120,11 +120,16 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
             "earnings": on.earnings,
         },
         events={
-            # One consumer, in stream order: a placement before its node's facts (service.py).
+            # One consumer, in stream order: a placement before its node's facts (service.py),
+            # which the scheduler states on the node's `kept` subject once it took them.
             "worker-events": Batched(
                 [WorkerPlaced, WorkerStarted, WorkerFinished],
                 on.worker_events,
                 subject=subjects.WORKER_EVENTS,
+                type_subjects={
+                    WorkerStarted: subjects.kept("started", "{minion_id}"),
+                    WorkerFinished: subjects.kept("finished", "{minion_id}"),
+                },
                 # under load, fewer and larger batches (one settlement each); a charge is
                 # due within seconds of a run's end, not milliseconds
                 linger_s=1.0,

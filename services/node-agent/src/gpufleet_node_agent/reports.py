@@ -19,6 +19,9 @@ from .workdir import Worker
 
 LOG_TYPE = "gpufleet.worker.log.v1"
 LOG_TAIL_CHARS = 4000
+# A reason is cut to this: a report must fit the REPORTS stream's 64 KiB a message (a log
+# tail of 4000 characters is at most ~24 KB of JSON), or it could never be sent.
+REASON_CHARS = 2000
 CHUNKS_PER_POLL = 64  # per worker and round, so one chatty worker cannot starve the others
 
 
@@ -148,7 +151,7 @@ class Reports:
             minion_id=self.minion_id,
             state=state,
             exit_code=code,
-            reason=reason,
+            reason=str(reason)[:REASON_CHARS] if reason else reason,
             started_at=_parse_time((started or {}).get("started_at")),
             ended_at=_parse_time(exit_data.get("ended_at")) or self.clock(),
             log_tail=log_tail(w.file("log")),

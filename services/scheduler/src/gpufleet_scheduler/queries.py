@@ -8,7 +8,7 @@ only their credentials may publish) see every job.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from gpufleet_contracts.jobs import JobState
 from gpufleet_store import Doc
@@ -54,9 +54,17 @@ class Queries:
         jobs = await self.state.db.jobs.find(query).sort("queued_at", -1).to_list(limit)
         return [jobdoc.view(j) for j in jobs]
 
-    async def logs(self, job_id: str, account: str, after: int, limit: int) -> Doc:
+    async def logs(
+        self,
+        job_id: str,
+        account: str,
+        after: int,
+        limit: int,
+        cursor: Mapping[str, int] | None = None,
+    ) -> Doc:
         """A page of the job's worker logs (logs.py), if `account` may see the job."""
         job = await self.state.find_job(job_id, account)
         if self.jetstream is None:
             raise RuntimeError("this scheduler reads no logs (built without a bus)")
-        return await read_logs(await self.jetstream(), job, after, limit, self.inbox_prefix)
+        js = await self.jetstream()
+        return await read_logs(js, job, after, limit, self.inbox_prefix, cursor)

@@ -15,30 +15,63 @@ A report counts only when it arrived on the subject of the node its body names (
 one that node may publish) and that node is the one the placement named; a report of a
 placement that is no longer the worker's (its node was lost and the worker requeued) is
 ignored, here and in billing (lifecycle.py).
+
+Reports come from the REPORTS stream, a work queue that keeps nothing once read: a report
+that changed a worker (its start, its end) is stated again, in the same transaction, on the
+`kept` subject of its node (`subjects.kept`, stream EVENTS: what billing reads and the
+history keeps), under an id of its placement. So the event history holds one start and one
+end per placement whatever a node sends. A fact of a node about a worker it was never
+placed on (another node's, another account's, none at all), or whose body names another
+node, is not kept and is noticed: a dead-letter record naming the node and why, and a log
+line, at once for a node's first, then at most once a minute per node with the count since
+(gpufleet_bus.notices), so that a node's flood is no flood of the DLQ or of the log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpufleet_bus import Delivery, on_its_own_subject
+from gpufleet_bus import Delivery, emit, node_of
+from gpufleet_bus.deadletter import dead_letter_bytes
+from gpufleet_bus.notices import Notice, Notices
+from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import aware
 from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted, WorkerState
 from gpufleet_store import Doc, Transaction
 from gpufleet_telemetry.instruments import METRICS
+from nats.js import JetStreamContext
 from pymongo import ReplaceOne
 
 from . import jobdoc
 from .passes import Passes
 from .state import StaleJob, State
 
+log = logging.getLogger("gpufleet.scheduler.reports")
+
 REPORTS_BATCH = 256  # reports fetched and applied at once (app.py)
 # After a batch that was not full, the next fetch waits this long: under load the reports
 # come in fewer transactions (and placement passes); a quiet node's report goes at once.
 REPORTS_LINGER_S = 0.2
 Report = WorkerStarted | WorkerFinished
+JetStream = Callable[[], Awaitable[JetStreamContext]]
+IGNORED = "ignored"  # the reason of a dead letter of a report not kept
+NOT_PLACED = "worker:not-placed-on-node"
+OTHER_NODE = "worker:body-names-another-node"
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A report that is not kept, from `node`, and why: noticed (`Reports.notice`)."""
+
+    report: Report
+    delivery: Delivery
+    node: str
+    rule: str
+    why: str
 
 
 @dataclass
@@ -50,26 +83,47 @@ class Applied:
     freed: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
     placements: list[str] = field(default_factory=list)  # finished: their claims go
     finished: list[str] = field(default_factory=list)  # states, for the metrics
+    ignored: list[Ignored] = field(default_factory=list)  # facts of workers not the node's
 
 
 class Reports:
-    def __init__(self, state: State, passes: Passes) -> None:
+    def __init__(
+        self,
+        state: State,
+        passes: Passes,
+        jetstream: JetStream | None = None,
+        notices: Notices | None = None,
+    ) -> None:
         self.state = state
         self.passes = passes
+        self.jetstream = jetstream  # where dead letters go (None: logged only)
+        self.notices = notices or Notices()  # per node: what is noticed of its rubbish
+        self._examples: dict[str, Ignored] = {}  # per node: its latest, for a late notice
         self.batches = 0  # applied so far (tests, benchmarks)
+        self.ignored = 0  # reports not kept so far (tests, benchmarks)
 
     async def reported(self, batch: Sequence[tuple[Report, Delivery]]) -> None:
         """Apply a batch of reports (see the module's docstring)."""
-        facts = [
-            (evt, d.received_at or self.state.clock())
-            for evt, d in batch
-            if on_its_own_subject(d.subject, evt.minion_id)
-        ]
-        if facts and await self.apply(facts):
-            self.passes.request_pass()  # not awaited: the next batch is read meanwhile
+        facts: list[tuple[Report, Delivery]] = []
+        ignored: list[Ignored] = []
+        for evt, d in batch:
+            sender = node_of(d.subject) or subjects.NO_ACCOUNT
+            if sender == evt.minion_id:
+                facts.append((evt, d))
+            else:
+                why = f"its body names node {evt.minion_id}, not the node that sent it"
+                ignored.append(Ignored(evt, d, sender, OTHER_NODE, why))
+        if facts:
+            freed, foreign = await self.apply(facts)
+            ignored += foreign
+            if freed:
+                self.passes.request_pass()  # not awaited: the next batch is read meanwhile
+        await self.notice(ignored)
 
-    async def apply(self, facts: Sequence[tuple[Report, datetime]]) -> bool:
-        """Apply reports in one transaction; True when some GPUs were freed."""
+    async def apply(self, facts: Sequence[tuple[Report, Delivery]]) -> tuple[bool, list[Ignored]]:
+        """Apply reports in one transaction, stating each one that changed a worker on its
+        node's `kept` subject; (whether some GPUs were freed, the facts of workers that were
+        never their node's)."""
         st = self.state
         ids = sorted({evt.job_id for evt, _ in facts})
         async with st.lock:
@@ -80,10 +134,13 @@ class Reports:
                 )
                 jobs = {j["_id"]: j for j in found}
                 out = Applied()
-                for evt, received in facts:
+                for evt, d in facts:
                     job = jobs.get(evt.job_id)
-                    if job is None:
+                    if job is None or not placed_on(job, evt):
+                        why = "no worker with this placement was placed on the node"
+                        out.ignored.append(Ignored(evt, d, evt.minion_id, NOT_PLACED, why))
                         continue
+                    received = d.received_at or st.clock()
                     version = int(job["version"])
                     at, reason = (
                         started(job, evt, received)
@@ -91,10 +148,17 @@ class Reports:
                         else finished(job, evt, received, out)
                     )
                     if at is None:
-                        continue  # unknown, superseded or already past this point
+                        continue  # superseded or already past this point
                     out.versions.setdefault(job["_id"], version)
                     out.jobs[job["_id"]] = job
                     st.bump(tx, job, at, reason)
+                    fact = "started" if isinstance(evt, WorkerStarted) else "finished"
+                    emit(
+                        tx,
+                        evt,
+                        f"kept:{fact}:{evt.placement_id}",
+                        subject=subjects.kept(fact, evt.minion_id),
+                    )
                 if not out.jobs:
                     return out
                 rev = await st.next_rev(tx)
@@ -113,7 +177,7 @@ class Reports:
 
             done = await st.store.transaction(body)
             if not done.jobs:
-                return False
+                return False, done.ignored
             self.batches += 1
             for state in done.finished:
                 METRICS.worker_runs.add(1, {"state": state})
@@ -123,7 +187,89 @@ class Reports:
             jobs = list(done.jobs.values())
             await st.changed(jobs, [] if st.loaded else sorted({n for n, _ in done.freed}))
             st.committed(jobs[0]["rev"])
-        return bool(done.freed)
+        return bool(done.freed), done.ignored
+
+    async def notice(self, ignored: Sequence[Ignored]) -> None:
+        """Reports not kept, noticed per node (see the module's docstring): the first of a
+        node at once, then one dead letter and one log line a minute, with the count."""
+        self.ignored += len(ignored)
+        counts: dict[str, int] = {}
+        for item in ignored:
+            counts[item.node] = counts.get(item.node, 0) + 1
+            self._examples.pop(item.node, None)
+            self._examples[item.node] = item  # the latest last: the oldest go first
+        while len(self._examples) > self.notices.max_keys:
+            del self._examples[next(iter(self._examples))]
+        notices = [n for node, c in counts.items() if (n := self.notices.note(node, c))]
+        notices += [n for n in self.notices.due() if n.key not in counts]
+        for notice in notices:
+            example = self._examples.get(notice.key)
+            log.warning(
+                "node %s: %s report(s) not kept%s",
+                notice.key,
+                notice.text(),
+                f" ({example.why}, e.g. a {example.report.TYPE})" if example else "",
+            )
+            if example is not None:
+                await self._dead_letter(example, notice)
+
+    async def _dead_letter(self, item: Ignored, notice: Notice) -> None:
+        """A record of the node's ignored reports (one of them as it came, and how many),
+        for the node's owner (`gpufleet dlq list`) and operators. It says nothing of the
+        worker it named (whether it exists, whose it is)."""
+        if self.jetstream is None:
+            return
+        owner = await self._owner(item.node)
+        error = {
+            "field": "placement_id" if item.rule == NOT_PLACED else "minion_id",
+            "rule": item.rule,
+            "message": f"node {item.node}: {item.why} ({notice.text()} so)",
+        }
+        record = json.loads(
+            dead_letter_bytes(
+                "scheduler",
+                item.delivery.subject,
+                item.report.to_bytes(),
+                {"ce-id": item.delivery.id or "", "ce-type": item.report.TYPE},
+                IGNORED,
+                [error],
+            )
+        )
+        record.update(account=owner, node=item.node, count=notice.count)
+        try:
+            js = await self.jetstream()
+            await js.publish(
+                subjects.dead_letter("scheduler", owner),
+                json.dumps(record, default=str).encode(),
+                stream=subjects.STREAM_DLQ,
+                timeout=5.0,
+            )
+        except Exception as exc:  # the log line above is the notice then
+            log.warning("dead letter of node %s's reports not kept: %s", item.node, exc)
+
+    async def _owner(self, minion_id: str) -> str | None:
+        """The account of a registered node (None: none registered under this id)."""
+        doc = await self.state.db.nodes.find_one({"minion_id": minion_id}, {"owner": 1})
+        owner = doc.get("owner") if doc else None
+        return str(owner) if owner and subjects.ACCOUNT_RE.fullmatch(str(owner)) else None
+
+
+def placed_on(job: Doc | None, evt: Report) -> bool:
+    """Whether the node that reports was given this placement of this worker, now or in an
+    earlier attempt (a placement it lost: its late report is stale, not a forgery). Anything
+    else is a fact about a worker the node never ran."""
+    if job is None:
+        return False
+    for w in job["workers"]:
+        if w["index"] != evt.worker:
+            continue
+        if w.get("placement_id") == evt.placement_id:
+            return bool(w.get("minion_id") == evt.minion_id)
+        return any(
+            a.get("placement_id") == evt.placement_id and a.get("minion_id") == evt.minion_id
+            for a in w.get("attempts") or []
+        )
+    return False
 
 
 def started(job: Doc, evt: WorkerStarted, received: datetime) -> tuple[datetime | None, None]:

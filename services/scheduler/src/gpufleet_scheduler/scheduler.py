@@ -64,7 +64,7 @@ class Scheduler:
         self.passes = Passes(self.state, self.memory)
         self.admission = Admission(self.state, self.passes, self.projects, self.keys)
         self.lifecycle = Lifecycle(self.state, self.passes)
-        self.reports = Reports(self.state, self.passes)
+        self.reports = Reports(self.state, self.passes, jetstream)
         self.queries = Queries(self.state, jetstream, inbox_prefix)
 
     async def enqueue(self, cmd: EnqueueJob, account: str) -> JobRejected | None:
