@@ -20,11 +20,12 @@ import bson
 import pytest
 from cryptography.fernet import Fernet
 from gpufleet_bus import Ports, publish
-from gpufleet_bus.streams import ensure_node_consumer
+from gpufleet_bus.streams import ensure_node_consumer, ensure_node_logs
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import StartWorker
 from gpufleet_contracts.keys import AttachKey, ListKeys, RemoveKey
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_node_agent import sealing
 from gpufleet_node_agent.app import build_app as agent_app
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 from gpufleet_scheduler.app import build_app as scheduler_app
@@ -136,7 +137,8 @@ async def test_a_key_is_sealed_listed_without_its_value_and_reaches_only_its_wor
 
         # a job naming the key: its worker reads it from its file
         await ensure_node_consumer(op.js, minion)
-        await publish(op, registered(minion), source="test")
+        await ensure_node_logs(op.js, minion)
+        await publish(op, registered(minion, sealing.node_key(state)), source="test")
 
         async def known() -> bool:
             return await store.db.nodes.find_one({"minion_id": minion}) is not None
@@ -150,11 +152,12 @@ async def test_a_key_is_sealed_listed_without_its_value_and_reaches_only_its_wor
         assert done["state"] == "finished", done
         assert done["workers"][0]["log_tail"] == "key ok\n"
 
-        # the value travelled in the node's StartWorker alone
+        # the value travelled in the node's StartWorker alone, sealed to the node's key
         commands = await op.stream_bytes(subjects.STREAM_COMMANDS)
-        carrying = [s for s, b in commands if VALUE.encode() in b]
-        assert carrying == [StartWorker.SUBJECT.format(minion_id=minion)]
-        for stream in (subjects.STREAM_EVENTS, subjects.STREAM_DLQ, subjects.STREAM_LOGS):
+        assert StartWorker.SUBJECT.format(minion_id=minion) in [s for s, _ in commands]
+        assert all(VALUE.encode() not in b for _, b in commands)
+        logs = subjects.node_logs_stream(minion)
+        for stream in (subjects.STREAM_EVENTS, subjects.STREAM_DLQ, logs):
             assert all(VALUE.encode() not in b for _, b in await op.stream_bytes(stream))
         assert all(VALUE.encode() not in r for r in user.replies)
         assert VALUE.encode() not in await db_bytes(store)  # jobs, outbox, keys: sealed

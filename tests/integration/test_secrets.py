@@ -23,13 +23,15 @@ import bson
 import nats
 import pytest
 from cryptography.fernet import Fernet
+from gpufleet_auth.sealing import SealingKey
 from gpufleet_bus import BusSettings, Ports, ensure_streams, make_broker, publish
-from gpufleet_bus.streams import ensure_node_consumer
+from gpufleet_bus.streams import ensure_node_consumer, ensure_node_logs
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_contracts.jobs import EnqueueJob, GetJob, ListJobs, StartWorker, SubmitJob
 from gpufleet_contracts.nodes import GpuInfo, NodeRegistered, NodeState
 from gpufleet_contracts.secrets import REDACTED
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
+from gpufleet_node_agent import sealing
 from gpufleet_node_agent.app import build_app as agent_app
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
 from gpufleet_scheduler.app import build_app as scheduler_app
@@ -98,7 +100,9 @@ class Operator:
         return out
 
 
-def registered(minion: str) -> NodeRegistered:
+def registered(minion: str, key: SealingKey | None = None) -> NodeRegistered:
+    """What the provisioner tells of a node that registered with `key`'s public half (a
+    node's own, or one made here for a node no agent runs)."""
     return NodeRegistered(
         node_id=f"n-{minion}",
         minion_id=minion,
@@ -118,6 +122,7 @@ def registered(minion: str) -> NodeRegistered:
             for i in range(2)
         ],
         simulated=True,
+        sealing_key=(key or SealingKey.generate()).public_key,
     )
 
 
@@ -208,7 +213,9 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
     ):
         op = Operator(op_nc)
         await ensure_node_consumer(op.js, minion)  # the provisioner's part at enrolment
-        await publish(op, registered(minion), source="test")
+        await ensure_node_logs(op.js, minion)
+        # the key the agent made at its first start (build_app), as its RegisterNode told it
+        await publish(op, registered(minion, sealing.node_key(state)), source="test")
         await wait_for_async(lambda: _node_known(store, minion), timeout=10, message="node known")
         async with running(agent):
             user = User(user_nc)
@@ -243,13 +250,19 @@ async def test_a_jobs_env_value_reaches_its_worker_and_nothing_else(
         assert all(VALUE.encode() not in b for _, b in events)
         dead = await op.stream_bytes(subjects.STREAM_DLQ)
         assert len(dead) == 2 and all(b"<secret>" in b and b"TOKEN" in b for _, b in dead)
-        for stream in (subjects.STREAM_DLQ, subjects.STREAM_LOGS):
+        for stream in (subjects.STREAM_DLQ, subjects.node_logs_stream(minion)):
             assert all(VALUE.encode() not in b for _, b in await op.stream_bytes(stream))
-        # commands: the value travels in the node's StartWorker alone (besides the sender's
-        # own EnqueueJob above: what another system sends is its input, as it sent it)
+        # commands: the node's StartWorker carries the value sealed to the node's key, so no
+        # command holds it in clear (but the sender's own EnqueueJob above: what another
+        # system sends is its input, as it sent it)
         commands = await op.stream_bytes(subjects.STREAM_COMMANDS)
         carrying = sorted(s for s, b in commands if VALUE.encode() in b)
-        assert carrying == sorted([enqueue, StartWorker.SUBJECT.format(minion_id=minion)])
+        assert carrying == [enqueue]
+        sent = await op.js.get_last_msg(
+            subjects.STREAM_COMMANDS, StartWorker.SUBJECT.format(minion_id=minion)
+        )
+        start = StartWorker.from_bytes(sent.data or b"")
+        assert start.env == {} and start.sealed_secrets is not None
         # the scheduler's database (jobs, outbox, checkpoints): sealed only
         stored = await db_bytes(store)
         assert b"TOKEN" in stored and VALUE.encode() not in stored

@@ -20,6 +20,7 @@ from .attack import Client
 from .conftest import (
     ATTACKER_ACCOUNT,
     VICTIM_ACCOUNT,
+    VICTIM_NODE,
     System,
     Victim,
     admin_js,
@@ -129,7 +130,7 @@ async def test_a_keys_value_never_reaches_an_event_a_reply_or_a_dead_letter(
         for stream in (
             subjects.STREAM_EVENTS,
             subjects.STREAM_DLQ,
-            subjects.STREAM_LOGS,
+            subjects.node_logs_stream(VICTIM_NODE),
             subjects.STREAM_COMMANDS,
         ):
             held = await stream_bytes(system, stream)

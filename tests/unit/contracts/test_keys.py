@@ -4,13 +4,16 @@ and rules but never a value, and the values stay out of reprs and dead letters."
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
+from gpufleet_auth.sealing import SealingKey
 from gpufleet_bus.redact import redact
 from gpufleet_contracts import field_errors
 from gpufleet_contracts.jobs import StartWorker
 from gpufleet_contracts.jobspec import THIRD_PARTY_KEYS
 from gpufleet_contracts.keys import KEY_KINDS, AttachKey, RemoveKey
+from gpufleet_contracts.nodes import RegisterNode
 from pydantic import ValidationError
 
 VALUE = "v4lue-never-shown"
@@ -69,3 +72,23 @@ def test_values_stay_out_of_start_workers_repr_and_of_dead_letters() -> None:
     assert VALUE not in json.dumps(redact(json.loads(cmd.to_bytes())))
     attach = {"type": "huggingface", "secret": {"token": VALUE}}
     assert VALUE not in json.dumps(redact([attach]))
+
+
+def test_a_node_registers_a_sealing_key_of_32_bytes_or_none() -> None:
+    base = {
+        "minion_id": "m",
+        "name": "m",
+        "region": "local",
+        "owner": "acme",
+        "hostname": "m",
+        "gpus": [],
+        "simulated": True,
+        "inventory_source": "test",
+        "agent_started_at": datetime.now(UTC),
+    }
+    assert RegisterNode.model_validate(base).sealing_key is None  # an older agent
+    key = SealingKey.generate().public_key
+    assert RegisterNode.model_validate({**base, "sealing_key": key}).sealing_key == key
+    for bad in ("", "not-a-key", key[:-2] + "==", key + "AAAA"):
+        with pytest.raises(ValidationError):
+            RegisterNode.model_validate({**base, "sealing_key": bad})

@@ -58,6 +58,7 @@ SECRET_KEYS = frozenset(
         "jwt",
         "authorization",
         "attached_keys",  # StartWorker's third-party key values
+        "sealed_secrets",  # StartWorker's secrets sealed to its node: not kept either
         "secrets",
         "cookie",
         "set_cookie",

@@ -32,3 +32,6 @@ NODE_CPUS = 1024  # CPUs a node may offer to CPU-only jobs (the scheduler claims
 # A worker's mounts (scheduler mounts.py): each dataset and checkpoint, the two roots they
 # share when there are several, the input, the model code and the output.
 MOUNTS = DATASETS + CHECKPOINTS + 5
+# A worker's sealed secrets (StartWorker.sealed_secrets), base64: more than any StartWorker
+# that fits a NATS message (1 MB by default) can carry.
+SEALED_SECRETS_CHARS = 2 * 1024 * 1024

@@ -33,6 +33,8 @@ class JobRequest:
     allow_burst: bool
     type: JobType
     cpu_count: int = 0  # a CPU-only job's CPUs per worker (R-JOB-2); 0: a GPU job
+    # It carries secrets (env values, attached keys): only a node with a sealing key takes it.
+    secrets: bool = False
     # The whole spec, secrets opened, when this process has it (never stored from here).
     spec: JobSpec | None = field(default=None, compare=False, repr=False)
 
@@ -51,8 +53,14 @@ def of_spec(spec: JobSpec, project: str | None = None) -> JobRequest:
         allow_burst=spec.allow_burst,
         type=spec.type,
         cpu_count=(spec.cpu_count or 0) if spec.cpu_only else 0,
+        secrets=carries_secrets(spec),
         spec=spec,
     )
+
+
+def carries_secrets(spec: JobSpec) -> bool:
+    """Whether the job's workers may get secrets: env values, attached keys (keyuse.py)."""
+    return bool(spec.env or spec.environment.keys)
 
 
 # --- the stored forms ---------------------------------------------------------------
@@ -80,6 +88,7 @@ def encode_request(r: JobRequest) -> Doc:
         "allow_burst": r.allow_burst,
         "type": r.type.value,
         **({"cpu_count": r.cpu_count} if r.cpu_count else {}),
+        "secrets": r.secrets,  # always: absent is a job stored before it was kept
     }
 
 
@@ -99,7 +108,18 @@ def decode(job: Doc) -> JobRequest:
         allow_burst=bool(req.get("allow_burst")),
         type=JobType(req.get("type") or JobType.training.value),
         cpu_count=int(req.get("cpu_count") or 0),
+        secrets=bool(req["secrets"]) if "secrets" in req else _may_carry_secrets(job),
     )
+
+
+def _may_carry_secrets(job: Doc) -> bool:
+    """A job stored before `req` said whether it carries secrets: from its spec; a
+    checkpoint's copy of it (no spec) may, so it waits for a node that can receive them."""
+    stored = job.get("spec")
+    if stored is None:
+        return True
+    keys = (stored.get("environment") or {}).get("keys")
+    return bool(job.get("env_sealed") or stored.get("env") or keys)
 
 
 def stored_spec(spec: JobSpec) -> Doc:

@@ -13,7 +13,7 @@ from gpufleet_bus import emit
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
 from gpufleet_store import Doc, Transaction
 
-from . import jobdoc, mounts
+from . import jobdoc, mounts, sealing
 from .keyuse import WorkerSecrets
 from .placement import Placement
 
@@ -32,7 +32,8 @@ def place_worker(
     """Place worker `w` of `job` as `d` decided: its fields, its WorkerPlaced (the rate is
     locked here, R-SCHED-2) and its StartWorker with the mount plan (R-JOB-3/4) and the job's
     env values and attached keys, `secrets` (keyuse.resolve: the one message that carries
-    them, to that node alone) in `tx`; returns the claim documents of the GPU slots it takes."""
+    them), sealed to that node's key (sealing.py) in `tx`; returns the claim documents of the
+    GPU slots it takes."""
     node = d.node
     placement_id = uuid.uuid4().hex
     fraction = d.fraction
@@ -83,7 +84,9 @@ def place_worker(
     )
     mp = mounts.plan(spec, w["index"])
     memory = jobdoc.share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
-    # R-JOB-7: a registry key's values are for the pull alone, the other keys for the worker.
+    # R-JOB-7: a registry key's values are for the pull alone, the other keys for the worker;
+    # all of them sealed to the node, the clear fields left empty.
+    sealed = sealing.seal(secrets, node.sealing_key)
     emit(
         tx,
         StartWorker(
@@ -92,7 +95,6 @@ def place_worker(
             job_name=job["name"],
             worker=w["index"],
             command=spec.command_for(w["index"]),
-            env=secrets.env,
             gpu_indices=list(d.gpu_indices),
             placement_id=placement_id,
             mounts=list(mp.mounts),
@@ -103,15 +105,14 @@ def place_worker(
             cpu_count=d.cpus or None,
             disk_size_gb=spec.disk_size_gb,
             image=spec.environment.image,
-            registry_auth=secrets.registry_auth,
-            attached_keys=secrets.attached,
+            sealed_secrets=sealed,
             base_environment=spec.environment.base(),
             packages=spec.environment.packages,
             owner=job["owner"],
             creator=job["creator"],
         ),
-        # env values, the registry credential, the keys: stored encrypted until the relay
-        # sends it (a stored key may come with no env at all)
+        # its box opens only on the node; its outbox row is sealed with the scheduler's key
+        # besides, as every secret it stores, until the relay sends it
         sealed=secrets.any,
     )
     return [

@@ -157,6 +157,7 @@ class State:
                         region=req.region,
                         fraction=req.fraction,
                         cpu_count=req.cpu_count,
+                        secrets=req.secrets,
                     ),
                     queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
                 )
