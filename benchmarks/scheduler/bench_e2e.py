@@ -147,6 +147,7 @@ def node_doc(n: Any) -> dict[str, Any]:
         "gpu_shares": n.gpu_shares,
         "price_per_gpu_hour": str(n.price_per_gpu_hour),
         "allow_public_jobs": n.allow_public_jobs,
+        "verified": n.verified,
         "updated_ms": 0,
     }
 

@@ -44,6 +44,7 @@ def instance(rng: random.Random) -> tuple[list[NodeView], list[WorkerRequest]]:
                 free_indices=tuple(range(g)),
                 price_per_gpu_hour=Decimal(rng.choice(("0.10", "0.20", "0.35", "0.50", "0.90"))),
                 allow_public_jobs=True,
+                verified=True,  # the seller's GPU check passed: it may sell
             )
         )
     jobs = [

@@ -40,6 +40,7 @@ def fleet(n: int, seed: int = 1) -> list[NodeView]:
                 free_indices=idx,
                 price_per_gpu_hour=rng.choice(PRICES),
                 allow_public_jobs=rng.random() < 0.7,
+                verified=True,  # a marketplace of nodes whose GPU check passed
                 gpu_shares=rng.choice((1, 1, 1, 2, 4)),
                 gpu_memory_mb=24576,
             )

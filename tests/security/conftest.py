@@ -38,12 +38,20 @@ VICTIM_NODE = NODE_NAME
 ATTACKER_ACCOUNT = "mallory"
 ATTACKER_USER = "eve"
 EVIL_NODE = "evil"
+# What each node's log stream keeps (the provisioner's GPUFLEET_NODE_LOG_MAX_BYTES / _MSGS;
+# 256 MiB and 131,072 by default): small, so that a test floods past it in seconds.
+NODE_LOG_MAX_BYTES = 16 * 1024 * 1024
+NODE_LOG_MAX_MSGS = 4096
+BOUNDS = {
+    "GPUFLEET_NODE_LOG_MAX_BYTES": str(NODE_LOG_MAX_BYTES),
+    "GPUFLEET_NODE_LOG_MAX_MSGS": str(NODE_LOG_MAX_MSGS),
+}
 
 
 @pytest.fixture(scope="package")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """One system for every security test (package scope: one start, ~15 s)."""
-    system = System(tmp_path_factory.mktemp("security"))
+    system = System(tmp_path_factory.mktemp("security"), service_env=BOUNDS)
     try:
         system.start()
         asyncio.run(identities.ensure_account(system.nats, ATTACKER_ACCOUNT, "team"))

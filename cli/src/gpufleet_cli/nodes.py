@@ -22,6 +22,7 @@ SET_MAINTENANCE = subjects.rpc("provisioner", "set_maintenance")
 REMOVE = subjects.rpc("provisioner", "remove_node")
 TOKEN = subjects.rpc("provisioner", "issue_join_token")
 REVOKE = subjects.rpc("provisioner", "revoke_node")
+VERIFY = subjects.rpc("provisioner", "verify_node")
 
 
 def _act(subject: str, body: dict[str, Any], as_json: bool) -> None:
@@ -63,6 +64,13 @@ def _show(node: dict[str, Any]) -> None:
     table.add_row("gpus", escape(views.gpu_summary(node.get("gpus"))))
     # "nvml", a simulated inventory file, or why a node has no GPUs ("nvml: no NVIDIA driver").
     table.add_row("inventory", render.text(node.get("inventory_source")))
+    if "sealing_key" in node:  # shown alone: what its workers' secrets are sealed to
+        key = node["sealing_key"] or "none: its agent is too old for jobs with secrets"
+        table.add_row("sealing key", render.text(key))
+    verification = node.get("verification")
+    if isinstance(verification, dict):
+        for key, value in _verification_rows(verification):
+            table.add_row(key, render.text(value))
     if node.get("cloud"):
         c = node["cloud"]
         table.add_row(
@@ -72,8 +80,44 @@ def _show(node: dict[str, Any]) -> None:
     render.out().print(table)
     for rule in node.get("failed_rules") or []:
         render.out().print(f"[red]failed[/] {escape(rule)}")
+    if isinstance(verification, dict) and verification.get("checks"):
+        render.out().print("GPU check:")
+        for check in verification["checks"]:
+            ok, _, what = str(check).partition(": ")
+            mark = "[green]ok[/]    " if ok == "ok" else "[red]failed[/]"
+            render.out().print(f"  {mark} {escape(what)}")
     for h in node.get("history") or []:
         render.out().print(f"  {h.get('state')}: {escape(str(h.get('reason')))}")
+
+
+def _verification_rows(v: dict[str, Any]) -> list[tuple[str, str]]:
+    """Verified nodes: whether it may take other accounts' jobs, or why not; when."""
+    if v.get("verified"):
+        verdict = "yes: its hardware passed gpufleet's GPU check (other accounts' jobs too)"
+    else:
+        verdict = f"no ({v.get('reason') or 'not checked yet'}): its owner's jobs only"
+    rows = [("verified", verdict), ("checked", str(v.get("checked_at") or "never"))]
+    pending = v.get("pending")
+    if isinstance(pending, dict):
+        rows.append(
+            (
+                "check",
+                f"asked at {pending.get('sent_at')} ({pending.get('why')}), "
+                f"answer due by {pending.get('deadline')}",
+            )
+        )
+    elif v.get("next_check"):
+        rows.append(("next check", str(v["next_check"])))
+    return rows
+
+
+@app.command("verify")
+def verify(
+    node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
+) -> None:
+    """Ask the node for a GPU check now (verified nodes: only a node whose hardware passed
+    it takes other accounts' jobs). `node show` tells the outcome."""
+    _act(VERIFY, {"node": node}, as_json)
 
 
 @app.command("add")

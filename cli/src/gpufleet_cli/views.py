@@ -347,12 +347,19 @@ def gpu_summary(gpus: Any) -> str:
 # heartbeat, Simulated, Last seen, Region. Name (an id), State and GPUs are never cut.
 NODE_STEPS: list[Step] = [
     ("drop", "Minion"),
+    ("drop", "Verified"),
     ("drop", "Kind"),
     ("short", "Last seen"),
     ("drop", "Simulated"),
     ("drop", "Last seen"),
     ("drop", "Region"),
 ]
+
+
+def _verified(node: dict[str, Any]) -> str:
+    if "verified" not in node:
+        return "-"
+    return "yes" if node["verified"] else "no"
 
 
 def node_table(nodes: list[dict[str, Any]]) -> None:
@@ -364,6 +371,8 @@ def node_table(nodes: list[dict[str, Any]]) -> None:
         Col("State", [state(n.get("state")) for n in nodes]),
         Col("GPUs", [escape(gpu_summary(n.get("gpus"))) for n in nodes]),
         Col("Simulated", ["yes" if n.get("simulated") else "no" for n in nodes]),
+        # verified nodes: only these take other accounts' jobs ("-": never checked)
+        Col("Verified", [_verified(n) for n in nodes]),
         _time_col("Last seen", [n.get("last_seen") for n in nodes]),
     ]
     console = out()

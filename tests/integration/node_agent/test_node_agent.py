@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 from gpufleet_bus import BusSettings, Ports, ensure_streams, make_broker, publish
-from gpufleet_bus.streams import ensure_node_consumer, node_consumer
+from gpufleet_bus.streams import ensure_node_consumer, ensure_node_logs, node_consumer
 from gpufleet_contracts import envelope_for, subjects
 from gpufleet_contracts.jobs import (
     StartWorker,
@@ -57,6 +58,7 @@ async def running_agent(
     nc = await nats.connect(server.url, **server.admin())
     await ensure_streams(nc.jetstream())
     await ensure_node_consumer(nc.jetstream(), minion_id)
+    await ensure_node_logs(nc.jetstream(), minion_id)
     await nc.close()
     bus = BusSettings(nats_url=server.url, nats_creds=server.creds("node", minion_id))
     svc = build_app(Ports(make_broker("node-agent", bus), bus=bus), settings)
@@ -90,9 +92,23 @@ async def read_stream(js: JetStreamContext, subject: str) -> list[Msg]:
         await sub.unsubscribe()
 
 
+async def reports(js: JetStreamContext, subject: str) -> list[bytes]:
+    """What nodes reported on `subject`, still in REPORTS (nobody plays the scheduler here,
+    which would take them): read message by message, as a work queue allows no observer."""
+    out: list[bytes] = []
+    seq = 1
+    while True:
+        try:
+            msg = await js.get_msg(subjects.STREAM_REPORTS, seq, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return out
+        out.append(msg.data or b"")
+        seq = int(msg.seq or seq) + 1
+
+
 async def events_of(js: JetStreamContext, cls: type[Any], placement_id: str) -> list[Any]:
-    msgs = await read_stream(js, cls.SUBJECT.replace("{minion_id}", "*"))
-    return [e for e in (cls.from_bytes(m.data) for m in msgs) if e.placement_id == placement_id]
+    msgs = await reports(js, cls.SUBJECT.replace("{minion_id}", "*"))
+    return [e for e in (cls.from_bytes(m) for m in msgs) if e.placement_id == placement_id]
 
 
 async def wait_finished(js: JetStreamContext, placement_id: str) -> WorkerFinished:

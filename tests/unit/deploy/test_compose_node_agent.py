@@ -48,6 +48,7 @@ RUNTIME_PACKAGES = {
     "catatonit",
     "mmdebstrap",
     "slirp4netns",
+    "nftables",  # package builds' egress table (buildnet.py)
     "uidmap",
     "e2fsprogs",
     "mount",

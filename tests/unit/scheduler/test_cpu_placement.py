@@ -27,6 +27,7 @@ def node(
     price: str | None = None,
     public: bool = False,
     region: str = "local",
+    verified: bool = True,
 ) -> NodeView:
     idx = tuple(range(gpus))
     return NodeView(
@@ -42,6 +43,7 @@ def node(
         free_cpus=cpus if free is None else free,
         price_per_cpu_hour=None if price is None else Decimal(price),
         allow_public_jobs=public,
+        verified=verified,  # its check passed (the provisioner's NodeVerified)
     )
 
 
@@ -124,6 +126,21 @@ def test_another_accounts_public_node_at_its_cpu_price_within_max_price() -> Non
     too_dear = place(cpu_req(8, max_price="0.01"), [seller])
     assert isinstance(too_dear, NoPlacement)
     assert too_dear.explain() == "1 node: 0.02 > max price 0.01"
+
+
+def test_another_accounts_unverified_node_sells_no_cpus() -> None:
+    """Verified nodes: a CPU-only job of another account never goes to a node whose
+    check did not pass; its owner's does."""
+    seller = node("s", owner="seller", price="0.001", public=True, verified=False)
+    d = place(cpu_req(8), [seller])
+    assert isinstance(d, NoPlacement)
+    assert d.explain() == "1 node: another account's node, not verified"
+    assert PlacementIndex([seller]).place(cpu_req(8)) is None
+    assert PlacementIndex([seller]).explain(cpu_req(8)).reasons == d.reasons
+    own = cpu_req(8, owner="seller")
+    placed = place(own, [seller])
+    assert isinstance(placed, Placement) and placed.charge == "usage"
+    assert PlacementIndex([seller]).place(own) == placed
 
 
 def test_own_node_first_then_cheapest_then_fullest() -> None:

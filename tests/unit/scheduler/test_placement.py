@@ -29,6 +29,7 @@ def node(
     price: str | None = None,
     public: bool = False,
     simulated: bool = False,
+    verified: bool = True,
 ) -> NodeView:
     idx = tuple(range(gpus))
     return NodeView(
@@ -43,6 +44,8 @@ def node(
         price_per_gpu_hour=None if price is None else Decimal(price),
         allow_public_jobs=public,
         simulated=simulated,
+        # a node that passed its GPU check (as the provisioner says); simulated ones never do
+        verified=verified and not simulated,
     )
 
 
@@ -119,6 +122,38 @@ def test_the_schedulers_node_document_keeps_simulated() -> None:
     sim = node("sim", simulated=True)
     assert fleet_node_view(node_doc(sim)) == sim
     assert fleet_node_view({**node_doc(sim), "simulated": None}).simulated is False
+
+
+def test_an_unverified_node_runs_only_its_owners_jobs() -> None:
+    """Verified nodes: open to public jobs, real, the cheapest, but its hardware did not
+    pass (or has not had) its GPU check: not for another account, still for its owner."""
+    unverified = node("forged", owner="acme", price="0.01", public=True, verified=False)
+    verified = node("honest", owner="gamma", price="0.50", public=True)
+    other = req(owner="beta")
+    d = place(other, [unverified])
+    assert isinstance(d, NoPlacement)
+    assert d.explain() == "1 node: another account's node, not verified"
+    index = PlacementIndex([unverified])
+    assert index.place(other) is None and index.explain(other).reasons == d.reasons
+    both = place(other, [unverified, verified])
+    assert isinstance(both, Placement) and both.node.node_id == "honest"
+    assert PlacementIndex([unverified, verified]).place(other) == both
+    own = place(req(owner="acme"), [unverified])
+    assert isinstance(own, Placement) and own.node.node_id == "forged" and own.charge == "usage"
+    assert PlacementIndex([unverified]).place(req(owner="acme")) == own
+    # not open to public jobs: that reason comes first, whatever its check said
+    private = node("private", owner="acme", price="0.01", verified=False)
+    refused = place(other, [private])
+    assert isinstance(refused, NoPlacement)
+    assert refused.explain() == "1 node: another account's node, region not open to public jobs"
+
+
+def test_the_schedulers_node_document_keeps_verified() -> None:
+    checked = node("checked", owner="gamma", price="0.5", public=True)
+    assert checked.verified and fleet_node_view(node_doc(checked)) == checked
+    assert fleet_node_view({**node_doc(checked), "verified": None}).verified is False
+    older = {k: v for k, v in node_doc(checked).items() if k != "verified"}  # before it was kept
+    assert fleet_node_view(older).verified is False
 
 
 def test_max_price_rules_out_expensive_nodes() -> None:
@@ -280,6 +315,7 @@ def random_fleet(rng: random.Random, n: int) -> list[NodeView]:
                 gpu_shares=shares,
                 partial=tuple(partial),
                 simulated=rng.random() < 0.25,
+                verified=rng.random() < 0.7,
                 cpus=cpus,
                 free_cpus=rng.randint(0, cpus),
                 price_per_cpu_hour=rng.choice((None, Decimal("0.005"), Decimal("0.02"))),
@@ -315,6 +351,7 @@ def random_request(rng: random.Random, i: int) -> WorkerRequest:
 def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
     rng = random.Random(7)
     refused_simulated = 0  # requests the simulated-node rule really decided
+    refused_unverified = 0  # and the verified-node rule
     cpu_placed = cpu_refused = 0  # CPU-only requests placed / explained
     for _ in range(30):
         fleet = random_fleet(rng, rng.randint(1, 60))
@@ -329,14 +366,16 @@ def test_the_index_agrees_with_the_linear_scan_on_random_fleets() -> None:
                 reasons = why_not(r, list(index.nodes.values()), holds).reasons
                 assert index.explain(r, holds).reasons == reasons
                 refused_simulated += reasons["another account's node with simulated GPUs"] > 0
+                refused_unverified += reasons["another account's node, not verified"] > 0
                 cpu_refused += r.cpu_count > 0
             else:
                 assert got == expected
                 assert expected.node.owner == r.owner or not expected.node.simulated
+                assert expected.node.owner == r.owner or expected.node.verified
                 assert (expected.cpus, expected.gpu_indices == ()) == (r.cpu_count, r.cpu_count > 0)
                 cpu_placed += r.cpu_count > 0
                 index.take(got)  # the fleet fills up as the run goes on
-    assert refused_simulated > 0
+    assert refused_simulated > 0 and refused_unverified > 0
     assert cpu_placed > 20 and cpu_refused > 20
 
 

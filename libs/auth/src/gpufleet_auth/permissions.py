@@ -8,10 +8,15 @@ service's wiring subscribes to or publishes is allowed by its row, and that noth
 crosses an account.
 
 Placeholders: `{account}` (a tenant account), `{minion_id}` (a node), `{inbox}` (the
-identity's own reply inbox, `_INBOX.<its public key>`).
+identity's own reply inbox: `_INBOX.account.<account>.<its public key>` for a user,
+`_INBOX.node.<minion_id>.<key>` for a node, `_INBOX.enroll.<minion_id>.<key>` for a join
+token, `_INBOX.<key>` for a service or an operator). A service answers an account's request
+only under that account's inboxes (gpufleet_bus.accounts.reply_scope): the scope is what
+the request's subject proves, so nobody can aim an answer at another account's inbox.
 
 JetStream: consuming a stream needs its API subjects, not the stream's subjects. A service
-gets the API of the streams it reads (never purge or delete of a stream or a message); a
+gets the API of the streams it reads (never purge or delete of a stream or a message, but
+the provisioner's of a node's own log stream, made and deleted with the node); a
 node agent gets only "next message" and "ack" on the one consumer the provisioner created
 for it at enrolment, so it can read its own commands and nothing else.
 """
@@ -24,7 +29,11 @@ from gpufleet_contracts import subjects as s
 
 S = s.ROOT
 EVENTS, COMMANDS, LOGS, DLQ = s.STREAM_EVENTS, s.STREAM_COMMANDS, s.STREAM_LOGS, s.STREAM_DLQ
-STREAMS = (EVENTS, COMMANDS, LOGS, DLQ)
+REPORTS = s.STREAM_REPORTS
+STREAMS = (EVENTS, COMMANDS, REPORTS, DLQ)
+# Each node's log stream is its own, GPUFLEET_LOGS_<minion_id>; a stream name is one token
+# of the API subjects, so "every node's log stream" can only be written as any stream.
+ANY_STREAM = "*"
 INBOX = "{inbox}.>"
 
 
@@ -102,6 +111,20 @@ NEVER = (
 )
 
 
+def node_log_streams() -> tuple[str, ...]:
+    """Make, apply limits to and delete nodes' log streams (the provisioner, at enrolment and
+    revocation): any stream's API, but the shared streams' update and delete (denied)."""
+    return tuple(f"$JS.API.STREAM.{op}.*" for op in ("CREATE", "UPDATE", "INFO", "DELETE"))
+
+
+# The provisioner's denials: NEVER, but a stream's deletion is denied for the shared ones
+# only (a node's log stream goes with the node); they are not updated either.
+NEVER_BUT_NODE_LOGS = (
+    *(n for n in NEVER if n != "$JS.API.STREAM.DELETE.>"),
+    *(f"$JS.API.STREAM.{op}.{stream}" for stream in STREAMS for op in ("DELETE", "UPDATE")),
+)
+
+
 def _service(
     name: str,
     summary: str,
@@ -110,6 +133,7 @@ def _service(
     reads: tuple[str, ...],
     sub: tuple[str, ...] = (),
     extra: tuple[str, ...] = (),
+    never: tuple[str, ...] = NEVER,
 ) -> Grant:
     """A service: its own requests (any account's, and the operators' verbs), its events,
     its dead letters, and the JetStream API of the streams it reads."""
@@ -125,7 +149,7 @@ def _service(
             *sub,
             INBOX,
         ),
-        pub_deny=NEVER,
+        pub_deny=never,
         # Replies go to inboxes (the `_INBOX.>` allow above). No `resp` permission: the
         # server would then let a service answer any reply subject a requester chose,
         # `$JS.API...` included, past the denials (and the bus answers only inboxes).
@@ -139,26 +163,31 @@ SERVICES: dict[str, Grant] = {
         pub=(
             f"{S}.evt.job.*",
             f"{S}.evt.worker.placed",
-            # a worker of a lost node is declared failed by the scheduler (R-NODE-5)
-            f"{S}.evt.worker.finished.*",
+            # the reports it takes, and a worker of a lost node declared failed (R-NODE-5)
+            f"{S}.evt.worker.kept.*.*",
             f"{S}.evt.scheduler.*",
             f"{S}.cmd.node.*.start_worker",
             f"{S}.cmd.node.*.stop_worker",
             f"{S}.internal.scheduler.>",
         ),
-        reads=(EVENTS, COMMANDS, LOGS),
+        # every node's log stream (`job_logs`), hence any stream
+        reads=(EVENTS, COMMANDS, REPORTS, ANY_STREAM),
     ),
     "provisioner": _service(
         "provisioner",
-        "providers, regions, nodes and node enrolment; creates each node's command consumer",
+        "providers, regions, nodes and node enrolment; makes each node's command consumer and "
+        "log stream",
         pub=(
             f"{S}.evt.node.*",
             f"{S}.evt.provider.*",
             f"{S}.evt.account.*",
             f"{S}.node.*.*",  # asks a node agent for its health
+            f"{S}.cmd.node.*.verify_gpus",  # asks a node for its GPU check
         ),
-        reads=(EVENTS, COMMANDS),
+        reads=(EVENTS, COMMANDS, REPORTS),
         sub=(f"{S}.enroll.*", f"{S}.hb.*"),
+        extra=node_log_streams(),
+        never=NEVER_BUT_NODE_LOGS,
     ),
     "billing": _service(
         "billing",
@@ -188,6 +217,7 @@ NODE = Grant(
         f"{S}.cmd.provisioner.{{minion_id}}.register_node",
         f"{S}.evt.worker.started.{{minion_id}}",
         f"{S}.evt.worker.finished.{{minion_id}}",
+        f"{S}.evt.node.gpu_checked.{{minion_id}}",  # its answer to a GPU check
         f"{S}.hb.{{minion_id}}",
         f"{S}.log.{{minion_id}}.>",
         f"{S}.dlq.node-{{minion_id}}._",  # a node's dead letters name no account
@@ -352,7 +382,10 @@ def markdown() -> str:
         "Generated by `just docs` from `libs/auth/src/gpufleet_auth/permissions.py`; do not",
         "edit by hand. The NATS server enforces these: each row is written into the JWT of",
         "every credential of that kind. `{account}`, `{minion_id}` are the identity's own;",
-        "`{inbox}` is `_INBOX.<its public key>`. Denials win over allows.",
+        "`{inbox}` is `_INBOX.<scope>.<its public key>`: scope `account.<account>` (a user),",
+        "`node.<minion_id>`, `enroll.<minion_id>` (a join token), none (a service, an",
+        "operator). Services answer an account's request only under `_INBOX.account.<account>`.",
+        "Denials win over allows.",
         "",
     ]
     for g in table():

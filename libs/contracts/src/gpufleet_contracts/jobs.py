@@ -94,6 +94,29 @@ class Mount(BaseModel):
     env: Name | None = None  # the variable that tells the worker where it is
 
 
+class SealedSecrets(BaseModel):
+    """A worker's secrets (`SecretFields`, as JSON) sealed to its node's key
+    (gpufleet_auth.sealing): only that node opens them. `key_id` names the key they were
+    sealed to, so a node whose key was replaced since can say so."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key_id: str = Field(max_length=64)
+    box: str = Field(max_length=limits.SEALED_SECRETS_CHARS, repr=False)  # base64
+
+
+class SecretFields(BaseModel):
+    """What a worker's `SealedSecrets` hold, opened: StartWorker's secret fields."""
+
+    model_config = ConfigDict(frozen=True)
+
+    env: Annotated[dict[Name, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
+        default_factory=dict, repr=False
+    )
+    registry_auth: RegistryAuth | None = Field(default=None, repr=False)
+    attached_keys: dict[str, dict[str, str]] = Field(default_factory=dict, repr=False)
+
+
 class StartWorker(Command):
     """Durable command to one node: run this worker on exactly these GPUs."""
 
@@ -104,8 +127,7 @@ class StartWorker(Command):
     job_name: Name
     worker: Int
     command: Argv
-    # The job's env values, in clear: the one message that carries them, on the node's own
-    # command consumer (only that node may read it). Stored sealed in the scheduler's outbox.
+    # The job's env values: empty from a scheduler that seals them (`sealed_secrets`).
     env: Annotated[dict[Name, EnvValue], Cap(limits.ENV_VARS, "env_vars", "variables")] = Field(
         default_factory=dict, repr=False
     )
@@ -141,6 +163,12 @@ class StartWorker(Command):
     # from before these fields) counts as another account's.
     owner: str | None = None
     creator: str | None = None
+    # The worker's secrets (`env` values, `registry_auth`, `attached_keys`) sealed to its
+    # node's key: the scheduler sends them so and leaves those three fields empty, so the
+    # bus, the commands stream and an operator's subscription never see them in clear. The
+    # agent opens them in memory (services/node-agent/README.md, "Secrets for the node
+    # alone"); the clear fields are read only from a scheduler older than this field.
+    sealed_secrets: SealedSecrets | None = Field(default=None, repr=False)
 
 
 class StopWorker(Command):
@@ -253,13 +281,19 @@ class GetJob(Command):
 
 
 class GetJobLogs(Command):
-    """A page of a job's worker logs (stream GPUFLEET_LOGS), after stream sequence `after`."""
+    """A page of a job's worker logs, from the log stream of each node its workers ran on
+    (subjects.node_logs_stream), after the stream sequence `cursor` names for that node
+    (`after`: for every node, as a client without `cursor` asks)."""
 
     TYPE = "gpufleet.job.logs.v1"
     SUBJECT = subjects.rpc("scheduler", "job_logs")
     job_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     after: int = Field(default=0, ge=0, strict=True)
     limit: int = Field(default=256, ge=1, le=1000, strict=True)
+    cursor: dict[
+        Annotated[str, Field(pattern=subjects.ACCOUNT_RE.pattern)],
+        Annotated[int, Field(ge=0, strict=True)],
+    ] = Field(default_factory=dict, max_length=64)
 
 
 class ListJobs(Command):

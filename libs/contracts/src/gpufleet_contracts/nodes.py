@@ -68,6 +68,12 @@ class HardwareInventory(BaseModel):
     gpu_form_factor: str | None = None  # "pcie" (default) or "sxm"
 
 
+# A node's sealing key (gpufleet_auth.sealing): the public half of the X25519 key pair its
+# agent keeps, base64. The scheduler seals each worker's secrets to it (StartWorker's
+# `sealed_secrets`), so only that node can read them.
+SealingKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{43}=$")]
+
+
 class RegisterNode(Command):
     TYPE = "gpufleet.node.register.v1"
     SUBJECT = subjects.command("provisioner", "register_node")
@@ -90,6 +96,12 @@ class RegisterNode(Command):
     # GPUs' workers), and its asking price per CPU-hour to other accounts.
     cpu_job_cpus: Int = Field(default=0, ge=0, le=limits.NODE_CPUS)
     price_per_cpu_hour: Decimal | None = Field(default=None, ge=0)
+    # The public key this node's secrets are sealed to; None (an older agent): the node gets
+    # no job that carries secrets (services/scheduler/README.md, "Secrets for the node alone").
+    # The node's nkey signs it (gpufleet_auth.sealing.vouch): a key its enrolled nkey did not
+    # sign is not kept.
+    sealing_key: SealingKey | None = None
+    sealing_key_signature: str | None = Field(default=None, max_length=128)
 
 
 class NodeRegistered(Event):
@@ -110,6 +122,11 @@ class NodeRegistered(Event):
     cpu_count: Int | None = None  # its logical CPUs, as its agent reported them
     cpu_job_cpus: Int = 0  # of those, offered to CPU-only jobs (R-JOB-2)
     price_per_cpu_hour: Decimal | None = None  # asking price per CPU-hour to other accounts
+    # Its hardware passed gpufleet's check (gpufleet_contracts.verification): only then does
+    # it take other accounts' jobs. `verification_rev` orders this with NodeVerified.
+    verified: bool = False
+    verification_rev: Int = 0
+    sealing_key: SealingKey | None = None  # its RegisterNode's: what its secrets are sealed to
 
 
 class NodeStateChanged(Event):

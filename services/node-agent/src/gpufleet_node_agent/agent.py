@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, cast
 
 from faststream.nats import NatsBroker
@@ -18,15 +18,18 @@ from gpufleet_contracts.jobs import StartWorker, StopWorker
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 
 from .baseimage import default_containers_conf
+from .buildnet import parse_allow
 from .builds import BuildConfig
 from .environments import parse_env_map
 from .gpu_access import GpuAccess, host_access
+from .gpuchecks import GpuChecks, gpus_in_use
 from .inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
 from .mps import Mps, find_control
 from .podman import PodmanRuntime
 from .podman_args import PodmanConfig
 from .policy import OWN_JOBS, RuntimePolicy, container_problem
 from .runtime import ProcessRuntime
+from .sealing import NodeKey
 from .settings import AgentSettings, retired_settings
 from .supervise import STOP_GRACE_S
 from .workers import SOURCE, Recovery, WorkerManager
@@ -38,8 +41,9 @@ WORKERS_STOP_REASON = "stopped with the node agent (GPUFLEET_STOP_WORKERS_ON_EXI
 WORKERS_STOP_TIMEOUT_S = STOP_GRACE_S + 10.0  # their grace period, then their reports
 
 
-def container_runtime(settings: AgentSettings) -> PodmanRuntime:
-    """The container runtime `GPUFLEET_WORKER_RUNTIME` names (podman, the only one yet)."""
+def container_runtime(settings: AgentSettings, control_plane: Sequence[str] = ()) -> PodmanRuntime:
+    """The container runtime `GPUFLEET_WORKER_RUNTIME` names (podman, the only one yet);
+    `control_plane`: the NATS servers' URLs, which its package builds never reach."""
     config = PodmanConfig(
         image=settings.worker_image,
         uid=settings.worker_uid,
@@ -60,6 +64,8 @@ def container_runtime(settings: AgentSettings) -> PodmanRuntime:
             memory_mb=settings.package_build_memory_mb,
             timeout_s=settings.package_build_timeout_s,
             index_url=settings.package_index_url or None,
+            allow=parse_allow(settings.package_build_allow),
+            control_plane=tuple(control_plane),
         ),
     )
     return PodmanRuntime(config, settings.minion_id)
@@ -91,8 +97,13 @@ class Agent:
         broker: NatsBroker,
         clock: Clock = utcnow,
         inventory_reader: Callable[[AgentSettings], Inventory] = read_inventory,
+        sealing_key: NodeKey | None = None,
+        control_plane: Sequence[str] = (),
     ) -> None:
         self.settings = settings
+        # what its workers' secrets are sealed to (sealing.py); its public half registered,
+        # with the node's nkey's signature of it
+        self.sealing_key = sealing_key
         self.broker = broker
         # NatsBroker.publish takes these arguments by keyword, as publish() passes them;
         # the Publisher protocol declares them positional, hence the cast.
@@ -111,14 +122,23 @@ class Agent:
             log_chunk_bytes=settings.log_chunk_bytes,
             log_max_bytes=settings.worker_log_max_bytes,
             clock=clock,
-            runtime=container_runtime(settings),
+            runtime=container_runtime(settings, control_plane),
             # Bare processes: the owner's own jobs when allowed, and to re-attach workers a
             # previous run started that way.
             others=[ProcessRuntime()],
             policy=runtime_policy(settings),
+            sealing_key=sealing_key,
         )
         self.registered = asyncio.Event()
         self._host = HostSampler()
+        # The control plane's GPU checks (verified nodes), answered out of process.
+        self.checks = GpuChecks(
+            settings.minion_id,
+            self.publisher,
+            simulated=lambda: self._inventory().simulated,
+            in_use=lambda: gpus_in_use(self.workers),
+            clock=clock,
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -128,7 +148,10 @@ class Agent:
     # --- lifecycle (FastStream hooks) -----------------------------------------------
 
     async def prepare(self) -> None:
-        """Before the broker consumes: know the GPUs and the workers left by a previous run."""
+        """Before the broker consumes: know the GPUs and the workers left by a previous run,
+        and have the sealing key (made now if this is the node's first start with one)."""
+        if self.sealing_key is not None:
+            await asyncio.to_thread(self.sealing_key.load)
         for name in retired_settings(os.environ):
             log.warning("%s is no longer read; use GPUFLEET_SIMULATED_GPUS", name)
         inv = await asyncio.to_thread(self.read_inventory, self.settings)
@@ -199,6 +222,7 @@ class Agent:
                 log.warning("%d worker(s) did not end in time: %s", len(left), ", ".join(left))
             else:
                 log.info("stopped and reported %d worker(s)", count)
+        await self.checks.stop()
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
@@ -229,6 +253,8 @@ class Agent:
             agent_started_at=self.started_at,
             hardware=inv.hardware,
             heartbeat_s=s.heartbeat_s,
+            sealing_key=None if self.sealing_key is None else self.sealing_key.public_key,
+            sealing_key_signature=None if self.sealing_key is None else self.sealing_key.signature,
         )
 
     async def _register(self) -> None:

@@ -8,7 +8,9 @@ from gpufleet_bus.streams import node_consumer_config
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import StartWorker, StopWorker, WorkerFinished, WorkerStarted
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
+from gpufleet_contracts.verification import GpuCheckReported, VerifyGpus
 
+from . import sealing
 from .agent import Agent
 from .settings import AgentSettings
 
@@ -24,7 +26,15 @@ def dead_letter_service(minion_id: str) -> str:
 
 def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Agent]:
     settings = settings or AgentSettings()
-    agent = Agent(settings, ports.broker, ports.clock)
+    agent = Agent(
+        settings,
+        ports.broker,
+        ports.clock,
+        # the key its workers' secrets are sealed to, made at the first start that finds
+        # none and vouched for by the node's credential (sealing.py)
+        sealing_key=sealing.NodeKey(settings.agent_state_dir, ports.bus.nats_creds),
+        control_plane=ports.bus.servers,
+    )
     mid = settings.minion_id
     # No streams to declare and no shared health subject: its credential allows neither.
     rt = ServiceRuntime(SERVICE, ports, infrastructure=False)
@@ -36,12 +46,16 @@ def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Ag
             # enrolment and this node may only read it. A command of another type, or
             # without its CloudEvents headers, is dead-lettered.
             "commands": Events(
-                {StartWorker: agent.on_start_worker, StopWorker: agent.on_stop_worker},
+                {
+                    StartWorker: agent.on_start_worker,
+                    StopWorker: agent.on_stop_worker,
+                    VerifyGpus: agent.checks.on_verify_gpus,  # verified nodes (gpuchecks.py)
+                },
                 subject=subjects.command("node", "*", key=mid),
                 consumer=node_consumer_config(mid),
             ),
         },
-        publishes=[RegisterNode, WorkerStarted, WorkerFinished, NodeHeartbeat],
+        publishes=[RegisterNode, WorkerStarted, WorkerFinished, NodeHeartbeat, GpuCheckReported],
         # Before the broker consumes: the GPUs and the workers a previous run left.
         prepare=[agent.prepare],
         startup=[agent.start],

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .baseimage import BASE_IMAGE
+from .buildnet import parse_allow
 from .environments import parse_env_map
 
 # A minion id becomes one NATS subject token and part of a durable consumer name.
@@ -136,6 +137,9 @@ class AgentSettings(BaseSettings):
     base_environments: str = ""
     package_index_url: str | None = None
     package_build_network: str = "slirp4netns:allow_host_loopback=false"
+    # What a build may reach beyond the internet (buildnet.py): networks or host:port, e.g.
+    # a LAN apt mirror `10.1.2.3:80`; the package index is allowed without being listed.
+    package_build_allow: str = ""
     package_build_memory_mb: int = Field(default=4096, ge=256)
     package_build_timeout_s: float = Field(default=1800.0, gt=0)
     # The containers.conf podman runs with (CONTAINERS_CONF); None: deploy/podman/ of the
@@ -189,6 +193,24 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _env_map(cls, value: str) -> str:
         parse_env_map(value)  # refused at start-up, not at a job's
+        return value
+
+    @field_validator("package_build_allow")
+    @classmethod
+    def _build_allow(cls, value: str) -> str:
+        parse_allow(value)  # refused at start-up, not at a build
+        return value
+
+    @field_validator("package_build_network")
+    @classmethod
+    def _build_network(cls, value: str) -> str:
+        mode = value.strip().split(":")[0]
+        if mode in ("host", "container", "ns", "pod"):
+            raise ValueError(
+                f"GPUFLEET_PACKAGE_BUILD_NETWORK {value!r}: a build needs a network namespace "
+                "of its own (its egress is filtered there): slirp4netns, none, or a podman "
+                "network"
+            )
         return value
 
     @field_validator("simulated_gpus", mode="before")

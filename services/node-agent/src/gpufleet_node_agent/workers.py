@@ -1,7 +1,9 @@
 """The workers of this node: start, stop, watch and report them, with all state in files.
 
-One directory per placement, `<state_dir>/workers/<placement_id>/`. Besides the files the
-supervisor writes (see `supervise`), the agent keeps:
+One directory per placement, `<state_dir>/workers/<placement_id>/`. A StartWorker's
+secrets come sealed to this node's key and are opened in memory (sealing.py); the values go
+to the 0600 files below, for this worker's supervisor, runtime and keys alone. Besides the
+files the supervisor writes (see `supervise`), the agent keeps:
 
     spec.json           the StartWorker command, less its env values (written before the
                         directory appears)
@@ -41,16 +43,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet_auth.sealing import SealingKey
 from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
 
-from . import keyfiles
+from . import keyfiles, sealing
 from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
 from .images import REGISTRY_FILE
 from .policy import PROCESS, RuntimePolicy
 from .reports import Reports
 from .runtime import ProcessRuntime, WorkerRuntime
+from .sealing import NodeKey
 from .workdir import Worker, dir_name
 
 log = logging.getLogger("gpufleet.node_agent.workers")
@@ -88,6 +92,7 @@ class WorkerManager(Reports):
         runtime: WorkerRuntime | None = None,
         others: Iterable[WorkerRuntime] = (),
         policy: RuntimePolicy | None = None,
+        sealing_key: SealingKey | NodeKey | None = None,
     ) -> None:
         self.root = state_dir / "workers"
         self.minion_id = minion_id
@@ -106,6 +111,7 @@ class WorkerManager(Reports):
         for rt in self.runtimes.values():
             rt.notify = self.wake  # a worker's end (or start) is reported at once
         self.policy = policy
+        self.sealing_key = sealing_key  # opens StartWorker's sealed secrets (sealing.py)
         self._active: dict[str, Worker] = {}
         self._news = asyncio.Event()
 
@@ -164,6 +170,11 @@ class WorkerManager(Reports):
 
     def start(self, cmd: StartWorker) -> bool:
         """Start the worker of `cmd` unless this placement was seen before. True if started."""
+        unopened: str | None = None
+        try:  # its secrets, in memory: into its 0600 files below, nowhere else
+            cmd = sealing.opened(cmd, self.sealing_key)
+        except sealing.Unopened as exc:
+            unopened = exc.reason
         decision = None if self.policy is None else self.policy.choose(cmd)
         runtime = self.runtime.name if decision is None else decision.runtime
         spec = {
@@ -209,6 +220,7 @@ class WorkerManager(Reports):
         refused = None if decision is None else decision.refused
         if self.gpu_indices is not None and unknown:
             refused = f"GPU index {unknown} is not on this node (it has {sorted(self.gpu_indices)})"
+        refused = unopened or refused
         if refused is None and cmd.attached_keys:
             files[keyfiles.KEYS_FILE] = cmd.attached_keys
         if refused is not None:

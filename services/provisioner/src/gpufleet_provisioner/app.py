@@ -5,6 +5,7 @@ identities, liveness and bursting. Every subject it handles is wired here, in on
     providers     an account's providers and regions, physical side (providers.py)
     nodes         an account's nodes: add, show, list, maintenance, remove (nodes.py)
     registration  a node agent's registration and its hardware check (registration.py)
+    checks        verified nodes: GPU checks asked, answered and judged (checks.py)
     liveness      heartbeats; a silent node is lost (liveness.py)
     identity      accounts, users, join tokens, enrolment, revocation (identity.py)
     cloud, burst  Google Cloud: keys, regions, quotas, bursting, instances (cloud.py, burst.py)
@@ -26,8 +27,10 @@ from gpufleet_contracts.nodes import (
     NodeStateChanged,
 )
 from gpufleet_contracts.providers import ProviderEnabled, RegionCreated
+from gpufleet_contracts.verification import NodeVerified, VerifyGpus
 
 from .burst import Bursting
+from .checks import NodeChecks
 from .cloud import CloudAccounts
 from .identity import INDEXES as IDENTITY_INDEXES
 from .identity import Identity, load_issuer
@@ -50,6 +53,7 @@ class Provisioner:
     providers: ProviderRequests
     nodes: NodeRequests
     registration: Registration
+    checks: NodeChecks
     liveness: Liveness
     cloud: CloudAccounts
     burst: Bursting
@@ -63,15 +67,24 @@ class Provisioner:
 def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Service[Provisioner]:
     settings = settings or ProvisionerSettings()
     store = ports.db
-    identity = Identity(store, load_issuer(settings.auth_dir), ports.clock, ports.bus, ports.broker)
+    identity = Identity(
+        store,
+        load_issuer(settings.auth_dir),
+        ports.clock,
+        ports.bus,
+        ports.broker,
+        logs=settings.node_logs(),
+    )
     records = Records(store, ports.clock, settings, identity)
     cloud = CloudAccounts(records, cast(Publisher, ports.broker))
+    checks = NodeChecks(records)
     prov = Provisioner(
         records=records,
         identity=identity,
         providers=ProviderRequests(records, cloud),
         nodes=NodeRequests(records),
-        registration=Registration(records, identity),
+        registration=Registration(records, identity, checks),
+        checks=checks,
         liveness=Liveness(records),
         cloud=cloud,
         burst=Bursting(records, cloud, identity),
@@ -94,6 +107,7 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             "list_regions": providers.list_regions,
             "region_quotas": cloud.region_quotas,
             "set_burst_policy": cloud.set_burst_policy,
+            "verify_node": checks.verify_node,
         },
         admin={
             "create_account": identity.create_account,
@@ -102,6 +116,7 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             "revoke_user": identity.revoke_user,
             "list_accounts": identity.list_accounts,
             "issue_join_token": identity.admin_issue_join_token,
+            "verify_node": checks.admin_verify_node,
         },
         direct={
             # a node exchanging its join token (core NATS request/reply)
@@ -113,15 +128,20 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             "register-node": prov.registration.register_node,
             "pending-demand": burst.on_pending_demand,
             "cloud-instance": burst.on_cloud_event,
+            # a node's answer to its GPU check, on its own subject
+            "gpu-checked": checks.reported,
         },
         signals={subjects.wildcard(NodeHeartbeat.SUBJECT): prov.liveness.heartbeat},
         every=[
             Every(settings.provisioner_tick_s, prov.liveness.round, "liveness", at_start=False),
             Every(settings.provisioner_tick_s, prov.tick, "provisioner-tick", at_start=False),
+            Every(settings.node_check_round_s, checks.round, "node-checks", at_start=False),
         ],
         publishes=[
             NodeRegistered,
             NodeStateChanged,
+            NodeVerified,
+            VerifyGpus,
             ProviderEnabled,
             RegionCreated,
             CloudInstanceEvent,

@@ -35,6 +35,7 @@ INDEXES = {
     "nodes": [
         IndexModel([("minion_id", ASCENDING)], unique=True),
         IndexModel([("owner", ASCENDING), ("region", ASCENDING)]),
+        IndexModel([("next_check_ms", ASCENDING)]),  # GPU checks due (checks.py)
     ],
 }
 

@@ -6,18 +6,22 @@ node of a physical region is checked against R-NODE-4 and stays out of service, 
 failed rule visible, until it passes. A node added by an operator lands in `maintenance`
 (an operator turns maintenance off: `active`); GPUFLEET_AUTO_ACTIVATE_NODES (development)
 activates a passing node at once, and lets an agent that nobody added register itself
-(creating its region when missing). A cloud node is active at once.
+(creating its region when missing). A cloud node is active at once. Every registration
+asks the node for a GPU check, and one of other hardware than its last passed check saw
+unverifies it at once (checks.py: verified nodes).
 """
 
 from __future__ import annotations
 
 import logging
 
+from gpufleet_auth import sealing
 from gpufleet_bus import Delivery, emit
 from gpufleet_contracts import subjects
 from gpufleet_contracts.nodes import NodeRegistered, NodeState, RegisterNode
 from gpufleet_store import Doc, Transaction, now_ms
 
+from .checks import NodeChecks
 from .hardware import check_hardware
 from .identity import Identity
 from .records import LIVE_STATES, Records, node_id_for
@@ -29,10 +33,11 @@ LEAVING = {"deleting", "deleted", "preempted", "terminated", "failed"}
 
 
 class Registration:
-    def __init__(self, records: Records, identity: Identity) -> None:
+    def __init__(self, records: Records, identity: Identity, checks: NodeChecks) -> None:
         self.records = records
         self.db = records.db
         self.identity = identity
+        self.checks = checks  # verified nodes: each registration is checked (checks.py)
         self.auto_activate = records.settings.auto_activate_nodes
 
     async def register_node(self, body: RegisterNode, delivery: Delivery) -> None:
@@ -47,6 +52,7 @@ class Registration:
                 delivery.subject,
             )
             return
+        body = vouched_key(body, enrolled)
         await self.register(body, delivery.id, enrolled["account"], enrolled["region"])
 
     async def register(
@@ -125,12 +131,18 @@ class Registration:
                 "price_per_cpu_hour": None
                 if cmd.price_per_cpu_hour is None
                 else str(cmd.price_per_cpu_hour),
+                # its workers' secrets are sealed to it (none: an agent too old for them)
+                "sealing_key": cmd.sealing_key,
                 "registered_at_ms": now_ms(now),
                 "agent_started_at": cmd.agent_started_at.isoformat(),
                 "last_seen_ms": now_ms(now),
             }
             if cloud:
                 doc["idle_since_ms"] = now_ms(now)
+            # Verified while it claims the hardware its last passed GPU check saw; asked
+            # for a check now (checks.py).
+            verification = self.checks.registered(tx, existing, doc)
+            doc.update(verification.fields)
             update: Doc = {"$set": doc}
             if existing is None or existing["state"] != state.value:
                 reason = (
@@ -159,6 +171,9 @@ class Registration:
                     cpu_count=cpu_count,
                     cpu_job_cpus=cpu_job_cpus,
                     price_per_cpu_hour=cmd.price_per_cpu_hour,
+                    verified=verification.verified,
+                    verification_rev=verification.rev,
+                    sealing_key=cmd.sealing_key,
                     at=now,
                 ),
                 # The same RegisterNode delivered twice yields one NodeRegistered.
@@ -208,3 +223,16 @@ def registered_cpus(cmd: RegisterNode) -> tuple[int | None, int]:
     cores = None if cmd.hardware is None else cmd.hardware.cpu_cores
     offered = cmd.cpu_job_cpus if cores is None else min(cmd.cpu_job_cpus, cores)
     return cores, offered
+
+
+def vouched_key(cmd: RegisterNode, enrolled: Doc) -> RegisterNode:
+    """`cmd` with its sealing key only if the nkey the node enrolled with signed it
+    (gpufleet_auth.sealing.vouched): another credential that may publish on the node's
+    subject (an operator's) cannot have the node's secrets sealed to a key of its own. A
+    key not vouched for is dropped: the node then gets no job with secrets."""
+    key = cmd.sealing_key
+    nkey = str(enrolled.get("public_key") or "")
+    if key is None or sealing.vouched(nkey, key, cmd.sealing_key_signature):
+        return cmd
+    log.warning("node %s: a sealing key its own nkey did not sign; not kept", cmd.minion_id)
+    return cmd.model_copy(update={"sealing_key": None, "sealing_key_signature": None})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpufleet_bus.streams import NODE_LOG_MAX_BYTES, NODE_LOG_MAX_MSGS, NodeLogLimits
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -28,15 +29,32 @@ class ProvisionerSettings(BaseSettings):
     # A heartbeat handled this much later than its node's usual delay, or a liveness round
     # this late, means the provisioner is behind: no silence is judged until it caught up.
     heartbeat_late_s: float = Field(default=1.0, gt=0)
+    # Verified nodes (checks.py): a GPU check is answered within node_check_deadline_s (the
+    # node's own budget is 80% of it); a verified node is checked again after
+    # node_check_interval_s, one whose check could not run after node_check_retry_s; due
+    # and overdue checks are looked for every node_check_round_s. The check must allocate
+    # the catalogue's memory of each GPU less node_check_memory_margin of it.
+    node_check_deadline_s: float = Field(default=300.0, gt=0)
+    node_check_interval_s: float = Field(default=86400.0, gt=0)
+    node_check_retry_s: float = Field(default=3600.0, gt=0)
+    node_check_round_s: float = Field(default=5.0, gt=0)
+    node_check_memory_margin: float = Field(default=0.10, ge=0, lt=1)
     # Burst policy defaults (per account overrides live on its gcp provider).
     burst_max_nodes: int = Field(default=4, ge=0)
     burst_max_nodes_per_region: int = Field(default=4, ge=0)
     burst_max_new_per_pass: int = Field(default=2, ge=1)
     burst_idle_s: float = Field(default=300.0, ge=0)
     burst_retry_s: float = Field(default=30.0, ge=0)  # after an insert failed in a region
+    # What each node's log stream keeps at most (gpufleet_bus.streams): its oldest chunks go
+    # first past either; the bytes are reserved in the JetStream store when it enrols.
+    node_log_max_bytes: int = Field(default=NODE_LOG_MAX_BYTES, ge=1024 * 1024)
+    node_log_max_msgs: int = Field(default=NODE_LOG_MAX_MSGS, ge=1024)
     # Google Cloud's endpoints, for an emulator (gcp.py): none means Google's own.
     gcp_compute_endpoint: str | None = None
     gcp_grpc_endpoint: str | None = None  # or PUBSUB_EMULATOR_HOST
+
+    def node_logs(self) -> NodeLogLimits:
+        return NodeLogLimits(max_bytes=self.node_log_max_bytes, max_msgs=self.node_log_max_msgs)
 
     def policy(self) -> ScalePolicy:
         return ScalePolicy(

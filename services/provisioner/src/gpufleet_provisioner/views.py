@@ -7,6 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from gpufleet_auth import sealing
 from gpufleet_store import Doc, from_ms
 
 
@@ -76,6 +77,10 @@ def node_view(n: Doc, full: bool = False) -> Doc:
         "last_seen": iso(from_ms(n.get("last_seen_ms"))),
         "telemetry": n.get("telemetry"),
     }
+    verification = verification_view(n, full)
+    if verification is not None:
+        out["verified"] = verification["verified"]
+        out["verification"] = verification
     if n.get("cloud"):
         cloud = dict(n["cloud"])
         cloud["history"] = entries(cloud.get("history"))
@@ -83,8 +88,36 @@ def node_view(n: Doc, full: bool = False) -> Doc:
             cloud.pop("history", None)
         out["cloud"] = cloud
     if full:
+        key = n.get("sealing_key")  # its id only: which key its secrets are sealed to
+        out["sealing_key"] = sealing.key_id(key) if key else None
         out["hardware"] = n.get("hardware")
         out["history"] = entries(n.get("history"))
         out["busy"] = bool(n.get("busy"))
         out["idle_since"] = iso(from_ms(n.get("idle_since_ms")))
+    return out
+
+
+def verification_view(n: Doc, full: bool = False) -> Doc | None:
+    """Whether a compute node is verified (it may take other accounts' jobs), or why not,
+    when it was checked and, shown alone, what was checked; a check on its way. Never the
+    check's nonce. None for a node never asked (a storage node, or one from before)."""
+    v = n.get("verification")
+    pending = n.get("gpu_check")
+    if not v and not pending:
+        return None
+    v = v or {}
+    out: Doc = {
+        "verified": bool(v.get("verified")),
+        "reason": v.get("reason"),
+        "checked_at": iso(from_ms(v.get("checked_at_ms"))),
+    }
+    if full:
+        out["checks"] = [str(c) for c in v.get("checks") or []]
+        out["next_check"] = iso(from_ms(n.get("next_check_ms")))
+    if pending:
+        out["pending"] = {
+            "sent_at": iso(from_ms(pending.get("sent_at_ms"))),
+            "deadline": iso(from_ms(pending.get("deadline_ms"))),
+            "why": pending.get("why"),
+        }
     return out

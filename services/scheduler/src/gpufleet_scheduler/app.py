@@ -50,6 +50,7 @@ from gpufleet_contracts.projects import (
     ProjectView,
     RemoveProjectMember,
 )
+from gpufleet_contracts.verification import NodeVerified
 from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 
@@ -118,8 +119,9 @@ class Handlers:
         return JobView.model_validate(await self.sched.lifecycle.cancel(body.job_id, account))
 
     async def job_logs(self, body: GetJobLogs, account: str) -> JobLogs:
+        logs = self.sched.queries.logs
         return JobLogs.model_validate(
-            await self.sched.queries.logs(body.job_id, account, body.after, body.limit)
+            await logs(body.job_id, account, body.after, body.limit, body.cursor)
         )
 
     # --- projects (R-TEN-1) ---
@@ -163,6 +165,10 @@ class Handlers:
 
     async def on_node_state_changed(self, body: NodeStateChanged) -> None:
         await self.sched.lifecycle.node_changed(body)
+
+    async def on_node_verified(self, body: NodeVerified) -> None:
+        """Whether a node's hardware passed its GPU check: only then another account's jobs."""
+        await self.sched.lifecycle.node_verified(body)
 
     async def on_enqueue_job(self, body: EnqueueJob, delivery: Delivery) -> None:
         """Another system's submission; invalid bodies never get here (dead-lettered).
@@ -240,10 +246,10 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "account-changed": on.on_account_changed,
             "node-registered": on.on_node_registered,
             "node-state-changed": on.on_node_state_changed,
+            "node-verified": on.on_node_verified,
             "enqueue-job": on.on_enqueue_job,
-            # One consumer of what nodes report of their workers, in stream order: a start
-            # is seen before its finish (the scheduler's own WorkerPlaced is not read back);
-            # applied a batch (one transaction) at a time.
+            # One consumer of what nodes report of their workers (stream REPORTS), in order:
+            # a start is seen before its finish; applied a batch (one transaction) at a time.
             "worker-events": Batched(
                 [WorkerStarted, WorkerFinished],
                 on.on_worker_reports,
@@ -263,7 +269,10 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             JobRejected,
             JobStateChanged,
             WorkerPlaced,
-            WorkerFinished,
+            # the reports it took, stated on the node's `kept` subject (reports.py); a lost
+            # node's workers' ends (lifecycle.py)
+            (WorkerStarted, subjects.kept("started", "{minion_id}")),
+            (WorkerFinished, subjects.kept("finished", "{minion_id}")),
             StartWorker,
             StopWorker,
             PendingDemandChanged,

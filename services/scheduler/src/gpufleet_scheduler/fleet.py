@@ -52,9 +52,11 @@ def node_view(doc: Doc) -> NodeView:
         gpu_shares=int(doc.get("gpu_shares") or 1),
         gpu_memory_mb=doc.get("gpu_memory_mb"),
         simulated=bool(doc.get("simulated")),  # absent in documents written before it was kept
+        verified=bool(doc.get("verified")),  # the provisioner's verdict (absent before: not)
         cpus=cpus,
         free_cpus=cpus,
         price_per_cpu_hour=Decimal(cpu_price) if cpu_price is not None else None,
+        sealing_key=doc.get("sealing_key"),  # absent before nodes had one: none
     )
 
 
@@ -108,6 +110,13 @@ class Fleet:
         self.base[node_id] = replace(node, state=state)
         self._refresh(node_id)
         return self.base[node_id]
+
+    def set_verified(self, node_id: str, verified: bool) -> None:
+        """The provisioner's verdict on the node's hardware (NodeVerified)."""
+        node = self.base.get(node_id)
+        if node is not None:
+            self.base[node_id] = replace(node, verified=verified)
+            self._refresh(node_id)
 
     def view(self, node_id: str) -> NodeView:
         """The node with its current free GPUs and partly used GPUs."""
@@ -189,8 +198,10 @@ def node_doc(node: NodeView) -> Doc:
         "gpu_shares": node.gpu_shares,
         "gpu_memory_mb": node.gpu_memory_mb,
         "simulated": node.simulated,
+        "verified": node.verified,
         "cpus": node.cpus,
         "price_per_cpu_hour": None
         if node.price_per_cpu_hour is None
         else str(node.price_per_cpu_hour),
+        "sealing_key": node.sealing_key,
     }

@@ -2,8 +2,8 @@
 
 Active nodes with a catalogue GPU are kept in groups: for each (GPU model, owner, region)
 the owner's nodes (they pay the usage fee of the model's class: one rate for the group),
-and for each (GPU model, region) the real nodes open to public jobs (each at its asking
-price; a simulated node serves only its owner, so it is never in these).
+and for each (GPU model, region) the real, verified nodes open to public jobs (each at its
+asking price; a simulated or unverified node serves only its owner, so it is never in these).
 Within a group, heaps keyed by (rate, node id):
 
 - `whole[k]`: nodes with exactly k fully free GPUs;
@@ -119,11 +119,12 @@ class PlacementIndex:
             groups = self._own.setdefault((node.gpu_model, node.owner), {})
             own = groups.setdefault(node.region, _Group(rate=own_rate))
             self._enter(own, node, own_rate, version)
-            # A simulated node serves only its owner: never in a public group.
+            # A simulated or unverified node serves only its owner: never in a public group.
             if (
                 node.allow_public_jobs
                 and node.price_per_gpu_hour is not None
                 and not node.simulated
+                and node.verified
             ):
                 pub = self._public.setdefault(node.gpu_model, {})
                 group = pub.setdefault(node.region, _Group(rate=None))
@@ -137,6 +138,7 @@ class PlacementIndex:
                 node.allow_public_jobs
                 and node.price_per_cpu_hour is not None
                 and not node.simulated
+                and node.verified
             ):
                 group = self._cpu_public.setdefault(node.region, _Group(rate=None))
                 self._enter_cpus(group, node, node.price_per_cpu_hour)
@@ -202,7 +204,7 @@ class PlacementIndex:
     ) -> Placement | None:
         """The reference answer for `req`. `memo` (one per pass, while capacity only
         shrinks and holds only grow) remembers searches that found nothing: (own or public,
-        GPU type, region, price, fraction[, owner]) -> the smallest count that failed; a
+        GPU type, region, price, fraction, secrets[, owner]) -> the smallest count that failed; a
         request for as many GPUs or more skips that search. A holder of a held node does
         not use it (it may see that node)."""
         held = reserved or {}
@@ -212,7 +214,7 @@ class PlacementIndex:
         types: tuple[str | None, ...] = (CPUS,) if req.cpu_count else req.gpu_types
         for own in (True, False):
             for t in types:
-                base = (own, t, req.region, req.max_price, req.fraction)
+                base = (own, t, req.region, req.max_price, req.fraction, req.secrets)
                 key = (*base, req.owner)
                 if memo is not None:
                     failed = min(memo.get(key, 1 << 30), memo.get(base, 1 << 30))
@@ -270,6 +272,8 @@ class PlacementIndex:
                 return False  # the owner's own node is in its own group
             if (node.cpus if req.cpu_count else len(node.gpu_indices)) < req.size:
                 return False
+            if req.secrets and node.sealing_key is None:
+                return False  # it cannot receive them (placement.UNSEALED)
             h = held.get(node_id)
             return h is None or h == req.job_id
 

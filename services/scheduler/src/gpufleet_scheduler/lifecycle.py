@@ -1,13 +1,14 @@
-"""The lifecycle of nodes and jobs: nodes registered, changing state or lost (their
-workers requeued); jobs cancelled. Workers started and finished are reports.py's.
+"""The lifecycle of nodes and jobs: nodes registered, verified or not, changing state or
+lost (their workers requeued); jobs cancelled. Workers started and finished are reports.py's.
 
 A requeued worker's old placement is void: its node is told to stop it (StopWorker, kept in
 the node's command stream until it reads it, so a node that comes back stops it before it
 runs anything newer), its run is closed at the loss (the scheduler's own WorkerFinished
-`failed`: billing charges up to there and no further), and a later report of it, from a node
-that was not dead after all, changes nothing here or in billing (its placement id is no
-longer the worker's). Between the requeue and the StopWorker reaching a live node the old
-run may overlap a new one briefly; that overlap is never charged.
+`failed`, on the node's `kept` subject: billing charges up to there and no further), and a
+later report of it, from a node that was not dead after all, changes nothing here or in
+billing (its placement id is no longer the worker's). Between the requeue and the
+StopWorker reaching a live node the old run may overlap a new one briefly; that overlap is
+never charged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 from datetime import datetime
 
 from gpufleet_bus import emit
+from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import (
     JobState,
     JobType,
@@ -24,9 +26,10 @@ from gpufleet_contracts.jobs import (
     WorkerState,
 )
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
+from gpufleet_contracts.verification import NodeVerified
 from gpufleet_store import Doc, Transaction, now_ms
 
-from . import jobdoc
+from . import jobdoc, sealing
 from .fleet import node_view
 from .passes import Passes
 from .state import HOLDING, OPEN_STATES, State
@@ -73,8 +76,7 @@ class Lifecycle:
         st = self.state
         async with st.lock:
             if isinstance(evt, NodeRegistered):
-                fields = _node_fields(evt)
-                await self._write_node(evt.node_id, fields, upsert=True)
+                fields = await self._write_registered(evt.node_id, _node_fields(evt))
                 if st.loaded:
                     st.fleet.upsert(node_view({"_id": evt.node_id, **fields}))
             else:
@@ -89,6 +91,65 @@ class Lifecycle:
                 with contextlib.suppress(Exception):
                     await st.notify([], [evt.node_id])
         await self.passes.request_pass()
+
+    async def node_verified(self, evt: NodeVerified) -> None:
+        """The provisioner's verdict on a node's hardware (verified: it may take other
+        accounts' jobs). One older than what the node holds (by `verification_rev`: its
+        registrations come on another consumer) changes nothing; one for a node not
+        registered here yet waits for it (NodeNotRegistered: redelivered later)."""
+        st = self.state
+        async with st.lock:
+
+            async def body(tx: Transaction) -> tuple[int, bool]:
+                rev = await st.next_rev(tx)
+                stored = await st.db.nodes.find_one({"_id": evt.node_id}, session=tx.session)
+                if stored is None:
+                    raise NodeNotRegistered(evt.node_id)
+                if int(stored.get("verification_rev") or 0) > evt.verification_rev:
+                    return rev, False
+                await st.db.nodes.update_one(
+                    {"_id": evt.node_id},
+                    {
+                        "$set": {
+                            "verified": evt.verified,
+                            "verification_rev": evt.verification_rev,
+                            "rev": rev,
+                        }
+                    },
+                    session=tx.session,
+                )
+                return rev, True
+
+            rev, applied = await st.store.transaction(body)
+            st.committed(rev)
+            if applied and st.loaded:
+                st.fleet.set_verified(evt.node_id, evt.verified)
+            if applied and not st.loaded and st.notify is not None:
+                with contextlib.suppress(Exception):
+                    await st.notify([], [evt.node_id])
+        if applied:
+            await self.passes.request_pass()
+
+    async def _write_registered(self, node_id: str, fields: Doc) -> Doc:
+        """A registration's fields written; the node keeps the verification it holds when
+        that is newer (a NodeVerified read before this NodeRegistered). What was written."""
+        st = self.state
+
+        async def body(tx: Transaction) -> tuple[int, Doc]:
+            rev = await st.next_rev(tx)
+            stored = await st.db.nodes.find_one({"_id": node_id}, session=tx.session)
+            out = dict(fields)
+            held = int((stored or {}).get("verification_rev") or 0)
+            if stored is not None and held > int(fields["verification_rev"]):
+                out.update(verified=bool(stored.get("verified")), verification_rev=held)
+            await st.db.nodes.update_one(
+                {"_id": node_id}, {"$set": {**out, "rev": rev}}, upsert=True, session=tx.session
+            )
+            return rev, out
+
+        rev, out = await st.store.transaction(body)
+        st.committed(rev)
+        return out
 
     async def _write_node(self, node_id: str, fields: Doc, upsert: bool = False) -> None:
         st = self.state
@@ -154,6 +215,7 @@ class Lifecycle:
                         started_at=started if isinstance(started, datetime) else None,
                         ended_at=now,
                     ),
+                    subject=subjects.kept("finished", w["minion_id"]),
                 )
                 await st.db.claims.delete_many(
                     {"placement_id": w["placement_id"]}, session=tx.session
@@ -213,5 +275,15 @@ def _node_fields(evt: NodeRegistered) -> Doc:
         "price_per_cpu_hour": None
         if evt.price_per_cpu_hour is None
         else str(evt.price_per_cpu_hour),
+        # what its workers' secrets are sealed to (sealing.py); None: it takes none
+        "sealing_key": sealing.accepted(evt.sealing_key),
+        # the provisioner's verdict on its hardware, as of this registration
+        "verified": evt.verified,
+        "verification_rev": evt.verification_rev,
         "updated_ms": now_ms(evt.at),
     }
+
+
+class NodeNotRegistered(Exception):
+    """A node's verdict read before its registration (another consumer): handled again
+    later, once the registration is (the bus redelivers it)."""

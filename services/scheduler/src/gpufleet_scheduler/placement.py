@@ -2,9 +2,11 @@
 
 A node can take a worker when it is `active`, has one of the job's GPU types, is in the
 job's pinned region (if any), is the owner's own or another account's real (not simulated,
-R-NODE-6) node in a region open to public jobs, charges at most `max_price` per GPU-hour,
-has enough GPUs at all, is not held for an older job (anti-starvation, see queue.py) and
-has enough free now. The rate is what the job's owner pays per GPU-hour: on the owner's own
+R-NODE-6) and verified node (its GPUs passed gpufleet's check: the provisioner's checks.py)
+in a region open to public jobs, charges at most `max_price` per GPU-hour,
+can receive the worker's secrets if it has any (a sealing key: sealing.py), has enough
+GPUs at all, is not held for an older job (anti-starvation, see queue.py) and has enough
+free now. The rate is what the job's owner pays per GPU-hour: on the owner's own
 node the usage fee of the GPU's class (R-BILL-1); on another account's node its asking price.
 
 Among nodes that can: the owner's own nodes first, then the lowest cost for this worker
@@ -38,6 +40,9 @@ from decimal import Decimal
 from gpufleet_contracts.catalog import catalog
 
 NO_CPUS = "offers no CPUs to CPU-only jobs"
+UNSEALED = "cannot receive secrets (its agent sent no sealing key)"
+# Another account's node for sale whose hardware did not pass (or has not had) its check.
+NOT_VERIFIED = "another account's node, not verified"
 # A removed node is gone for good: no reason counts it (the fleet keeps it for the work and
 # claims it had).
 REMOVED = "removed"
@@ -60,10 +65,16 @@ class NodeView:
     gpu_memory_mb: int | None = None
     # Its GPUs come from a simulated inventory (development, R-NODE-6): its owner's jobs only.
     simulated: bool = False
+    # Its hardware passed gpufleet's GPU check (the provisioner's NodeVerified): without
+    # it, its owner's jobs only.
+    verified: bool = False
     # CPU-only jobs (R-JOB-2): the CPUs it offers them, how many are free, their price.
     cpus: int = 0
     free_cpus: int = 0
     price_per_cpu_hour: Decimal | None = None
+    # The public key a worker's secrets are sealed to (gpufleet_auth.sealing); None: its
+    # agent sent none (or one nothing seals to), so it takes no job that carries secrets.
+    sealing_key: str | None = None
 
     def share_slots(self) -> list[tuple[int, int]]:
         """(free shares, GPU) of every GPU with some room, ascending."""
@@ -83,6 +94,7 @@ class WorkerRequest:
     region: str | None = None  # pinned by a regional resource (R-RES-1)
     fraction: Decimal | None = None  # R-SCHED-4
     cpu_count: int = 0  # a CPU-only worker's CPUs (gpu_types empty, gpu_count 0), R-JOB-2
+    secrets: bool = False  # it carries secrets (env values, attached keys): sealed nodes only
 
     def shape(self) -> tuple[object, ...]:
         """What placement depends on, besides the job's identity."""
@@ -94,6 +106,7 @@ class WorkerRequest:
             self.region,
             self.fraction,
             self.cpu_count,
+            self.secrets,
         )
 
     @property
@@ -149,7 +162,7 @@ def rate_for(node: NodeView, owner: str) -> tuple[Decimal, str] | None:
         return catalog().usage_fee_per_gpu_hour(node.gpu_model), "usage"
     if node.simulated:
         return None  # another account's job would "run" on GPUs that do not exist
-    if node.allow_public_jobs and node.price_per_gpu_hour is not None:
+    if node.allow_public_jobs and node.price_per_gpu_hour is not None and node.verified:
         return node.price_per_gpu_hour, "market"
     return None
 
@@ -160,7 +173,7 @@ def cpu_rate_for(node: NodeView, owner: str) -> tuple[Decimal, str] | None:
         return catalog().usage_fee_per_cpu_hour, "usage"
     if node.simulated:
         return None  # a development node: its owner's jobs only, as for GPU jobs
-    if node.allow_public_jobs and node.price_per_cpu_hour is not None:
+    if node.allow_public_jobs and node.price_per_cpu_hour is not None and node.verified:
         return node.price_per_cpu_hour, "market"
     return None
 
@@ -196,11 +209,16 @@ def rule_out(
         if req.cpu_count:
             return "another account's simulated node (its owner's jobs only)"
         return "another account's node with simulated GPUs"
+    price = node.price_per_cpu_hour if req.cpu_count else node.price_per_gpu_hour
+    if priced is None and node.allow_public_jobs and price is not None and not node.verified:
+        return NOT_VERIFIED
     if priced is None:
         return "another account's node, region not open to public jobs"
     rate = priced[0]
     if req.max_price is not None and rate > req.max_price:
         return f"{_fmt(rate)} > max price {_fmt(req.max_price)}"
+    if req.secrets and node.sealing_key is None:
+        return UNSEALED
     if req.cpu_count and node.cpus < req.cpu_count:
         return f"offers {node.cpus} CPUs to CPU-only jobs, job needs {req.cpu_count}"
     if len(node.gpu_indices) < req.gpu_count:
