@@ -52,6 +52,7 @@ from pydantic import BaseModel, ValidationError
 from .accounts import NoAccountError, account_of, may_answer
 from .broker import dead_letters_of
 from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
+from .notices import Notices
 
 log = logging.getLogger("gpufleet.bus")
 
@@ -106,6 +107,7 @@ class Requests:
         self.routes: list[_Route] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Any] = []
+        self._aimed = Notices()  # requests whose answer was aimed elsewhere, by subject
 
     def add(
         self,
@@ -168,11 +170,17 @@ class Requests:
 
     async def _serve(self, route: _Route, msg: Any) -> None:
         if msg.reply and not may_answer(msg.subject, msg.reply):
-            # aimed at an inbox not the requester's (or at no inbox): neither served nor answered
-            log.warning(
-                "not serving %s: its reply %r is not the requester's", msg.subject, msg.reply
-            )
+            # aimed at an inbox not the requester's (or at no inbox): neither served nor
+            # answered; logged at a rate the requester cannot raise (notices.py)
             METRICS.replies_refused.add(1, {"service": self.service})
+            notice = self._aimed.note(msg.subject)
+            if notice is not None:
+                log.warning(
+                    "not serving %s: its reply %r is not the requester's (%s)",
+                    msg.subject,
+                    msg.reply,
+                    notice.text(),
+                )
             return
         reply = await self.answer(route, msg.subject, msg.data, msg.headers)
         if msg.reply:
