@@ -91,12 +91,40 @@ async def test_a_report_is_kept_once_and_another_nodes_facts_are_not_kept_but_no
     assert [i for i, _ in await kept(s.server, "finished", "a")] == [f"kept:finished:{pid}"]
 
 
+async def test_a_finish_read_before_its_start_keeps_the_start_it_claims_once(system: Sys) -> None:
+    """A start redelivered behind its finish (a paused scheduler had fetched it): the
+    history still holds one start and one end of the placement, the start the finish
+    claims, and the late start changes nothing."""
+    s = system
+    await s.node(registered("a", gpus=1, owner="local"))
+    await known(s, "a")
+    job = await s.submit("late-start")
+    await wait_for_async(lambda: _one_start(s), timeout=10)
+    (start,) = await s.starts("a")
+    ids = {"job_id": job["id"], "worker": 0, "placement_id": start.placement_id}
+    claimed = NOW.replace(microsecond=0)
+    await s.worker(
+        WorkerFinished(
+            **ids, minion_id="a", state="finished", exit_code=0, started_at=claimed, ended_at=NOW
+        )
+    )
+    await s.until(job["id"], "finished")
+    await s.worker(WorkerStarted(**ids, minion_id="a", started_at=claimed))
+    await wait_for_async(lambda: _all_read(s, "a", ignored=0), timeout=10)
+    pid = start.placement_id
+    starts = await kept(s.server, "started", "a")
+    assert [i for i, _ in starts] == [f"kept:started:{pid}"]
+    assert datetime.fromisoformat(starts[0][1]["started_at"]) == claimed
+    assert [i for i, _ in await kept(s.server, "finished", "a")] == [f"kept:finished:{pid}"]
+    assert (await s.job(job["id"]))["state"] == "finished"
+
+
 async def _one_start(s: Sys) -> bool:
     return len(await s.starts("a")) == 1
 
 
-async def _all_read(s: Sys, minion: str) -> bool:
-    return await reports_left(s.server, minion) == 0 and s.sched.reports.ignored >= 300
+async def _all_read(s: Sys, minion: str, ignored: int = 300) -> bool:
+    return await reports_left(s.server, minion) == 0 and s.sched.reports.ignored >= ignored
 
 
 class _node:

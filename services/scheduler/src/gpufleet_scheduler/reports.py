@@ -20,11 +20,13 @@ Reports come from the REPORTS stream, a work queue that keeps nothing once read:
 that changed a worker (its start, its end) is stated again, in the same transaction, on the
 `kept` subject of its node (`subjects.kept`, stream EVENTS: what billing reads and the
 history keeps), under an id of its placement. So the event history holds one start and one
-end per placement whatever a node sends. A fact of a node about a worker it was never
-placed on (another node's, another account's, none at all), or whose body names another
-node, is not kept and is noticed: a dead-letter record naming the node and why, and a log
-line, at once for a node's first, then at most once a minute per node with the count since
-(gpufleet_bus.notices), so that a node's flood is no flood of the DLQ or of the log.
+end per placement whatever a node sends; a finish whose start was not seen (redelivered
+behind it, after a paused leader had fetched it) states the start it claims first. A fact
+of a node about a worker it was never placed on (another node's, another account's, none at
+all), or whose body names another node, is not kept and is noticed: a dead-letter record
+naming the node and why, and a log line, at once for a node's first, then at most once a
+minute per node with the count since (gpufleet_bus.notices), so that a node's flood is no
+flood of the DLQ or of the log.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class Reports:
                         continue
                     received = d.received_at or st.clock()
                     version = int(job["version"])
+                    start_unseen = unseen_start(job, evt)
                     at, reason = (
                         started(job, evt, received)
                         if isinstance(evt, WorkerStarted)
@@ -152,6 +155,16 @@ class Reports:
                     out.versions.setdefault(job["_id"], version)
                     out.jobs[job["_id"]] = job
                     st.bump(tx, job, at, reason)
+                    if start_unseen is not None:
+                        # Its start came late or not at all (a redelivery behind the
+                        # finish): the start the finish carries is the one kept, and a
+                        # late report of it finds the worker past that point.
+                        emit(
+                            tx,
+                            start_unseen,
+                            f"kept:started:{evt.placement_id}",
+                            subject=subjects.kept("started", evt.minion_id),
+                        )
                     fact = "started" if isinstance(evt, WorkerStarted) else "finished"
                     emit(
                         tx,
@@ -270,6 +283,23 @@ def placed_on(job: Doc | None, evt: Report) -> bool:
             for a in w.get("attempts") or []
         )
     return False
+
+
+def unseen_start(job: Doc, evt: Report) -> WorkerStarted | None:
+    """The start a finish states for a worker whose own start was not seen (still
+    `placed`), for the history: None when its start was kept or the node claims none."""
+    if not isinstance(evt, WorkerFinished) or evt.started_at is None:
+        return None
+    w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
+    if w is None or w["state"] != WorkerState.placed.value:
+        return None
+    return WorkerStarted(
+        job_id=evt.job_id,
+        worker=evt.worker,
+        placement_id=evt.placement_id,
+        minion_id=evt.minion_id,
+        started_at=evt.started_at,
+    )
 
 
 def started(job: Doc, evt: WorkerStarted, received: datetime) -> tuple[datetime | None, None]:
