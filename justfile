@@ -6,7 +6,7 @@ set positional-arguments
 # uv must never try to download a Python: only the package registry is reachable here.
 export UV_PYTHON_DOWNLOADS := "never"
 
-# Start the whole system locally: NATS, the embedded MongoDB, every service and a node agent.
+# Start the whole system locally: NATS, MongoDB, every service, a node agent (--data: storage servers).
 up *args: setup
     uv run python -m gpufleet_devstack.up {{args}}
 
@@ -40,7 +40,8 @@ docs-check: setup
     uv run python -m gpufleet_devstack.docs --check
 
 # Install what the project needs: uv (from PyPI), the workspace, nats-server, and podman, runc
-# and mmdebstrap for the node agent's container runtime, docker-registry for images (Debian).
+# and mmdebstrap for the node agent's container runtime, docker-registry for images (Debian),
+# git's servers (Debian) and Azurite (npm, into devtools/devstack/node) for the storage servers.
 setup:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -64,6 +65,8 @@ setup:
     uv run python -c "from gpufleet_devstack import ensure_nats_server as e; e()"
     uv run python -c "from gpufleet_devstack.podman import ensure_podman as e; e()"
     uv run python -c "from gpufleet_devstack.registry import ensure_registry as e; e()"
+    uv run python -c "from gpufleet_devstack.storage.repos import ensure_git as e; e()"
+    uv run python -c "from gpufleet_devstack.storage.azurite import ensure_azurite as e; e()"
 
 # The compose stack's keys, TLS certificates and credentials (deploy/secrets/, git-ignored).
 compose-secrets: setup

@@ -14,6 +14,9 @@ DEFAULT_MONGO_PORT: Final = 27027
 # Fixed, like the others: an image pushed to the local registry today is pulled from the
 # same address tomorrow.
 DEFAULT_REGISTRY_PORT: Final = 5055
+# `just up --data`'s storage servers: S3 on this port, the others on the next six, FTP's
+# data connections on base+10..base+19 (gpufleet_devstack.storage.servers.StoragePorts).
+DEFAULT_STORAGE_PORT: Final = 5060
 
 
 def find_repo_root(start: Path | None = None) -> Path:

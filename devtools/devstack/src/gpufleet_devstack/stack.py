@@ -1,5 +1,6 @@
 """Starting, supervising and stopping the processes of `just up`: nats-server, the embedded
-MongoDB, the GCP emulator when asked for, then every service and the node agent."""
+MongoDB, the GCP emulator and the storage servers when asked for, then every service and
+the node agent."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from typing import Any, Final
 
 from gpufleet_devstack import identities
 from gpufleet_devstack.children import NODE_NAME, SERVICES, ServiceSpec, child_env
-from gpufleet_devstack.config import DEFAULT_REGISTRY_PORT, find_repo_root
+from gpufleet_devstack.config import DEFAULT_REGISTRY_PORT, DEFAULT_STORAGE_PORT, find_repo_root
 from gpufleet_devstack.console import Out, rel
 from gpufleet_devstack.mongo import EmbeddedMongo
 from gpufleet_devstack.nats import NatsServer
 from gpufleet_devstack.podman import node_runtime_env
-from gpufleet_devstack.processes import ServiceProcess, log_tail
+from gpufleet_devstack.processes import DevstackError, ServiceProcess, log_tail
 from gpufleet_devstack.registry import LocalRegistry, find_registry
+from gpufleet_devstack.storage.servers import StoragePorts, StorageServers
 
 RESTART_BACKOFF: Final = 1.0
 MAX_RESTARTS_PER_MINUTE: Final = 5
@@ -38,7 +40,7 @@ class Supervised:
 
 def running_workers(state_dir: Path) -> int:
     """The workers a node agent with this state directory started that have not ended (no
-    exit.json yet: gpufleet_node_agent.workers)."""
+    exit.json yet: gpufleet_node_agent.worker.manager)."""
     root = state_dir / "workers"
     if not root.is_dir():
         return 0
@@ -64,6 +66,7 @@ class Stack:
         nats_port: int,
         mongo_port: int,
         registry_port: int = DEFAULT_REGISTRY_PORT,
+        storage_port: int = DEFAULT_STORAGE_PORT,
     ) -> None:
         self.out = out
         self.run_dir = run_dir
@@ -90,6 +93,9 @@ class Stack:
         # The local image registry (customer images, R-JOB-7), when docker-registry is here.
         self.registry: LocalRegistry | None = None
         self.registry_port = registry_port
+        # `--data`: the storage servers jobs stage from and to, and their demo data.
+        self.storage: StorageServers | None = None
+        self.storage_ports = StoragePorts(storage_port)
         self._node_runtime: dict[str, str] | None = None
 
     @property
@@ -111,6 +117,11 @@ class Stack:
             ),
             **identities.service_env(self.nats, spec.name),
             **self.node_env.get(spec.name, {}),
+            **(
+                self.storage.agent_env()
+                if self.storage is not None and spec.name == "node-agent"
+                else {}
+            ),
         }
         if os.environ.get("GPUFLEET_SECRET_KEY"):  # one of the developer's: theirs wins
             stack.pop("GPUFLEET_SECRET_KEY", None)
@@ -157,6 +168,27 @@ class Stack:
             "GPUFLEET_BURST_IDLE_S": os.environ.get("GPUFLEET_BURST_IDLE_S", "60"),
         }
         self.out.ok(f"GCP emulator up: Compute {self.gcp.compute}, gRPC {self.gcp.grpc}")
+
+    def start_storage(self) -> None:
+        """The storage servers, with the demo bucket, container and repository; the node
+        agent started after is told their endpoints (StorageServers.agent_env)."""
+        ports = self.storage_ports
+        low, high = ports.passive
+        self.out.step(
+            f"starting the storage servers on 127.0.0.1:{ports.base}..{ports.base + 6} "
+            f"(FTP data {low}..{high}; data: {rel(self.run_dir / 'storage')})"
+        )
+        storage = StorageServers(self.run_dir / "storage", self.log_dir, ports)
+        storage.start()
+        self.storage = storage
+        try:
+            storage.seed()
+        except Exception as exc:  # a client's error, whichever: the stack stops, said why
+            raise DevstackError(f"the storage servers' demo data was not put: {exc}") from exc
+        self.out.ok(
+            "storage servers up: S3, GCS, Azure Blob, git (git://, http), files (https, ftp); "
+            f"demo data in `demo` (logs: {rel(self.log_dir)})"
+        )
 
     def start_services(self) -> None:
         (self.run_dir / "agent").mkdir(parents=True, exist_ok=True)
@@ -219,8 +251,9 @@ class Stack:
         for child in reversed(self.children):
             name = child.spec.name
             agent = name == "node-agent"
-            if child.process.alive:
-                busy = running_workers(self.run_dir / "agent") if agent else 0
+            alive = child.process.alive
+            busy = running_workers(self.run_dir / "agent") if agent and alive else 0
+            if alive:
                 more = f" and its {busy} running worker(s)" if busy else ""
                 self.out.step(f"stopping {name}{more}")
             child.process.stop()
@@ -237,6 +270,9 @@ class Stack:
             self.out.step("stopping the GCP emulator (and its instances' agents)")
             self.gcp.stop()
             self.gcp = None
+        if self.storage is not None:
+            self.out.step("stopping the storage servers")
+            self.storage.stop()
         if self.registry is not None:
             self.registry.stop()
         if self.mongo.running:

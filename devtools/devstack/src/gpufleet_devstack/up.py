@@ -5,23 +5,32 @@ service and one node agent, checks that each service answers its health RPC, pri
 to try, and supervises the children until Ctrl-C (or SIGTERM), when it stops them all in
 reverse order. `--no-block` starts, checks, prints and stops again (a smoke test).
 
-    uv run python -m gpufleet_devstack.up [--no-block] [--require-healthy] [--gcp]
+    uv run python -m gpufleet_devstack.up [--no-block] [--require-healthy] [--gcp] [--data]
 
 `--gcp` (or GPUFLEET_UP_GCP=1) also starts the local Google Cloud emulator
 (`gpufleet_gcp_emulator`), points the provisioner at it, and enables an emulated GCP provider
 (project `gpufleet-dev`) with the region `us-central1` for the account `local`: queued jobs
 that allow bursting then run on emulated instances.
 
+`--data` (or GPUFLEET_UP_DATA=1) also starts the storage servers a job's data, code and
+checkpoints come from and its outputs go to (`gpufleet_devstack.storage`): S3 (moto), GCS
+(gcp-storage-emulator), Azure Blob (Azurite, https), git over git:// and http, files over
+https and FTP; fills the bucket (and container) `demo` with a small dataset archive and
+serves a model repository `demo-model.git`; writes a demo job to `.run/storage/demo-job.yaml`;
+and tells the node agent their endpoints (GPUFLEET_STAGING_ALLOW, GPUFLEET_STAGING_CA_FILE).
+
 Environment: GPUFLEET_NATS_PORT (default 4333; not 4222, which a system nats-server may
 use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_REGISTRY_PORT (default 5055: the local
-image registry, when docker-registry is installed), GPUFLEET_RUN_DIR (default `<repo>/.run`),
-GPUFLEET_SIMULATED_GPUS (default `1`: the node agent reports simulated 2 x RTX 3090; `0`
-for the machine's real GPUs through NVML).
+image registry, when docker-registry is installed), GPUFLEET_STORAGE_PORT (default 5060:
+`--data`'s servers take it and the next six, FTP's data connections 5070..5079),
+GPUFLEET_RUN_DIR (default `<repo>/.run`), GPUFLEET_SIMULATED_GPUS (default `1`: the node
+agent reports simulated 2 x RTX 3090; `0` for the machine's real GPUs through NVML).
 
 This module is the entry point; the parts are beside it: `children` (what is started, each
 one's environment), `stack` (starting, supervising and stopping it all), `health` (the
-health checks and the status table), `emulated_gcp` (`--gcp`), `what_to_try` (the commands
-printed at the end), `console` (rich or plain output) and `config` (ports, run directory).
+health checks and the status table), `emulated_gcp` (`--gcp`), `storage.servers`
+(`--data`), `what_to_try` (the commands printed at the end), `console` (rich or plain
+output) and `config` (ports, run directory).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from gpufleet_devstack.config import (
     DEFAULT_MONGO_PORT,
     DEFAULT_NATS_PORT,
     DEFAULT_REGISTRY_PORT,
+    DEFAULT_STORAGE_PORT,
     find_repo_root,
     port_from_env,
     run_dir_from_env,
@@ -52,6 +62,7 @@ from gpufleet_devstack.nats import ensure_nats_server
 from gpufleet_devstack.processes import DevstackError, port_in_use
 from gpufleet_devstack.registry import find_registry
 from gpufleet_devstack.stack import SUPERVISE_INTERVAL, Stack
+from gpufleet_devstack.storage.servers import StoragePorts
 from gpufleet_devstack.what_to_try import print_what_to_try
 
 # What `just up` starts, for the tests that start the same (tests/e2e, tests/security).
@@ -75,6 +86,10 @@ def _save_context(stack: Stack) -> Saved | None:
         return None
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in {"1", "true", "yes", "on"}
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gpufleet_devstack.up", description=__doc__.splitlines()[0]
@@ -93,8 +108,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gcp",
         action="store_true",
-        default=os.environ.get("GPUFLEET_UP_GCP", "").lower() in {"1", "true", "yes", "on"},
+        default=_env_flag("GPUFLEET_UP_GCP"),
         help="also start the Google Cloud emulator with an emulated GCP provider enabled",
+    )
+    parser.add_argument(
+        "--data",
+        action="store_true",
+        default=_env_flag("GPUFLEET_UP_DATA"),
+        help="also start the storage servers (S3, GCS, Azure Blob, git, https, ftp) with demo data",
     )
     args = parser.parse_args(argv)
     out = make_out()
@@ -103,6 +124,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         nats_port = port_from_env("GPUFLEET_NATS_PORT", DEFAULT_NATS_PORT)
         mongo_port = port_from_env("GPUFLEET_MONGO_PORT", DEFAULT_MONGO_PORT)
         registry_port = port_from_env("GPUFLEET_REGISTRY_PORT", DEFAULT_REGISTRY_PORT)
+        storage_port = port_from_env("GPUFLEET_STORAGE_PORT", DEFAULT_STORAGE_PORT)
         out.step("checking nats-server")
         binary = ensure_nats_server(log=out.step)
         out.ok(f"nats-server: {binary}")
@@ -117,6 +139,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     ]
     if find_registry():
         ports.append(("the image registry", registry_port, "GPUFLEET_REGISTRY_PORT"))
+    if args.data:
+        for port in StoragePorts(storage_port).all():
+            ports.append(("the storage servers", port, "GPUFLEET_STORAGE_PORT"))
     for name, port, var in ports:
         if port_in_use(port):
             out.error(
@@ -127,13 +152,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     out.step(f"run directory: {rel(run_dir)} (data and logs; reused by the next `just up`)")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    stack = Stack(out, run_dir, nats_port, mongo_port, registry_port)
+    stack = Stack(out, run_dir, nats_port, mongo_port, registry_port, storage_port)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
         stack.start_servers()
         if args.gcp:
             stack.start_gcp()
+        if args.data:
+            stack.start_storage()
         stack.start_services()
         out.step(f"waiting up to {args.health_timeout:.0f}s for the services' health replies")
         status = asyncio.run(check_health(stack, args.health_timeout))

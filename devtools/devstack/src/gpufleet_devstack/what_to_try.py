@@ -9,6 +9,8 @@ from gpufleet_devstack import identities
 from gpufleet_devstack.cli_context import Saved
 from gpufleet_devstack.console import rel
 from gpufleet_devstack.stack import Stack
+from gpufleet_devstack.storage import demo
+from gpufleet_devstack.storage.servers import StorageServers
 
 CLI = "uv run gpufleet"
 
@@ -53,6 +55,37 @@ def print_what_to_try(stack: Stack, context: Saved | None) -> None:
             f"&& podman tag localhost/{BASE_IMAGE} {address}/me/app:1 "
             f"&& podman push --tls-verify=false {address}/me/app:1",
         ]
+    if stack.storage is not None:
+        lines += storage_lines(stack.storage)
     for line in lines:
         out.plain(f"  {line}")
     out.plain("")
+    if stack.storage is not None:
+        out.plain(f"The demo job ({rel(stack.storage.job_file)}):")
+        for line in stack.storage.job_file.read_text().splitlines():
+            out.plain(f"  {line}")
+        out.plain("")
+
+
+def storage_lines(storage: StorageServers) -> list[str]:
+    """`--data`: each storage server's endpoint and credentials, and the demo to try."""
+    s3, azure, ftp = storage.s3.endpoint, storage.azure.endpoint, storage.ftp.endpoint
+    ca = rel(storage.tls.ca)
+    return [
+        f"# the storage servers (--data); https ones trust the CA {ca}",
+        f"#   S3 (moto)      {s3.url}  access key {s3.access_key_id}, secret "
+        f"{s3.secret_access_key}, buckets s3://{demo.BUCKET}",
+        f"#   GCS            {storage.gcs.endpoint.url}  (STORAGE_EMULATOR_HOST; no "
+        f"credentials), gs://{demo.BUCKET}",
+        f"#   Azure Blob     {azure.account_url}  account {azure.account_name}, key in "
+        f"{rel(storage.keys_dir / 'azure.json')}, container {demo.BUCKET}",
+        f"#   git            {storage.git.url(demo.MODEL_REPO)}  "
+        f"{storage.git_http.url(demo.MODEL_REPO)}",
+        f"#   files          {storage.web.url(demo.DATASET)}  {ftp.url(demo.DATASET)} "
+        f"(anonymous; {ftp.user}/{ftp.password} may write)",
+        f"{CLI} key add wasabi --from-file {rel(storage.keys_dir / 'wasabi.json')}",
+        f"{CLI} key add azure --from-file {rel(storage.keys_dir / 'azure.json')}",
+        f"{CLI} job submit -f {rel(storage.job_file)}",
+        f"curl --cacert {ca} -O {storage.web.url(demo.DATASET)}",
+        f"git clone {storage.git_http.url(demo.MODEL_REPO)}",
+    ]

@@ -1,0 +1,146 @@
+"""FTP on 127.0.0.1 (a `web` input's ftp:// URL): pyftpdlib serving the files under `root`,
+read-only to anonymous, read-write to one user.
+
+    python -m gpufleet_devstack.storage.ftp ROOT --host 127.0.0.1 --port N --user U \\
+        --password-file F [--passive FROM-TO]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ftplib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet_auth import write_secret
+
+from gpufleet_devstack._server import ServerProcess
+
+__all__ = ["FtpEndpoint", "FtpServer", "running_ftp"]
+
+READ = "elr"  # change directory, list, retrieve
+WRITE = "adfmwMT"  # append, delete, rename, make directories, store, chmod, set times
+
+
+@dataclass(frozen=True)
+class FtpEndpoint:
+    """What an FTP client needs; `user` may write, anonymous may read."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+
+    def url(self, path: str = "") -> str:
+        """An anonymous URL of a file (a `web` input's form)."""
+        return f"ftp://{self.host}:{self.port}/{path.lstrip('/')}"
+
+
+class FtpServer(ServerProcess):
+    """pyftpdlib on `host:port`; data connections on `passive` ports (any free one when
+    None)."""
+
+    kind = "ftp (pyftpdlib)"
+
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        *,
+        user: str = "gpufleet",
+        password: str = "gpufleet-dev",
+        passive: tuple[int, int] | None = None,
+        log_file: Path | None = None,
+        start_timeout: float = 15.0,
+    ) -> None:
+        root = Path(root).absolute()
+        log_file = log_file or root.parent / f"{root.name}.ftp.log"
+        super().__init__(host, port, log_file, start_timeout)
+        self.root = root
+        self.user = user
+        self.password = password
+        self.passive = passive
+        # the password in a file, not on the command line (where `ps` shows it)
+        self.password_file = root.parent / f"{root.name}.ftp-password"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def endpoint(self) -> FtpEndpoint:
+        return FtpEndpoint(self.host, self.port, self.user, self.password)
+
+    def _prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_secret(self.password_file, self.password)
+
+    def _argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "gpufleet_devstack.storage.ftp", str(self.root)]
+        argv += ["--host", self.host, "--port", str(self.port), "--user", self.user]
+        argv += ["--password-file", str(self.password_file)]
+        if self.passive is not None:
+            argv += ["--passive", f"{self.passive[0]}-{self.passive[1]}"]
+        return argv
+
+    def _ready(self) -> bool:
+        try:
+            with ftplib.FTP() as ftp:
+                ftp.connect(self.host, self.port, timeout=1)
+                return True
+        except (OSError, ftplib.Error):
+            return False
+
+
+@contextlib.contextmanager
+def running_ftp(root: Path) -> Iterator[FtpServer]:
+    """An FtpServer of the files under `root`, for a block."""
+    server = FtpServer(root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- the child ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyftpdlib.authorizers import DummyAuthorizer
+    from pyftpdlib.handlers import FTPHandler
+    from pyftpdlib.servers import FTPServer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--user", required=True)
+    parser.add_argument("--password-file", type=Path, required=True)
+    parser.add_argument("--passive", help="FROM-TO: the data connections' ports")
+    args = parser.parse_args(argv)
+    root = str(args.root.absolute())
+    authorizer = DummyAuthorizer()
+    authorizer.add_user(args.user, args.password_file.read_text(), root, perm=READ + WRITE)
+    authorizer.add_anonymous(root, perm=READ)
+
+    class Handler(FTPHandler):  # type: ignore[misc]
+        pass
+
+    Handler.authorizer = authorizer
+    Handler.permit_foreign_addresses = False  # data connections to the client's address only
+    Handler.auth_failed_timeout = 0.5  # a wrong password's delay: 3 s by default
+    if args.passive:
+        low, high = (int(p) for p in args.passive.split("-", 1))
+        Handler.passive_ports = list(range(low, high + 1))
+    server = FTPServer((args.host, args.port), Handler)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

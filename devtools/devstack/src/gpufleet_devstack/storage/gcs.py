@@ -1,0 +1,102 @@
+"""Google Cloud Storage on 127.0.0.1: gcp-storage-emulator (PyPI) as a child process, its
+objects under `root`.
+
+The real client (google-cloud-storage) reaches it through `client_options={"api_endpoint":
+...}` or the variable it reads itself, STORAGE_EMULATOR_HOST, with anonymous credentials:
+the emulator checks none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet_devstack._server import ServerProcess
+
+__all__ = ["GcsEndpoint", "GcsServer", "running_gcs"]
+
+
+@dataclass(frozen=True)
+class GcsEndpoint:
+    """What a GCS client needs: the API endpoint and a project (any name works)."""
+
+    url: str
+    project: str = "gpufleet-dev"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variable google-cloud-storage reads (it then uses no credentials)."""
+        return {"STORAGE_EMULATOR_HOST": self.url}
+
+
+class GcsServer(ServerProcess):
+    """gcp-storage-emulator on `host:port`, storing under `root`."""
+
+    kind = "gcs (gcp-storage-emulator)"
+
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        *,
+        log_file: Path | None = None,
+        start_timeout: float = 30.0,
+    ) -> None:
+        root = Path(root).absolute()
+        log_file = log_file or root.parent / f"{root.name}.gcs.log"
+        super().__init__(host, port, log_file, start_timeout)
+        self.root = root
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def endpoint(self) -> GcsEndpoint:
+        return GcsEndpoint(f"http://{self.address}")
+
+    def _prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "gcp_storage_emulator",
+            "--data-dir",
+            str(self.root),
+            "start",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--quiet",
+        ]
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://{self.address}/storage/v1/b?project=ready", timeout=1
+            ):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
+def running_gcs(root: Path) -> Iterator[GcsServer]:
+    """A GcsServer storing under `root`, for a block, stopped when it ends."""
+    server = GcsServer(root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,73 @@
+"""git over the git:// protocol on 127.0.0.1: `git daemon` serving every bare repository
+under `root` (export-all), push included (receive-pack): no authentication, as git://
+has none. Run as git's own `git-daemon` program: the `git daemon` wrapper would be a
+second process, which a SIGKILL of the first leaves behind on the port."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.storage.repos import git_program
+
+__all__ = ["GitDaemon", "running_git_daemon"]
+
+
+class GitDaemon(ServerProcess):
+    """`git daemon` on `host:port`; `url(name)` is a repository's clone URL."""
+
+    kind = "git daemon"
+
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        *,
+        log_file: Path | None = None,
+        start_timeout: float = 15.0,
+    ) -> None:
+        root = Path(root).absolute()
+        super().__init__(
+            host, port, log_file or root.parent / f"{root.name}.git-daemon.log", start_timeout
+        )
+        self.root = root
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def url(self, name: str) -> str:
+        return f"git://{self.address}/{name}"
+
+    def _prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _argv(self) -> list[str]:
+        return [
+            git_program("git-daemon"),
+            "--reuseaddr",
+            "--export-all",
+            "--enable=receive-pack",
+            "--informative-errors",
+            f"--listen={self.host}",
+            f"--port={self.port}",
+            f"--base-path={self.root}",
+            str(self.root),
+        ]
+
+    def _ready(self) -> bool:
+        return True  # it accepts connections once it serves
+
+
+@contextlib.contextmanager
+def running_git_daemon(root: Path) -> Iterator[GitDaemon]:
+    """A GitDaemon serving the bare repositories under `root`, for a block."""
+    server = GitDaemon(root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

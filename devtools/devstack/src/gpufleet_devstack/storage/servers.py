@@ -1,0 +1,180 @@
+"""`just up --data`: the storage servers on fixed ports (from one base port, so that a job
+file written today works tomorrow), their demo data, and what the node agent and the
+user are told about them. Data under `root` (`.run/storage`), logs in `log_dir`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpufleet_auth import write_secret
+
+from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.processes import DevstackError
+from gpufleet_devstack.storage import demo
+from gpufleet_devstack.storage.azurite import AzuriteBlob
+from gpufleet_devstack.storage.ftp import FtpServer
+from gpufleet_devstack.storage.gcs import GcsServer
+from gpufleet_devstack.storage.git_daemon import GitDaemon
+from gpufleet_devstack.storage.git_http import GitHttp
+from gpufleet_devstack.storage.repos import bare_repo
+from gpufleet_devstack.storage.s3 import S3Server
+from gpufleet_devstack.storage.tls import local_tls
+from gpufleet_devstack.storage.web import WebServer
+
+__all__ = ["StoragePorts", "StorageServers"]
+
+PASSIVE_FROM, PASSIVE_TO = 10, 19  # FTP's data connections: base + 10 .. base + 19
+
+
+@dataclass(frozen=True)
+class StoragePorts:
+    """The servers' ports: base (S3), base + 1 (GCS), ... base + 6 (FTP), and FTP's
+    passive ports."""
+
+    base: int
+
+    @property
+    def named(self) -> dict[str, int]:
+        names = ("s3", "gcs", "azure", "git", "git-http", "web", "ftp")
+        return {name: self.base + i for i, name in enumerate(names)}
+
+    @property
+    def passive(self) -> tuple[int, int]:
+        return self.base + PASSIVE_FROM, self.base + PASSIVE_TO
+
+    def all(self) -> list[int]:
+        low, high = self.passive
+        return [*self.named.values(), *range(low, high + 1)]
+
+
+class StorageServers:
+    """The seven servers: S3, GCS, Azure Blob (https), git:// and git over http, files over
+    https, FTP; the files served over https and FTP are the same. Made here (kept while
+    valid): the CA and certificate of the https ones, under `root/tls`."""
+
+    def __init__(self, root: Path, log_dir: Path, ports: StoragePorts) -> None:
+        self.root = root
+        self.ports = ports
+        port = ports.named
+        self.tls = local_tls(root / "tls")
+        self.s3 = S3Server(root / "s3", port["s3"], log_file=log_dir / "s3.log")
+        self.gcs = GcsServer(root / "gcs", port["gcs"], log_file=log_dir / "gcs.log")
+        self.azure = AzuriteBlob(
+            root / "azurite", port["azure"], tls=self.tls, log_file=log_dir / "azurite.log"
+        )
+        self.git = GitDaemon(root / "git", port["git"], log_file=log_dir / "git-daemon.log")
+        self.git_http = GitHttp(root / "git", port["git-http"], log_file=log_dir / "git-http.log")
+        self.web = WebServer(
+            root / "files", port["web"], tls=self.tls, log_file=log_dir / "web.log"
+        )
+        self.ftp = FtpServer(
+            root / "files", port["ftp"], passive=ports.passive, log_file=log_dir / "ftp.log"
+        )
+        self.job_file = root / "demo-job.yaml"
+        self.keys_dir = root / "keys"
+
+    @property
+    def servers(self) -> list[ServerProcess]:
+        return [self.s3, self.gcs, self.azure, self.git, self.git_http, self.web, self.ftp]
+
+    def start(self) -> None:
+        """Start them all at once (each waits for its own readiness); if one fails, stop
+        the others and say which."""
+
+        def start(server: ServerProcess) -> str | None:
+            try:
+                server.start()
+            except (DevstackError, OSError) as exc:
+                return f"{server.kind}: {exc}"
+            return None
+
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            failed = [f for f in pool.map(start, self.servers) if f is not None]
+        if failed:
+            self.stop()
+            raise DevstackError("storage servers did not start:\n" + "\n".join(failed))
+
+    def stop(self) -> None:
+        for server in reversed(self.servers):
+            server.stop()
+
+    @property
+    def allowed(self) -> list[str]:
+        """Their host:port, for the node agent's staging allow-list."""
+        return [f"{server.host}:{server.port}" for server in self.servers]
+
+    def agent_env(self) -> dict[str, str]:
+        """What the node agent is told: the endpoints it may stage from and to (an
+        operator's allow-list against SSRF), and the CA of the https ones."""
+        return {
+            "GPUFLEET_STAGING_ALLOW": ",".join(self.allowed),
+            "GPUFLEET_STAGING_CA_FILE": str(self.tls.ca),
+        }
+
+    def seed(self) -> None:
+        """The demo data, put with the real clients: the dataset archive in the S3 and GCS
+        buckets and the Azure container `demo` and among the served files; the model
+        repository; the demo job's file and the keys it names (`gpufleet key add`)."""
+        archive = demo.dataset_archive()
+        self._seed_s3(archive)
+        self._seed_gcs(archive)
+        self._seed_azure(archive)
+        (self.web.root / demo.DATASET).write_bytes(archive)
+        bare_repo(self.git.root, demo.MODEL_REPO, demo.MODEL_FILES, "the demo model")
+        self.job_file.write_text(
+            demo.job_yaml(
+                self.s3.endpoint.url,
+                self.git_http.url(demo.MODEL_REPO),
+                self.azure.endpoint.account_url,
+            )
+        )
+        s3, azure = self.s3.endpoint, self.azure.endpoint
+        keys = {
+            "wasabi": {
+                "access_key_id": s3.access_key_id,
+                "secret_access_key": s3.secret_access_key,
+                "region": s3.region,
+            },
+            "azure": {"account_name": azure.account_name, "account_key": azure.account_key},
+        }
+        for kind, fields in keys.items():
+            write_secret(self.keys_dir / f"{kind}.json", json.dumps(fields) + "\n")
+
+    def _seed_s3(self, archive: bytes) -> None:
+        import boto3
+
+        s3 = boto3.client("s3", **self.s3.endpoint.boto3_kwargs())
+        s3.create_bucket(Bucket=demo.BUCKET)  # moto: again is fine (us-east-1)
+        s3.put_object(Bucket=demo.BUCKET, Key=demo.DATASET, Body=archive)
+
+    def _seed_gcs(self, archive: bytes) -> None:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud.storage import Client
+
+        endpoint = self.gcs.endpoint
+        client = Client(
+            project=endpoint.project,
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+            client_options={"api_endpoint": endpoint.url},
+        )
+        bucket = client.lookup_bucket(demo.BUCKET) or client.create_bucket(demo.BUCKET)
+        bucket.blob(demo.DATASET).upload_from_string(archive)
+
+    def _seed_azure(self, archive: bytes) -> None:
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+
+        endpoint = self.azure.endpoint
+        service = BlobServiceClient(
+            endpoint.account_url,
+            credential={"account_name": endpoint.account_name, "account_key": endpoint.account_key},
+            connection_verify=str(endpoint.ca_file),
+        )
+        container = service.get_container_client(demo.BUCKET)
+        with contextlib.suppress(ResourceExistsError):
+            container.create_container()
+        container.upload_blob(demo.DATASET, archive, overwrite=True)
