@@ -269,6 +269,10 @@ class Framework(StrEnum):
     mxnet = "mxnet"
 
 
+# What a base environment may name. Every gpufleet node builds Python 3.11 (Debian bookworm's)
+# with deep_learning, pytorch or tensorflow; the other versions, and mxnet, run only where a
+# node's operator maps an image (environments.py): admission refuses a triple no node of the
+# fleet offers, naming the field (services/scheduler/README.md, "Base environments").
 PYTHON_VERSIONS = ("3.8", "3.9", "3.10", "3.11", "3.12")
 THIRD_PARTY_KEYS = (
     "aws",

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import limits, subjects
 from .base import Command, Event, Message
+from .environments import EnvironmentOffer
 from .fields import Int, Name
 
 
@@ -102,6 +103,10 @@ class RegisterNode(Command):
     # sign is not kept.
     sealing_key: SealingKey | None = None
     sealing_key_signature: str | None = Field(default=None, max_length=128)
+    # The base environments this node runs (R-JOB-7: the Python versions and frameworks it
+    # builds, its operator's mapped images by tag); None (an older agent): what every
+    # gpufleet node builds (environments.BUILT_IN).
+    environments: EnvironmentOffer | None = None
 
 
 class NodeRegistered(Event):
@@ -127,6 +132,7 @@ class NodeRegistered(Event):
     verified: bool = False
     verification_rev: Int = 0
     sealing_key: SealingKey | None = None  # its RegisterNode's: what its secrets are sealed to
+    environments: EnvironmentOffer | None = None  # its RegisterNode's (R-JOB-7)
 
 
 class NodeStateChanged(Event):

@@ -133,6 +133,10 @@ class Registration:
                 else str(cmd.price_per_cpu_hour),
                 # its workers' secrets are sealed to it (none: an agent too old for them)
                 "sealing_key": cmd.sealing_key,
+                # the base environments it runs (R-JOB-7); None: an agent older than that
+                "environments": None
+                if cmd.environments is None
+                else cmd.environments.model_dump(mode="json"),
                 "registered_at_ms": now_ms(now),
                 "agent_started_at": cmd.agent_started_at.isoformat(),
                 "last_seen_ms": now_ms(now),
@@ -174,6 +178,7 @@ class Registration:
                     verified=verification.verified,
                     verification_rev=verification.rev,
                     sealing_key=cmd.sealing_key,
+                    environments=cmd.environments,
                     at=now,
                 ),
                 # The same RegisterNode delivered twice yields one NodeRegistered.

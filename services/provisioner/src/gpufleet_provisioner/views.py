@@ -91,6 +91,8 @@ def node_view(n: Doc, full: bool = False) -> Doc:
         key = n.get("sealing_key")  # its id only: which key its secrets are sealed to
         out["sealing_key"] = sealing.key_id(key) if key else None
         out["hardware"] = n.get("hardware")
+        if n.get("environments"):  # the base environments it runs (R-JOB-7)
+            out["environments"] = n["environments"]
         out["history"] = entries(n.get("history"))
         out["busy"] = bool(n.get("busy"))
         out["idle_since"] = iso(from_ms(n.get("idle_since_ms")))

@@ -1,7 +1,7 @@
 """Admission: a submitted job checked against the rules that need the fleet and the store
-(its project R-TEN-1, its owner's plan R-TEN-3, its region R-RES-1, its creator's attached
-keys R-JOB-7), then handed to the next placement pass, which stores it with its placement or
-its reason to wait (passes.py)."""
+(its project R-TEN-1, its owner's plan R-TEN-3, its region R-RES-1, its base environment and
+its creator's attached keys R-JOB-7), then handed to the next placement pass, which stores
+it with its placement or its reason to wait (passes.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import JobSpec
 from gpufleet_store import Doc
 
-from . import jobdoc, keyuse, projects, tenancy
+from . import environments, jobdoc, keyuse, projects, tenancy
 from .keystore import KeyStore
 from .passes import Passes
 from .state import State
@@ -57,6 +57,7 @@ class Admission:
         owner, project = await self.projects.resolve(spec.project, account)
         await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
         await self._check_region(spec)
+        await self._check_environment(spec)
         await self._check_keys(spec, account)
         if owner == account:  # created on first use; another's exists (resolve found it)
             await self.projects.ensure(owner, project)
@@ -89,6 +90,28 @@ class Admission:
         missing = keyuse.unattached(spec.environment.keys, stored, spec.env)
         if missing:
             raise keyuse.refusal(account, missing, stored)
+
+    async def _check_environment(self, spec: JobSpec) -> None:
+        """R-JOB-7: refuse a base environment that no node offers (environments.py says
+        which nodes count: not removed, in the pinned region; none: what every node builds).
+        One node that offers it is enough, found by a query or three; only a refusal reads
+        them all."""
+        base = spec.environment.base()
+        if base is None:
+            return
+        nodes = self.state.db.nodes
+        scope: dict[str, object] = {"state": {"$ne": "removed"}}
+        if spec.pinned_region is not None:
+            scope["region"] = spec.pinned_region
+        for offering in environments.offering(base):
+            if await nodes.find_one({**scope, **offering}, {"_id": 1}) is not None:
+                return
+        offers = environments.fleet_offers(
+            [n.get("environments") async for n in nodes.find(scope, {"environments": 1})]
+        )
+        refused = environments.refusal(base, offers, spec.pinned_region)
+        if refused is not None:
+            raise refused
 
     async def _check_region(self, spec: JobSpec) -> None:
         """R-RES-1: refuse a pin to a region that has none of the job's GPU types (for a

@@ -20,6 +20,7 @@ from decimal import Decimal
 
 from gpufleet_store import Doc
 
+from . import environments
 from .index import PlacementIndex
 from .placement import NodeView, Placement
 
@@ -57,6 +58,7 @@ def node_view(doc: Doc) -> NodeView:
         free_cpus=cpus,
         price_per_cpu_hour=Decimal(cpu_price) if cpu_price is not None else None,
         sealing_key=doc.get("sealing_key"),  # absent before nodes had one: none
+        environments=environments.offer_of(doc.get("environments")),  # absent: BUILT_IN
     )
 
 
@@ -204,4 +206,5 @@ def node_doc(node: NodeView) -> Doc:
         if node.price_per_cpu_hour is None
         else str(node.price_per_cpu_hour),
         "sealing_key": node.sealing_key,
+        "environments": environments.stored(node.environments),
     }

@@ -204,7 +204,8 @@ class PlacementIndex:
     ) -> Placement | None:
         """The reference answer for `req`. `memo` (one per pass, while capacity only
         shrinks and holds only grow) remembers searches that found nothing: (own or public,
-        GPU type, region, price, fraction, secrets[, owner]) -> the smallest count that failed; a
+        GPU type, region, price, fraction, secrets, base environment[, owner]) -> the
+        smallest count that failed; a
         request for as many GPUs or more skips that search. A holder of a held node does
         not use it (it may see that node)."""
         held = reserved or {}
@@ -214,7 +215,15 @@ class PlacementIndex:
         types: tuple[str | None, ...] = (CPUS,) if req.cpu_count else req.gpu_types
         for own in (True, False):
             for t in types:
-                base = (own, t, req.region, req.max_price, req.fraction, req.secrets)
+                base = (
+                    own,
+                    t,
+                    req.region,
+                    req.max_price,
+                    req.fraction,
+                    req.secrets,
+                    req.environment,
+                )
                 key = (*base, req.owner)
                 if memo is not None:
                     failed = min(memo.get(key, 1 << 30), memo.get(base, 1 << 30))
@@ -274,6 +283,8 @@ class PlacementIndex:
                 return False
             if req.secrets and node.sealing_key is None:
                 return False  # it cannot receive them (placement.UNSEALED)
+            if req.environment is not None and not node.environments.offers(req.environment):
+                return False  # placement.no_environment
             h = held.get(node_id)
             return h is None or h == req.job_id
 

@@ -13,13 +13,16 @@ or a stored job's, opened when it is placed).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
 from gpufleet_contracts.jobs import JobSpec, JobType
+from gpufleet_contracts.jobspec import BaseEnvironment, Environment
 from gpufleet_contracts.secrets import redact_env
 from gpufleet_store import Doc, SecretBox
+from pydantic import ValidationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,9 @@ class JobRequest:
     cpu_count: int = 0  # a CPU-only job's CPUs per worker (R-JOB-2); 0: a GPU job
     # It carries secrets (env values, attached keys): only a node with a sealing key takes it.
     secrets: bool = False
+    # Its base environment (R-JOB-7): only a node that offers it takes it. None: a customer
+    # image (any node), or a job stored before it was kept whose spec is not at hand.
+    environment: BaseEnvironment | None = None
     # The whole spec, secrets opened, when this process has it (never stored from here).
     spec: JobSpec | None = field(default=None, compare=False, repr=False)
 
@@ -54,6 +60,7 @@ def of_spec(spec: JobSpec, project: str | None = None) -> JobRequest:
         type=spec.type,
         cpu_count=(spec.cpu_count or 0) if spec.cpu_only else 0,
         secrets=carries_secrets(spec),
+        environment=spec.environment.base(),
         spec=spec,
     )
 
@@ -89,6 +96,10 @@ def encode_request(r: JobRequest) -> Doc:
         "type": r.type.value,
         **({"cpu_count": r.cpu_count} if r.cpu_count else {}),
         "secrets": r.secrets,  # always: absent is a job stored before it was kept
+        # always too: null is a customer image, absent a job stored before it was kept
+        "environment": None
+        if r.environment is None
+        else r.environment.model_dump(mode="json", exclude_none=True),
     }
 
 
@@ -109,6 +120,9 @@ def decode(job: Doc) -> JobRequest:
         type=JobType(req.get("type") or JobType.training.value),
         cpu_count=int(req.get("cpu_count") or 0),
         secrets=bool(req["secrets"]) if "secrets" in req else _may_carry_secrets(job),
+        environment=_environment(req["environment"])
+        if "environment" in req
+        else _stored_environment(job),
     )
 
 
@@ -120,6 +134,34 @@ def _may_carry_secrets(job: Doc) -> bool:
         return True
     keys = (stored.get("environment") or {}).get("keys")
     return bool(job.get("env_sealed") or stored.get("env") or keys)
+
+
+def _environment(stored: Doc | None) -> BaseEnvironment | None:
+    if stored is None:
+        return None
+    return _base(
+        str(stored["python_version"]), str(stored["framework"]), stored.get("framework_version")
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _base(python_version: str, framework: str, version: str | None) -> BaseEnvironment:
+    """One object per triple (most jobs share the default), validated once."""
+    return BaseEnvironment.model_validate(
+        {"python_version": python_version, "framework": framework, "framework_version": version}
+    )
+
+
+def _stored_environment(job: Doc) -> BaseEnvironment | None:
+    """A job stored before `req` kept its base environment: from its spec; a checkpoint's
+    copy of it (no spec): None, any node, as it was placed when it was admitted."""
+    stored = job.get("spec")
+    if stored is None:
+        return None
+    try:
+        return Environment.model_validate(stored.get("environment") or {}).base()
+    except ValidationError:  # as it was placed when it was admitted
+        return None
 
 
 def stored_spec(spec: JobSpec) -> Doc:

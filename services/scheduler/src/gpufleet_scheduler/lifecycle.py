@@ -29,7 +29,7 @@ from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_contracts.verification import NodeVerified
 from gpufleet_store import Doc, Transaction, now_ms
 
-from . import jobdoc, sealing
+from . import environments, jobdoc, sealing
 from .fleet import node_view
 from .passes import Passes
 from .state import HOLDING, OPEN_STATES, State
@@ -277,6 +277,8 @@ def _node_fields(evt: NodeRegistered) -> Doc:
         else str(evt.price_per_cpu_hour),
         # what its workers' secrets are sealed to (sealing.py); None: it takes none
         "sealing_key": sealing.accepted(evt.sealing_key),
+        # the base environments it runs (R-JOB-7); None: its agent announced none
+        "environments": environments.stored(evt.environments),
         # the provisioner's verdict on its hardware, as of this registration
         "verified": evt.verified,
         "verification_rev": evt.verification_rev,

@@ -4,7 +4,8 @@ A node can take a worker when it is `active`, has one of the job's GPU types, is
 job's pinned region (if any), is the owner's own or another account's real (not simulated,
 R-NODE-6) and verified node (its GPUs passed gpufleet's check: the provisioner's checks.py)
 in a region open to public jobs, charges at most `max_price` per GPU-hour,
-can receive the worker's secrets if it has any (a sealing key: sealing.py), has enough
+can receive the worker's secrets if it has any (a sealing key: sealing.py), offers the
+worker's base environment (R-JOB-7: what its agent announced, environments.py), has enough
 GPUs at all, is not held for an older job (anti-starvation, see queue.py) and has enough
 free now. The rate is what the job's owner pays per GPU-hour: on the owner's own
 node the usage fee of the GPU's class (R-BILL-1); on another account's node its asking price.
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from gpufleet_contracts.catalog import catalog
+from gpufleet_contracts.environments import BUILT_IN, EnvironmentOffer, tag_of
+from gpufleet_contracts.jobspec import BaseEnvironment
 
 NO_CPUS = "offers no CPUs to CPU-only jobs"
 UNSEALED = "cannot receive secrets (its agent sent no sealing key)"
@@ -46,6 +49,11 @@ NOT_VERIFIED = "another account's node, not verified"
 # A removed node is gone for good: no reason counts it (the fleet keeps it for the work and
 # claims it had).
 REMOVED = "removed"
+
+
+def no_environment(base: BaseEnvironment) -> str:
+    """A node that does not offer the worker's base environment (R-JOB-7)."""
+    return f"does not offer the base environment {tag_of(base)}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,9 @@ class NodeView:
     # The public key a worker's secrets are sealed to (gpufleet_auth.sealing); None: its
     # agent sent none (or one nothing seals to), so it takes no job that carries secrets.
     sealing_key: str | None = None
+    # The base environments it runs (R-JOB-7), as its agent announced them; an agent that
+    # announced none: what every gpufleet node builds.
+    environments: EnvironmentOffer = BUILT_IN
 
     def share_slots(self) -> list[tuple[int, int]]:
         """(free shares, GPU) of every GPU with some room, ascending."""
@@ -95,6 +106,9 @@ class WorkerRequest:
     fraction: Decimal | None = None  # R-SCHED-4
     cpu_count: int = 0  # a CPU-only worker's CPUs (gpu_types empty, gpu_count 0), R-JOB-2
     secrets: bool = False  # it carries secrets (env values, attached keys): sealed nodes only
+    # Its base environment (R-JOB-7): only a node that offers it; None (a customer image, or
+    # a job stored before it was kept): any node.
+    environment: BaseEnvironment | None = None
 
     def shape(self) -> tuple[object, ...]:
         """What placement depends on, besides the job's identity."""
@@ -107,6 +121,7 @@ class WorkerRequest:
             self.fraction,
             self.cpu_count,
             self.secrets,
+            self.environment,
         )
 
     @property
@@ -219,6 +234,8 @@ def rule_out(
         return f"{_fmt(rate)} > max price {_fmt(req.max_price)}"
     if req.secrets and node.sealing_key is None:
         return UNSEALED
+    if req.environment is not None and not node.environments.offers(req.environment):
+        return no_environment(req.environment)
     if req.cpu_count and node.cpus < req.cpu_count:
         return f"offers {node.cpus} CPUs to CPU-only jobs, job needs {req.cpu_count}"
     if len(node.gpu_indices) < req.gpu_count:

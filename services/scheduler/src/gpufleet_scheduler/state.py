@@ -158,6 +158,7 @@ class State:
                         fraction=req.fraction,
                         cpu_count=req.cpu_count,
                         secrets=req.secrets,
+                        environment=req.environment,
                     ),
                     queued_ms=int(job.get("queued_ms") or now_ms(job["queued_at"])),
                 )
