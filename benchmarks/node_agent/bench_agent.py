@@ -53,10 +53,10 @@ from gpufleet_node_agent.baseimage import (
     ensure_image,
     podman_env,
 )
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig
-from gpufleet_node_agent.runtime import ProcessRuntime
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.runtimes.process import ProcessRuntime
+from gpufleet_node_agent.worker.manager import WorkerManager
 from nats.aio.client import Client
 
 HERE = Path(__file__).parent

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet_node_agent import disk
+from gpufleet_node_agent.steps import disk
 
 
 def cpu() -> tuple[float, float]:

@@ -73,9 +73,10 @@ from fleetstack import (  # noqa: E402
     submit,
 )
 from gpufleet_devstack import ServiceProcess  # noqa: E402
-from gpufleet_node_agent import disk  # noqa: E402
 from gpufleet_node_agent.baseimage import default_containers_conf, podman_env  # noqa: E402
-from gpufleet_node_agent.podman_args import PodmanConfig, container_spec, run_argv  # noqa: E402
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig, container_spec, run_argv  # noqa: E402
+from gpufleet_node_agent.steps import disk  # noqa: E402
+from gpufleet_node_agent.worker.spec import WorkerSpec  # noqa: E402
 
 MODES = {
     # mode: (the nodes' owner and the jobs' account, the agents' runtime setting)
@@ -234,15 +235,14 @@ def podman_breakdown(root: Path, n: int) -> dict[str, Any]:
         for sub in quota:
             (wdir / sub).mkdir(parents=True, exist_ok=True)
             os.chown(wdir / sub, config.uid, config.uid)
-        spec = {
-            "placement_id": placement,
-            "job_id": f"jbd{i}",
-            "job_name": "bd",
-            "worker": 0,
-            "command": ["true"],
-            "gpu_indices": [0],
-            "mounts": [],
-        }
+        spec = WorkerSpec(
+            placement_id=placement,
+            job_id=f"jbd{i}",
+            job_name="bd",
+            worker=0,
+            command=("true",),
+            gpu_indices=(0,),
+        )
         c = container_spec(spec, wdir, minion, config)
         t_all = 0.0
         for key, argv, cwd in (

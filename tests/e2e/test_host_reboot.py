@@ -29,9 +29,9 @@ from gpufleet_devstack import wait_for
 from gpufleet_devstack.up import NODE_NAME
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
-from gpufleet_node_agent.cgroupv1 import Cgroups
-from gpufleet_node_agent.podman_args import LABEL
-from gpufleet_node_agent.runc import CRUN_ROOT, DEFAULT_ROOT
+from gpufleet_node_agent.runtimes.cgroupv1 import Cgroups
+from gpufleet_node_agent.runtimes.podman_args import LABEL
+from gpufleet_node_agent.runtimes.runc import CRUN_ROOT, DEFAULT_ROOT
 
 from .conftest import System, _running_system
 from .invariants import (

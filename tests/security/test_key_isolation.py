@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from gpufleet_contracts.jobs import StartWorker, WorkerState
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.worker.manager import WorkerManager
 from integration.node_agent.podman_support import (
     CONF,
     Broker,

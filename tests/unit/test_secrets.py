@@ -20,9 +20,9 @@ from gpufleet_bus.deadletter import dead_letter_bytes
 from gpufleet_contracts import limits
 from gpufleet_contracts.jobs import JobQueued, JobSpec, StartWorker, SubmitJob
 from gpufleet_contracts.secrets import REDACTED
-from gpufleet_node_agent.runtime import ProcessRuntime
-from gpufleet_node_agent.workdir import Worker
-from gpufleet_node_agent.workers import ENV_FILE, WorkerManager
+from gpufleet_node_agent.runtimes.process import ProcessRuntime
+from gpufleet_node_agent.worker.manager import ENV_FILE, WorkerManager
+from gpufleet_node_agent.worker.workdir import Worker
 from gpufleet_scheduler import jobdoc, jobrequest
 from gpufleet_store import SecretBox, SecretError
 
@@ -164,7 +164,7 @@ def token_check() -> str:
 class Idle(ProcessRuntime):
     """Launches nothing: the worker's directory stays as `start` wrote it."""
 
-    def launch(self, w: Worker) -> str | None:
+    async def launch(self, w: Worker) -> None:
         return None
 
 

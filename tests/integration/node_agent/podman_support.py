@@ -22,8 +22,8 @@ from gpufleet_node_agent.baseimage import (
     ensure_image,
     podman_env,
 )
-from gpufleet_node_agent.runc import DEFAULT_ROOT as runc_root
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.runtimes.runc import DEFAULT_ROOT as runc_root
+from gpufleet_node_agent.worker.manager import WorkerManager
 
 CONF = default_containers_conf()
 

@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from gpufleet_node_agent import cgroupv1
-from gpufleet_node_agent.cgroupv1 import Cgroups, Limits
-from gpufleet_node_agent.supervise import supervisor_argv
+from gpufleet_node_agent.runtimes import cgroupv1
+from gpufleet_node_agent.runtimes.cgroupv1 import Cgroups, Limits
+from gpufleet_node_agent.runtimes.supervise import supervisor_argv
 
 FOUND, WHY = Cgroups.here()
 pytestmark = pytest.mark.skipif(

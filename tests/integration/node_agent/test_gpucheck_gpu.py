@@ -19,9 +19,9 @@ import pynvml
 import pytest
 from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.verification import GpuCheck, VerifyGpus
-from gpufleet_node_agent.cuda import CudaUnavailable, Driver
-from gpufleet_node_agent.gpuchecks import GpuChecks
-from gpufleet_node_agent.inventory import NvmlUnavailable, read_nvml
+from gpufleet_node_agent.host.cuda import CudaUnavailable, Driver
+from gpufleet_node_agent.host.gpuchecks import GpuChecks
+from gpufleet_node_agent.host.inventory import NvmlUnavailable, read_nvml
 from gpufleet_provisioner.verification import (
     BANDWIDTH_FLOOR_GBPS,
     CheckPolicy,

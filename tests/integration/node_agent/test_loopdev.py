@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpufleet_node_agent import disk, loopdev
+from gpufleet_node_agent.host import loopdev
+from gpufleet_node_agent.steps import disk
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not loopdev.CONTROL.exists() or shutil.which("losetup") is None,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gpufleet_contracts.jobs import WorkerState
-from gpufleet_node_agent import disk
+from gpufleet_node_agent.steps import disk
 
 from .podman_support import until_finished, until_started
 from .test_podman_runtime import manager, start

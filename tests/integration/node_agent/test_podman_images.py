@@ -27,9 +27,9 @@ from gpufleet_node_agent.baseimage import (
     podman_env,
 )
 from gpufleet_node_agent.images import AUTH_FILE, REGISTRY_FILE
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.worker.manager import WorkerManager
 
 from .podman_support import CONF, Broker, container_record, until_finished
 

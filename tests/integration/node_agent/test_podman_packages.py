@@ -30,9 +30,9 @@ from gpufleet_node_agent.baseimage import BASE_IMAGE, podman_env
 from gpufleet_node_agent.builds import BuildConfig, container_argv
 from gpufleet_node_agent.environments import ENV_REPO
 from gpufleet_node_agent.packages import NO_CONDA, PKG_REPO
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.worker.manager import WorkerManager
 
 from .podman_support import CONF, Broker, container_record, until_finished
 

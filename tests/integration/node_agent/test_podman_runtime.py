@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_contracts.jobs import Mount, StartWorker, WorkerFinished, WorkerState
+from gpufleet_contracts.jobs import Mount, MountKind, StartWorker, WorkerFinished, WorkerState
+from gpufleet_contracts.locations import PlatformAsset, PlatformRef
 from gpufleet_node_agent.baseimage import (
     podman_env,
 )
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig, container_name
-from gpufleet_node_agent.runc import BUNDLES
-from gpufleet_node_agent.runc import DEFAULT_ROOT as runc_root
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig, container_name
+from gpufleet_node_agent.runtimes.runc import BUNDLES
+from gpufleet_node_agent.runtimes.runc import DEFAULT_ROOT as runc_root
+from gpufleet_node_agent.worker.manager import WorkerManager
 
 from .podman_support import CONF, Broker, until_finished, until_started
 
@@ -110,8 +111,14 @@ async def test_a_worker_is_isolated_and_gets_its_env(
         "state": str(state),
         "other": str(m.worker_dir(other.placement_id)),
     }
+    dataset = PlatformRef(asset=PlatformAsset.dataset, name="d")
     mounts = [
-        Mount(target="/opt/ml/input/data", kind="dataset", source="dataset:d", env="ML_DATA_PATH")
+        Mount(
+            target="/opt/ml/input/data",
+            kind=MountKind.dataset,
+            source=dataset,
+            env="ML_DATA_PATH",
+        )
     ]
     cmd = start(
         minion,

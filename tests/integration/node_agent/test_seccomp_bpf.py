@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpufleet_node_agent import cgroupv1, oci, runc, seccomp_bpf
-from gpufleet_node_agent.podman_args import ContainerSpec
+from gpufleet_node_agent.runtimes import cgroupv1, oci, runc, seccomp_bpf
+from gpufleet_node_agent.runtimes.podman_args import ContainerSpec
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0

@@ -182,7 +182,11 @@ def test_start_worker_holds_the_same_caps() -> None:
         "gpu_indices": [0],
         "placement_id": "p1",
     }
-    mount = {"target": "/opt/ml/input", "kind": "input", "source": "x"}
+    mount = {
+        "target": "/opt/ml/input",
+        "kind": "input",
+        "source": {"kind": "web", "url": "https://x"},
+    }
     StartWorker.model_validate({**base, "mounts": [mount] * limits.MOUNTS})
     for extra, field in [
         ({"mounts": [mount] * (limits.MOUNTS + 1)}, "mounts"),

@@ -18,7 +18,7 @@ import pytest
 from gpufleet_contracts.jobs import StartWorker
 from gpufleet_node_agent.__main__ import adopt_owner
 from gpufleet_node_agent.agent import container_runtime, runtime_policy
-from gpufleet_node_agent.policy import Decision, RuntimePolicy, container_problem
+from gpufleet_node_agent.runtimes.policy import Decision, RuntimePolicy, container_problem
 from gpufleet_node_agent.settings import AgentSettings
 
 from .files import (

@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpufleet_node_agent import cgroupv1
-from gpufleet_node_agent.cgroupv1 import Cgroups, Limits
-from gpufleet_node_agent.supervise import CANNOT_JOIN, supervisor_argv
+from gpufleet_node_agent.runtimes import cgroupv1
+from gpufleet_node_agent.runtimes.cgroupv1 import Cgroups, Limits
+from gpufleet_node_agent.runtimes.supervise import CANNOT_JOIN, supervisor_argv
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from gpufleet_node_agent.cuda import (
+from gpufleet_node_agent.host.cuda import (
     CHUNK,
     GIB,
     MIB,
@@ -208,7 +208,7 @@ def test_a_gpu_with_nothing_free_proves_nothing() -> None:
 
 def test_the_real_library_is_absent_here_or_loads() -> None:
     """Driver.load: CudaUnavailable without libcuda.so.1 (this machine has no driver)."""
-    from gpufleet_node_agent.cuda import CudaUnavailable
+    from gpufleet_node_agent.host.cuda import CudaUnavailable
 
     try:
         Driver.load()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
-from gpufleet_node_agent import disk
+from gpufleet_node_agent.steps import disk
+from gpufleet_node_agent.worker import spec as specs
 
 WD = Path("/state/workers/pl-1")
 
@@ -58,18 +60,26 @@ def test_release_is_quick_and_harmless_where_there_is_no_quota(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["output"]
 
 
-@pytest.mark.parametrize("size", [None, "3", True])
-def test_a_spec_without_an_integer_disk_size_gets_startworkers_default(
+@pytest.mark.parametrize("size", [None, "absent"])
+def test_a_spec_without_a_disk_size_gets_startworkers_default(
     size: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An older agent's spec.json without `disk_size_gb` (or null) reads as StartWorker's
+    default, 10 GB, which the disk step sets up."""
     seen: list[list[str]] = []
 
     def run(argv: list[str], timeout: float = 0) -> str | None:
         seen.append(argv)
         return "stop here"
 
+    old: dict[str, object] = {"placement_id": "p", "job_id": "j", "worker": 0, "command": ["x"]}
+    if size is None:
+        old["disk_size_gb"] = None
+    (tmp_path / "spec.json").write_text(json.dumps(old))
+    spec = specs.read(tmp_path)
+    assert spec is not None and spec.disk_size_gb == 10
     monkeypatch.setattr(disk, "_run", run)
-    error = disk.setup(tmp_path, size, 10000)
+    error = disk.setup(tmp_path, spec.disk_size_gb, 10000)
     assert error is not None and "of 10 GB" in error
     assert not (tmp_path / "disk.img").exists()  # removed again on failure
     assert seen[0][0].endswith("mkfs.ext4")
@@ -85,7 +95,8 @@ def test_a_disk_bigger_than_the_nodes_free_space_is_refused(tmp_path: Path) -> N
 def test_release_copies_only_what_the_job_left_and_unmounts_without_a_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 15: an empty output/ or checkpoint/ costs no `cp`; the unmount is umount(2)."""
+    """Issue 15: an empty output/ or checkpoint/ costs no `cp`; the unmount is umount(2).
+    What is kept is the outputs step's teardown, the release the disk step's, after it."""
     mountpoint = tmp_path / "disk"
     for name in ("output", "checkpoint", "tmp", "var-tmp"):
         (mountpoint / name).mkdir(parents=True)
@@ -106,6 +117,7 @@ def test_release_copies_only_what_the_job_left_and_unmounts_without_a_process(
     monkeypatch.setattr(disk, "_run", run)
     monkeypatch.setattr(disk, "_umount2", umount2)
     monkeypatch.setattr(disk.os.path, "ismount", lambda p: Path(p) == mountpoint)
+    disk.keep(tmp_path, disk.to_keep(tmp_path))
     disk.release(tmp_path)
     assert [a[-2] for a in ran] == [f"{mountpoint / 'checkpoint'}/."]  # one cp, not four
     assert unmounted == [(mountpoint, 0)]

@@ -1,10 +1,15 @@
-"""Base environments (R-JOB-7): which triples this node builds, maps or refuses."""
+"""Base environments (R-JOB-7): which triples this node builds, maps or refuses, and what its
+registration announces of them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from gpufleet_contracts.jobspec import Environment
-from gpufleet_node_agent.environments import choose, env_tag, parse_env_map, with_pip
+from gpufleet_contracts import limits
+from gpufleet_contracts.environments import BUILT_IN, EnvironmentOffer
+from gpufleet_contracts.jobspec import BaseEnvironment, Environment
+from gpufleet_node_agent.environments import choose, env_tag, offer, parse_env_map, with_pip
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +82,53 @@ def test_pip_packages_on_the_bare_base_image_go_into_its_pip_ready_environment()
     assert with_pip(torch, BASE) == torch  # has pip already
     mapped = choose(env(), BASE, {"py3.11-deep_learning": "x/y:1"})
     assert with_pip(mapped, BASE) == mapped
+
+
+TRIPLES = [
+    {"python_version": py, "framework": fw, "framework_version": v}
+    for py in ("3.8", "3.10", "3.11", "3.12")
+    for fw in ("deep_learning", "pytorch", "tensorflow", "mxnet")
+    for v in (None, "2.1", "2.3", "2.*", "1.9", "latest")
+]
+MAPS = [
+    {},
+    {"py3.10-pytorch-2.1": "r/torch:2.1", "py3.8-mxnet-1.9": "r/mx:1.9"},
+    {"py3.12-deep_learning": "r/dl:3.12", "py3.11-pytorch-latest": "r/torch:nightly"},
+]
+
+
+def test_what_a_node_announces_is_what_it_runs() -> None:
+    """The registration's offer (gpufleet_contracts.environments) against `choose`: a triple
+    is offered exactly when this node would not refuse it, for every map."""
+    assert offer({}) == BUILT_IN  # what the scheduler assumes of a node that announced none
+    for env_map in MAPS:
+        announced = offer(env_map)
+        assert announced.mapped == tuple(sorted(env_map))
+        for triple in TRIPLES:
+            base = BaseEnvironment.model_validate(triple)
+            runs = choose(base.model_dump(mode="json"), BASE, env_map).refused is None
+            assert announced.offers(base) == runs, (triple, env_map)
+
+
+def test_a_map_larger_than_a_registration_may_announce_is_refused_at_start() -> None:
+    text = ",".join(f"py3.10-pytorch-2.{i}=r/t:{i}" for i in range(limits.NODE_ENVIRONMENTS + 1))
+    with pytest.raises(ValueError, match="at most"):
+        parse_env_map(text)
+    with pytest.raises(ValueError, match="is not <environment>=<image>"):
+        parse_env_map("py3.10-" + "x" * 200 + "=r/t:1")
+
+
+async def test_the_registration_announces_the_nodes_environments(tmp_path: Path) -> None:
+    from .test_agent import agent  # the agent whole; the rules above need none of it
+
+    a = agent(tmp_path, base_environments="py3.10-pytorch-2.1=reg.example/env/torch:2.1")
+    await a.prepare()
+    reg = a.registration()
+    assert reg.environments == EnvironmentOffer(
+        python_versions=("3.11",),
+        frameworks=("deep_learning", "pytorch", "tensorflow"),
+        mapped=("py3.10-pytorch-2.1",),
+    )
+    plain = agent(tmp_path / "plain")
+    await plain.prepare()
+    assert plain.registration().environments == BUILT_IN

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet_node_agent.execfail import in_container, not_executed
-from gpufleet_node_agent.files import write_json_atomic
-from gpufleet_node_agent.workdir import Worker
+from gpufleet_node_agent.runtimes.execfail import in_container, not_executed
+from gpufleet_node_agent.worker.spec import WorkerSpec
+from gpufleet_node_agent.worker.workdir import Worker
 
 CATATONIT = "ERROR (catatonit:2): failed to exec pid1: {}\n"
 
@@ -44,8 +44,8 @@ def test_only_the_logs_end_is_read(tmp_path: Path) -> None:
 
 
 def test_not_executed_says_it_on_the_log(tmp_path: Path) -> None:
-    w = Worker("p1", tmp_path, "job-1", 0, "podman")
-    write_json_atomic(w.file("spec.json"), {"command": ["pythn", "x.py"]})
+    spec = WorkerSpec(placement_id="p1", job_id="job-1", worker=0, command=("pythn", "x.py"))
+    w = Worker(spec.model_copy(update={"runtime": "podman"}), tmp_path)
     w.file("log").write_text(CATATONIT.format("No such file or directory"))
     assert not_executed(w) == {"exit_code": 127, "reason": "command not found: pythn"}
     assert (

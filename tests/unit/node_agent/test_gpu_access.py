@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_node_agent import mps
-from gpufleet_node_agent.gpu_access import (
+from gpufleet_node_agent.host import mps
+from gpufleet_node_agent.host.gpu_access import (
     CONTROL_DEVICES,
     GpuAccess,
     HostGpu,
@@ -17,7 +17,8 @@ from gpufleet_node_agent.gpu_access import (
     driver_files,
     find_driver_dir,
 )
-from gpufleet_node_agent.podman_args import PodmanConfig, container_spec, run_argv
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig, container_spec, run_argv
+from gpufleet_node_agent.worker.spec import WorkerSpec
 
 GPUS = {0: HostGpu(0, 0, "GPU-0000", 81559), 1: HostGpu(1, 4, "GPU-1111", 81559)}
 
@@ -91,7 +92,12 @@ def test_a_shares_container_gets_its_pipes_and_nothing_else_of_mps(tmp_path: Pat
     }
     pipe = tmp_path / "mps" / "pl-9" / "pipe"
     c = container_spec(
-        spec, tmp_path, "m", PodmanConfig(), gpu=GpuAccess("devices", GPUS), mps_pipe=pipe
+        WorkerSpec.model_validate(spec),
+        tmp_path,
+        "m",
+        PodmanConfig(),
+        gpu=GpuAccess("devices", GPUS),
+        mps_pipe=pipe,
     )
     argv = run_argv(c)
     assert f"{pipe}:{mps.MPS_TARGET}:rw" in argv

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from gpufleet_contracts.verification import GpuCheck
 from gpufleet_node_agent import gpucheck
-from gpufleet_node_agent import inventory as inv_mod
-from gpufleet_node_agent.cuda import GIB, CudaUnavailable, Driver
+from gpufleet_node_agent.host import inventory as inv_mod
+from gpufleet_node_agent.host.cuda import GIB, CudaUnavailable, Driver
 
 from .test_cuda import FakeCuda, FakeGpu
 from .test_inventory import fake_pynvml

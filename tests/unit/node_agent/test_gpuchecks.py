@@ -5,7 +5,6 @@ with the command's nonce."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from datetime import UTC, datetime, timedelta
@@ -14,7 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpufleet_contracts.verification import GpuCheckReported, VerifyGpus
-from gpufleet_node_agent.gpuchecks import GpuChecks, gpus_in_use
+from gpufleet_node_agent.host.gpuchecks import GpuChecks, gpus_in_use
+from gpufleet_node_agent.worker.spec import WorkerSpec
+from gpufleet_node_agent.worker.workdir import Worker
 
 MINION = "box-1"
 
@@ -142,19 +143,15 @@ async def test_a_command_for_another_node_is_not_answered() -> None:
 
 
 def test_the_gpus_in_use_are_those_of_the_nodes_placements(tmp_path: Path) -> None:
-    def worker(name: str, spec: dict[str, Any] | None) -> SimpleNamespace:
-        d = tmp_path / name
-        d.mkdir()
-        if spec is not None:
-            (d / "spec.json").write_text(json.dumps(spec))
-        return SimpleNamespace(file=lambda f: d / f)
+    def worker(name: str, **spec: Any) -> Worker:
+        return Worker(WorkerSpec(placement_id=name, job_id="j", worker=0, **spec), tmp_path)
 
     workers = SimpleNamespace(
         active={
-            "p1": worker("p1", {"gpu_indices": [0, 3]}),
-            "p2": worker("p2", {"gpu_indices": [3], "gpu_fraction": "0.5"}),
-            "p3": worker("p3", {"gpu_indices": [], "cpu_count": 8}),
-            "p4": worker("p4", None),  # being written
+            "p1": worker("p1", gpu_indices=(0, 3)),
+            "p2": worker("p2", gpu_indices=(3,), gpu_fraction="0.5"),
+            "p3": worker("p3", gpu_indices=(), cpu_count=8),
+            "p4": worker("p4"),  # a tombstone: stopped before it started
         }
     )
     assert gpus_in_use(workers) == {0, 3}  # type: ignore[arg-type]

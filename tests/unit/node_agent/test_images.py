@@ -17,7 +17,8 @@ from gpufleet_node_agent.images import (
     too_big,
     write_auth_file,
 )
-from gpufleet_node_agent.podman_args import PodmanConfig, container_spec
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig, container_spec
+from gpufleet_node_agent.worker.spec import WorkerSpec
 
 
 def test_the_registry_of_an_image_reference() -> None:
@@ -73,10 +74,10 @@ def test_an_image_must_fit_the_disk() -> None:
 
 
 def test_the_container_runs_the_jobs_image_else_the_base_image(tmp_path: Path) -> None:
-    spec = {"job_id": "j", "worker": 0, "placement_id": "p", "command": ["true"]}
+    spec = WorkerSpec(job_id="j", worker=0, placement_id="p", command=("true",))
     config = PodmanConfig(image="gpufleet/base:bookworm")
     assert container_spec(spec, tmp_path, "m", config).image == "gpufleet/base:bookworm"
-    own = {**spec, "image": "127.0.0.1:5000/team/app:1"}
+    own = spec.model_copy(update={"image": "127.0.0.1:5000/team/app:1"})
     assert container_spec(own, tmp_path, "m", config).image == "127.0.0.1:5000/team/app:1"
 
 

@@ -9,8 +9,13 @@ from typing import Any
 
 import pynvml
 import pytest
-from gpufleet_node_agent import inventory as inv_mod
-from gpufleet_node_agent.inventory import HostSampler, ram_used_mb, read_inventory, sample_telemetry
+from gpufleet_node_agent.host import inventory as inv_mod
+from gpufleet_node_agent.host.inventory import (
+    HostSampler,
+    ram_used_mb,
+    read_inventory,
+    sample_telemetry,
+)
 from gpufleet_node_agent.settings import (
     AgentSettings,
     default_minion_id,

@@ -9,8 +9,9 @@ import stat
 from pathlib import Path
 
 import pytest
-from gpufleet_node_agent import keyfiles
-from gpufleet_node_agent.supervise import worker_env
+from gpufleet_node_agent.runtimes.supervise import worker_env
+from gpufleet_node_agent.steps import keys as keyfiles
+from gpufleet_node_agent.worker.spec import WorkerSpec
 
 VALUE = "hf-v4lue"
 
@@ -57,7 +58,7 @@ def test_no_keys_no_directory(tmp_path: Path) -> None:
 
 
 def test_a_bare_process_is_told_where_its_keys_are(tmp_path: Path) -> None:
-    base = {"placement_id": "p", "job_id": "j", "worker": 0, "command": ["true"]}
+    base = WorkerSpec(placement_id="p", job_id="j", worker=0, command=("true",))
     assert "SECRETS_PATH" not in worker_env(base, tmp_path, {})
-    env = worker_env({**base, "key_types": ["wandb"]}, tmp_path, {})
+    env = worker_env(base.model_copy(update={"key_types": ("wandb",)}), tmp_path, {})
     assert env["SECRETS_PATH"] == str(tmp_path / "secrets")

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet_node_agent import logcap
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import LOG_FILE, PodmanConfig
-from gpufleet_node_agent.workdir import Worker
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import LOG_FILE, PodmanConfig
+from gpufleet_node_agent.worker import logcap
+from gpufleet_node_agent.worker.spec import WorkerSpec
+from gpufleet_node_agent.worker.workdir import Worker
 
 
 def test_punched_blocks_read_as_zeros_and_the_size_stays(tmp_path: Path) -> None:
@@ -30,7 +31,7 @@ def test_podman_log_is_freed_once_converted_and_a_backlog_too_large_is_skipped(
     tmp_path: Path,
 ) -> None:
     runtime = PodmanRuntime(PodmanConfig(image="localhost/none"), "m1")
-    w = Worker("pl-1", tmp_path, "job-1", 0)
+    w = Worker(WorkerSpec(placement_id="pl-1", job_id="job-1", worker=0), tmp_path)
     conmon = tmp_path / LOG_FILE
     lines = "".join(f"line {i}\n" for i in range(20000))
     conmon.write_bytes(k8s(lines))

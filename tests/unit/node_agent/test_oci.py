@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_node_agent import mps
-from gpufleet_node_agent.oci import Device, device_nodes, oci_config, seccomp
-from gpufleet_node_agent.podman_args import container_spec
-from gpufleet_node_agent.runc import Runc
+from gpufleet_node_agent.host import mps
+from gpufleet_node_agent.runtimes.oci import Device, device_nodes, oci_config, seccomp
+from gpufleet_node_agent.runtimes.podman_args import container_spec
+from gpufleet_node_agent.runtimes.runc import Runc
 
 from .test_podman_args import CONFIG, WD, spec
 

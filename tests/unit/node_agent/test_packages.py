@@ -12,10 +12,12 @@ from gpufleet_node_agent.packages import (
     MARKER,
     NO_CONDA,
     Step,
+    UnsafeRequirement,
     build_key,
     failed_step,
     failure_reason,
     index_env,
+    model_requirements,
     package_tag,
     plan,
     script,
@@ -146,3 +148,50 @@ def test_the_commit_gives_the_image_its_entrypoint_and_cmd_back() -> None:
         "b1",
         "localhost/gpufleet/pkgs:abc",
     ]
+
+
+def test_a_requirements_txt_of_the_model_code_takes_the_requirements_txt_place() -> None:
+    """R-JOB-7's order with a requirements.txt found in the model code: apt, conda, that
+    file, the spec's requirements lines, pip (the model code staging finds and reads it)."""
+    found = model_requirements(
+        "/opt/ml/models/requirements.txt", "# the model's\nnumpy>=1.26\n\nscipy==1.13  # pinned\n"
+    )
+    assert found.lines == ("# the model's", "numpy>=1.26", "", "scipy==1.13  # pinned")
+    spec = {"pip": ["b==2"], "requirements": ["r1"], "apt": ["a"]}
+    steps = plan(spec, found)
+    assert [s.name for s in steps] == [
+        "apt",
+        "requirements.txt (/opt/ml/models/requirements.txt)",
+        "requirements.txt",
+        "pip",
+    ]
+    assert steps[1].items == ("numpy>=1.26", "scipy==1.13  # pinned")
+    assert plan(spec, None) == plan(spec)
+    assert [s.name for s in plan({}, found)] == [steps[1].name]
+    assert plan({}, model_requirements("/opt/ml/models/requirements.txt", "# nothing\n")) == ()
+    text = script(plan({}, found))
+    assert f"echo '{MARKER}requirements.txt (/opt/ml/models/requirements.txt)'" in text
+    subprocess.run(["sh", "-n"], input=text, text=True, check=True)
+    out = f"{MARKER}requirements.txt (/opt/ml/models/requirements.txt)\nERROR: no numpy\n"
+    assert failure_reason(out, 1).startswith(
+        "package step requirements.txt (/opt/ml/models/requirements.txt) failed (exit 1)"
+    )
+
+
+def test_a_model_requirements_line_is_held_to_the_specs_rules() -> None:
+    """What the contract refuses in `packages.requirements` at submission, a model's file
+    may not bring in either: the worker fails naming the line."""
+    for line in (
+        "-e .",
+        "--index-url http://elsewhere/simple",
+        "pkg @ https://x/p.whl",
+        "-r b.txt",
+    ):
+        with pytest.raises(UnsafeRequirement) as exc:
+            model_requirements("/opt/ml/models/requirements.txt", f"numpy\n{line}\n")
+        assert exc.value.number == 2 and exc.value.line == line
+        assert exc.value.reason.startswith("/opt/ml/models/requirements.txt line 2: ")
+    with pytest.raises(UnsafeRequirement, match="longer than 256"):
+        model_requirements("/r.txt", "a" * 300)
+    with pytest.raises(UnsafeRequirement, match="U\\+001B"):
+        model_requirements("/r.txt", "numpy # \x1b[2J")

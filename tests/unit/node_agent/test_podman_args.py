@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet_node_agent.baseimage import BASE_IMAGE
-from gpufleet_node_agent.gpu_access import GpuAccess, HostGpu, LibBind
-from gpufleet_node_agent.podman_args import (
+from gpufleet_node_agent.host.gpu_access import GpuAccess, HostGpu, LibBind
+from gpufleet_node_agent.runtimes.podman_args import (
     PodmanConfig,
     container_name,
     container_spec,
@@ -16,29 +16,32 @@ from gpufleet_node_agent.podman_args import (
     run_argv,
     share_limits,
 )
+from gpufleet_node_agent.worker.spec import WorkerSpec
 
 WD = Path("/state/workers/pl-1")
 
 
-def spec(**kw: Any) -> dict[str, Any]:
-    return {
-        "placement_id": "pl-1",
-        "job_id": "job-1",
-        "job_name": "demo",
-        "worker": 0,
-        "command": ["python3", "train.py", "--epochs", "3"],
-        "gpu_indices": [1, 3],
-        "mounts": [
-            {
-                "target": "/opt/ml/input/data",
-                "kind": "dataset",
-                "source": "d",
-                "env": "ML_DATA_PATH",
-            },
-            {"target": "/opt/ml/output", "kind": "output", "source": "o", "env": "ML_OUTPUT_PATH"},
-        ],
-        **kw,
-    }
+def spec(**kw: Any) -> WorkerSpec:
+    return WorkerSpec.model_validate(
+        {
+            "placement_id": "pl-1",
+            "job_id": "job-1",
+            "job_name": "demo",
+            "worker": 0,
+            "command": ["python3", "train.py", "--epochs", "3"],
+            "gpu_indices": [1, 3],
+            "mounts": [
+                {
+                    "target": "/opt/ml/input/data",
+                    "kind": "dataset",
+                    "source": {"kind": "platform", "asset": "dataset", "name": "d"},
+                    "env": "ML_DATA_PATH",
+                },
+                {"target": "/opt/ml/output", "kind": "output", "env": "ML_OUTPUT_PATH"},
+            ],
+            **kw,
+        }
+    )
 
 
 CONFIG = PodmanConfig(memory_mb=2048, cpus=1.5, pids=512)

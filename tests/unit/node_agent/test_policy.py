@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerState
 from gpufleet_node_agent.__main__ import adopt_owner
-from gpufleet_node_agent.policy import Decision, RuntimePolicy
-from gpufleet_node_agent.runtime import ProcessRuntime
+from gpufleet_node_agent.runtimes.policy import Decision, RuntimePolicy
+from gpufleet_node_agent.runtimes.process import ProcessRuntime
 from gpufleet_node_agent.settings import AgentSettings
-from gpufleet_node_agent.workdir import Worker
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.steps.base import Step
+from gpufleet_node_agent.worker.manager import WorkerManager
+from gpufleet_node_agent.worker.workdir import Worker
 from pydantic import ValidationError
 
 from .test_workers import FakeBroker, until
@@ -94,20 +95,20 @@ class FakeContainers:
 
     name = "podman"
     pulls_images = False
+    steps: tuple[Step, ...] = ()
     lost_at_restart = "gone at restart"
     lost_at_runtime = "gone"
-    secrets_uid = 10000
 
     def __init__(self) -> None:
         self.launched_ids: list[str] = []
         self.notify: Callable[[], None] = lambda: None
 
-    def launch(self, w: Worker) -> str | None:
+    async def launch(self, w: Worker) -> None:
         self.launched_ids.append(w.placement_id)
-        return None
+        w.file("launched").touch()
 
     def launched(self, w: Worker) -> bool:
-        return w.placement_id in self.launched_ids
+        return w.file("launched").exists()  # as a runtime's own files say
 
     def alive(self, w: Worker) -> bool:
         return True

@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpufleet_node_agent.runc import Runc
-from gpufleet_node_agent.workdir import Worker
+from gpufleet_node_agent.runtimes.runc import Runc
+from gpufleet_node_agent.worker.spec import WorkerSpec
+from gpufleet_node_agent.worker.workdir import Worker
 
 
 async def _no_podman(*args: str, **kw: Any) -> tuple[int, bytes, bytes]:
@@ -29,7 +30,9 @@ def _runc(tmp_path: Path) -> Runc:
 
 
 def _worker(tmp_path: Path) -> Worker:
-    w = Worker("p-1", tmp_path / "workers" / "p-1", "job-1", 0)
+    w = Worker(
+        WorkerSpec(placement_id="p-1", job_id="job-1", worker=0), tmp_path / "workers" / "p-1"
+    )
     w.dir.mkdir(parents=True)
     (w.dir / "runc.json").write_text(json.dumps({"name": "c", "image": "i", "runtime": "crun"}))
     return w

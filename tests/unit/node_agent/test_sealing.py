@@ -5,6 +5,7 @@ does not open, fails the worker with a reason that holds none of them. No NATS."
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import stat
 import sys
@@ -28,7 +29,7 @@ from gpufleet_contracts.jobs import (
 from gpufleet_node_agent import sealing
 from gpufleet_node_agent.app import build_app
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.worker.manager import WorkerManager
 
 from .test_workers import FakeBroker, cmd, finished
 
@@ -115,8 +116,8 @@ async def test_the_worker_gets_its_sealed_env_and_keys(
     assert m.start(start) is True
     evt = await finished(m, broker, "pl-1")
     assert (evt.state, evt.log_tail) == (WorkerState.finished, "secrets ok\n")
-    spec = (m.worker_dir("pl-1") / "spec.json").read_text()
-    assert '"env_names": ["TOKEN"]' in spec and '"key_types": ["huggingface"]' in spec
+    spec = json.loads((m.worker_dir("pl-1") / "spec.json").read_text())
+    assert spec["env_names"] == ["TOKEN"] and spec["key_types"] == ["huggingface"]
     files = [f for f in m.worker_dir("pl-1").rglob("*") if f.is_file()]
     assert all(VALUE.encode() not in f.read_bytes() for f in files)  # read, then gone
     assert VALUE not in caplog.text

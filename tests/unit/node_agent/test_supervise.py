@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_node_agent.runtime import ProcessRuntime
-from gpufleet_node_agent.supervise import is_supervisor, supervisor_argv, worker_env
-from gpufleet_node_agent.workdir import Worker
+from gpufleet_node_agent.runtimes.process import ProcessRuntime
+from gpufleet_node_agent.runtimes.supervise import is_supervisor, supervisor_argv, worker_env
+from gpufleet_node_agent.worker.spec import WorkerSpec
+from gpufleet_node_agent.worker.workdir import Worker
 
 PY = sys.executable
 
 
 def make_worker(tmp_path: Path, command: list[str], **spec: Any) -> Worker:
+    """A worker whose steps are set up (its output directory made: the outputs step)."""
     d = tmp_path / "w"
     d.mkdir()
     full = {
@@ -30,10 +32,19 @@ def make_worker(tmp_path: Path, command: list[str], **spec: Any) -> Worker:
         "worker": 2,
         "gpu_indices": [1, 0],
         "command": command,
+        "runtime": "process",
         **spec,
     }
-    (d / "spec.json").write_text(json.dumps(full))
-    return Worker("p1", d, "job-1", 2, "process")
+    (d / "output").mkdir()
+    return Worker(WorkerSpec.model_validate(full), d)
+
+
+def launch(rt: ProcessRuntime, w: Worker) -> None:
+    """The runtime's launch, as the manager's pipeline awaits it: a bare worker's starts
+    without waiting on anything."""
+    coro = rt.launch(w)
+    with pytest.raises(StopIteration):
+        coro.send(None)
 
 
 def ended(rt: ProcessRuntime, w: Worker) -> dict[str, Any]:
@@ -48,7 +59,7 @@ def ended(rt: ProcessRuntime, w: Worker) -> dict[str, Any]:
 def run(tmp_path: Path, command: list[str], **spec: Any) -> tuple[Worker, dict[str, Any]]:
     rt = ProcessRuntime()
     w = make_worker(tmp_path, command, **spec)
-    assert rt.launch(w) is None
+    launch(rt, w)
     return w, ended(rt, w)
 
 
@@ -125,7 +136,7 @@ def test_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     }
     w.file("env.json").write_text(json.dumps(secrets))
     rt = ProcessRuntime()
-    assert rt.launch(w) is None
+    launch(rt, w)
     assert not w.file("env.json").exists()  # the values live on only in the worker's env
     assert ended(rt, w)["exit_code"] == 0
     env = json.loads(w.file("log").read_text())
@@ -140,8 +151,8 @@ def test_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_gpus_is_an_empty_cuda_visible_devices(tmp_path: Path) -> None:
-    spec = {"job_id": "j", "worker": 0, "gpu_indices": [], "env": {"NVIDIA_VISIBLE_DEVICES": "all"}}
-    env = worker_env(spec, tmp_path, {"PATH": "/bin"})
+    spec = WorkerSpec(placement_id="p", job_id="j", worker=0, gpu_indices=())
+    env = worker_env(spec, tmp_path, {"PATH": "/bin"}, {"NVIDIA_VISIBLE_DEVICES": "all"})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["JOB_NAME"] == ""
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # a CPU-only worker (R-JOB-2)
 
@@ -171,7 +182,7 @@ def test_a_stop_terminates_the_command(tmp_path: Path) -> None:
     rt = ProcessRuntime()
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
     w = make_worker(tmp_path, [PY, "-c", code])
-    rt.launch(w)
+    launch(rt, w)
     wait_for(lambda: w.file("log").exists() and w.file("log").read_text().strip() != "")
     child = int(w.file("log").read_text())
     w.file("stop_requested").write_text("cancelled by user")
@@ -190,7 +201,7 @@ async def test_sigkill_after_the_grace_period(tmp_path: Path) -> None:
         "print(os.getpid(), flush=True); time.sleep(60)"
     )
     w = make_worker(tmp_path, [PY, "-c", code], stop_grace_s=0.5)
-    rt.launch(w)
+    launch(rt, w)
     log = w.file("log")
     await eventually(lambda: log.exists() and log.read_text().strip() != "")
     child = int(log.read_text())

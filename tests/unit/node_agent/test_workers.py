@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from gpufleet_contracts.jobs import StartWorker, WorkerFinished, WorkerStarted, WorkerState
-from gpufleet_node_agent import logcap
-from gpufleet_node_agent.workers import (
+from gpufleet_node_agent.worker import logcap
+from gpufleet_node_agent.worker.manager import (
     LOST_AT_RESTART,
     LOST_AT_RUNTIME,
     STOPPED_BEFORE_START,
@@ -319,27 +319,28 @@ async def test_recover_classifies_workers(
         started_json={"pid": dead_pid(), "started_at": "2025-01-01T00:00:00+00:00"},
     )
     seed(first, "reused", supervisor_pid=str(os.getpid()))  # pid reused by another program
-    seed(first, "nopid")
+    seed(first, "accepted")  # not launched yet: its steps, then its launch, go on
     old = seed(first, "reported", exit_json={"exit_code": 0, "ended_at": "x"}, reported_finished="")
     assert old.exists()
 
     m = managers()  # the restarted agent
     found = m.recover()
     assert found.finished == ["done"]
-    assert found.reattached == ["alive"]
-    assert sorted(found.lost) == ["lost", "nopid", "reused"]
-    assert set(m.active) == {"alive", "done", "lost", "nopid", "reused"}
-    assert m.running() == ["job-1/0"]
+    assert found.reattached == ["accepted", "alive"]
+    assert sorted(found.lost) == ["lost", "reused"]
+    assert set(m.active) == {"accepted", "alive", "done", "lost", "reused"}
+    assert m.running() == ["job-1/0", "job-r/1"]  # launched as the agent picked it up
     assert m.recover().finished == []  # idempotent: nothing is picked up twice
 
-    for p in ("done", "lost", "nopid", "reused", "alive"):
+    for p in ("done", "lost", "accepted", "reused", "alive"):
         await finished(m, broker, p)
     by_id = {e.placement_id: e for e in broker.events(WorkerFinished)}
     assert (by_id["done"].state, by_id["done"].exit_code) == (WorkerState.finished, 0)
     assert by_id["done"].started_at is not None
-    for p in ("lost", "nopid", "reused"):
+    for p in ("lost", "reused"):
         assert (by_id[p].state, by_id[p].reason) == (WorkerState.failed, LOST_AT_RESTART)
     assert by_id["alive"].state == WorkerState.finished  # re-attached and watched to its end
+    assert by_id["accepted"].state == WorkerState.finished  # `true`, launched after all
     assert "reported" not in by_id
     assert len(broker.events(WorkerFinished)) == 5
 

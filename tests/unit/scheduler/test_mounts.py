@@ -1,10 +1,13 @@
 """Mount plans (R-JOB-3/4): where each worker finds its data, model, checkpoints, output."""
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from gpufleet_contracts.jobs import JobSpec
-from gpufleet_node_agent.supervise import mount_dirs, worker_env
+from gpufleet_contracts.locations import S3Source
+from gpufleet_node_agent.runtimes.supervise import mount_dirs, worker_env
+from gpufleet_node_agent.worker.spec import WorkerSpec
 from gpufleet_scheduler.mounts import archive_name, plan
 
 BASE: dict[str, Any] = {"name": "my job", "gpu_types": ["RTX 3090"], "command": ["true"]}
@@ -44,7 +47,7 @@ def test_output_archive_names() -> None:
         {**BASE, "workers": 2, "output_data": {"type": "aws", "path": "s3://b/out"}}
     )
     p = plan(spec, 1)
-    assert p.output_archive == "my_job_1.zip" and p.output_upload == "aws:s3://b/out"
+    assert p.output_archive == "my_job_1.zip" and p.output == S3Source(url="s3://b/out")
 
 
 def test_the_agent_creates_the_mount_dirs_and_exposes_them(tmp_path: Path) -> None:
@@ -52,15 +55,16 @@ def test_the_agent_creates_the_mount_dirs_and_exposes_them(tmp_path: Path) -> No
         {**BASE, "datasets": [{"name": "a"}, {"name": "b"}], "gpu_count": "0.5"}
     )
     p = plan(spec, 0)
-    worker_spec = {
-        "job_id": "j",
-        "worker": 0,
-        "gpu_indices": [1],
-        "mounts": [m.model_dump(mode="json") for m in p.mounts],
-        "output_archive": p.output_archive,
-        "gpu_fraction": "0.5",
-        "gpu_memory_limit_mb": 12288,
-    }
+    worker_spec = WorkerSpec(
+        placement_id="p",
+        job_id="j",
+        worker=0,
+        gpu_indices=(1,),
+        mounts=p.mounts,
+        output_archive=p.output_archive,
+        gpu_fraction=Decimal("0.5"),
+        gpu_memory_limit_mb=12288,
+    )
     dirs = mount_dirs(worker_spec, tmp_path)
     assert dirs["ML_DATA_PATH_A"] == tmp_path / "mnt/opt/ml/input/a"
     env = worker_env(worker_spec, tmp_path, {})

@@ -24,12 +24,12 @@ from typing import Any
 
 from gpufleet_contracts.jobs import StartWorker, WorkerFinished
 from gpufleet_node_agent.baseimage import default_containers_conf, podman_env
-from gpufleet_node_agent.gpu_access import find_driver_dir, host_access
-from gpufleet_node_agent.inventory import read_nvml
-from gpufleet_node_agent.mps import Mps, find_control
-from gpufleet_node_agent.podman import PodmanRuntime
-from gpufleet_node_agent.podman_args import PodmanConfig
-from gpufleet_node_agent.workers import WorkerManager
+from gpufleet_node_agent.host.gpu_access import find_driver_dir, host_access
+from gpufleet_node_agent.host.inventory import read_nvml
+from gpufleet_node_agent.host.mps import Mps, find_control
+from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.worker.manager import WorkerManager
 
 HERE = Path(__file__).parent
 IMAGE = "localhost/gpufleet/cudacheck:1"

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_validator,
+    model_validator,
 )
 
 from . import limits, subjects
@@ -27,6 +30,7 @@ from .jobviews import JobView as JobView
 from .jobviews import LogChunk as LogChunk
 from .jobviews import SchedulerSync as SchedulerSync
 from .jobviews import WorkerView as WorkerView
+from .locations import OutputTarget, Source, legacy_source, legacy_target
 from .spec import MAX_PINNED as MAX_PINNED
 from .spec import JobSpec as JobSpec
 from .states import JobState as JobState
@@ -82,16 +86,32 @@ class CancelJob(Command):
     job_id: str
 
 
+class MountKind(StrEnum):
+    dataset = "dataset"
+    input = "input"
+    checkpoint = "checkpoint"
+    model = "model"
+    output = "output"
+
+
 class Mount(BaseModel):
     """One directory a worker sees (R-JOB-3/4): `target` inside the job, what fills it."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
     target: Name  # e.g. /opt/ml/input/PASCAL_VOC
-    kind: str  # dataset | input | checkpoint | model | output
-    source: str  # what fills it: "dataset:PASCAL VOC", "s3://...", "git:https://..."
+    kind: MountKind
+    # What fills it (locations.py); None: nothing does (the worker's output, or the directory
+    # that holds several datasets or checkpoints).
+    source: Source | None = None
     read_only: bool = True
     env: Name | None = None  # the variable that tells the worker where it is
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _legacy(cls, value: Any) -> Any:
+        """A scheduler before typed locations sent the source as a string."""
+        return legacy_source(value) if isinstance(value, str) else value
 
 
 class SealedSecrets(BaseModel):
@@ -139,7 +159,7 @@ class StartWorker(Command):
         default_factory=list
     )
     output_archive: Name | None = None  # <job_name>.zip or <job_name>_<worker>.zip
-    output_upload: str | None = None  # where the archive goes (type:path), if anywhere
+    output: OutputTarget | None = None  # where the archive goes (locations.py), if anywhere
     gpu_fraction: Decimal | None = None  # R-SCHED-4: a share of the (one) GPU
     gpu_memory_limit_mb: Int | None = None  # what the agent enforces for that share
     cpu_count: Int | None = None  # a CPU-only worker's CPUs (R-JOB-2); no GPU then
@@ -169,6 +189,18 @@ class StartWorker(Command):
     # agent opens them in memory (services/node-agent/README.md, "Secrets for the node
     # alone"); the clear fields are read only from a scheduler older than this field.
     sealed_secrets: SealedSecrets | None = Field(default=None, repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_output(cls, data: Any) -> Any:
+        """A scheduler before typed locations sent the output target as a string,
+        `output_upload` ("aws:s3://b/out")."""
+        if isinstance(data, dict) and isinstance(data.get("output_upload"), str):
+            data = dict(data)
+            upload = data.pop("output_upload")
+            if data.get("output") is None:
+                data["output"] = legacy_target(upload)
+        return data
 
 
 class StopWorker(Command):

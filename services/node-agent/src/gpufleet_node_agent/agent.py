@@ -20,19 +20,20 @@ from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from .baseimage import default_containers_conf
 from .buildnet import parse_allow
 from .builds import BuildConfig
-from .environments import parse_env_map
-from .gpu_access import GpuAccess, host_access
-from .gpuchecks import GpuChecks, gpus_in_use
-from .inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
-from .mps import Mps, find_control
-from .podman import PodmanRuntime
-from .podman_args import PodmanConfig
-from .policy import OWN_JOBS, RuntimePolicy, container_problem
-from .runtime import ProcessRuntime
+from .environments import offer, parse_env_map
+from .host.gpu_access import GpuAccess, host_access
+from .host.gpuchecks import GpuChecks, gpus_in_use
+from .host.inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
+from .host.mps import Mps, find_control
+from .runtimes.podman import PodmanRuntime
+from .runtimes.podman_args import PodmanConfig
+from .runtimes.policy import OWN_JOBS, RuntimePolicy, container_problem
+from .runtimes.process import ProcessRuntime
+from .runtimes.supervise import STOP_GRACE_S
 from .sealing import NodeKey
 from .settings import AgentSettings, retired_settings
-from .supervise import STOP_GRACE_S
-from .workers import SOURCE, Recovery, WorkerManager
+from .staging.registry import Fetchers, Uploaders
+from .worker.manager import SOURCE, Recovery, WorkerManager
 
 log = logging.getLogger("gpufleet.node_agent")
 
@@ -41,9 +42,15 @@ WORKERS_STOP_REASON = "stopped with the node agent (GPUFLEET_STOP_WORKERS_ON_EXI
 WORKERS_STOP_TIMEOUT_S = STOP_GRACE_S + 10.0  # their grace period, then their reports
 
 
-def container_runtime(settings: AgentSettings, control_plane: Sequence[str] = ()) -> PodmanRuntime:
+def container_runtime(
+    settings: AgentSettings,
+    control_plane: Sequence[str] = (),
+    fetchers: Fetchers | None = None,
+    uploaders: Uploaders | None = None,
+) -> PodmanRuntime:
     """The container runtime `GPUFLEET_WORKER_RUNTIME` names (podman, the only one yet);
-    `control_plane`: the NATS servers' URLs, which its package builds never reach."""
+    `control_plane`: the NATS servers' URLs, which its package builds never reach;
+    `fetchers`, `uploaders`: the node's staging (staging/registry.py)."""
     config = PodmanConfig(
         image=settings.worker_image,
         uid=settings.worker_uid,
@@ -68,7 +75,7 @@ def container_runtime(settings: AgentSettings, control_plane: Sequence[str] = ()
             control_plane=tuple(control_plane),
         ),
     )
-    return PodmanRuntime(config, settings.minion_id)
+    return PodmanRuntime(config, settings.minion_id, fetchers=fetchers, uploaders=uploaders)
 
 
 def gpu_runtime(settings: AgentSettings) -> tuple[GpuAccess, Mps]:
@@ -115,6 +122,9 @@ class Agent:
         self.hostname = socket.gethostname()
         self.inventory: Inventory | None = None
         self.recovery: Recovery | None = None  # what start-up found of a previous run
+        # What fetches a worker's data and puts its output where the job says, by kind of
+        # location: none yet (staging/registry.py), shared by both runtimes' steps.
+        fetchers, uploaders = Fetchers(), Uploaders()
         self.workers = WorkerManager(
             settings.agent_state_dir,
             settings.minion_id,
@@ -122,10 +132,10 @@ class Agent:
             log_chunk_bytes=settings.log_chunk_bytes,
             log_max_bytes=settings.worker_log_max_bytes,
             clock=clock,
-            runtime=container_runtime(settings, control_plane),
+            runtime=container_runtime(settings, control_plane, fetchers, uploaders),
             # Bare processes: the owner's own jobs when allowed, and to re-attach workers a
             # previous run started that way.
-            others=[ProcessRuntime()],
+            others=[ProcessRuntime(fetchers=fetchers, uploaders=uploaders)],
             policy=runtime_policy(settings),
             sealing_key=sealing_key,
         )
@@ -255,6 +265,7 @@ class Agent:
             heartbeat_s=s.heartbeat_s,
             sealing_key=None if self.sealing_key is None else self.sealing_key.public_key,
             sealing_key_signature=None if self.sealing_key is None else self.sealing_key.signature,
+            environments=offer(parse_env_map(s.base_environments)),  # R-JOB-7
         )
 
     async def _register(self) -> None:

@@ -14,23 +14,29 @@ its (Python version, framework, framework version). Pure: builds.py builds what 
   No version: the newest the index has, tagged `latest` (built once, then kept).
 - Anything else is refused, naming the field: another Python version (bookworm has 3.11
   only), `mxnet` (retired: no wheels for Python 3.11 on PyPI), a version on `deep_learning`.
+
+What this says a node runs, `offer` announces in RegisterNode (gpufleet_contracts.environments:
+the scheduler refuses a triple no node offers and places a worker only where it is offered);
+the two agree (tests/unit/node_agent/test_environments.py).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gpufleet_contracts import limits
+from gpufleet_contracts.environments import FRAMEWORK_VERSION as VERSION
+from gpufleet_contracts.environments import GENERIC, TAG_CHARS, EnvironmentOffer
+from gpufleet_contracts.environments import TAG as TAG_KEY
+from gpufleet_contracts.environments import env_tag as env_tag
 
 from .packages import Step
 
 NODE_PYTHON = "3.11"  # Debian bookworm's python3, in the base image (baseimage.py)
 ENV_REPO = "localhost/gpufleet/env"
 FRAMEWORK_PACKAGES = {"pytorch": "torch", "tensorflow": "tensorflow"}
-GENERIC = "deep_learning"
-VERSION = re.compile(r"^[0-9][0-9A-Za-z.*+!]{0,63}$")  # a pip version: 2.3, 2.3.1, 2.*
-TAG_KEY = re.compile(r"^py[0-9][0-9.]*-[a-z_]+(-[A-Za-z0-9_.-]+)?$")
 
 
 @dataclass(frozen=True)
@@ -45,15 +51,6 @@ class EnvChoice:
     refused: str | None = None
 
 
-def env_tag(python_version: str, framework: str, framework_version: str | None) -> str:
-    """`py3.11-pytorch-2.3`: the triple as an image tag (`*` as `x`: `2.*` is `2.x`)."""
-    if framework == GENERIC and framework_version is None:
-        return f"py{python_version}-{framework}"
-    version = "latest" if framework_version is None else framework_version
-    version = re.sub(r"[^A-Za-z0-9_.-]", "_", version.replace("*", "x"))
-    return f"py{python_version}-{framework}-{version}"
-
-
 def parse_env_map(text: str) -> dict[str, str]:
     """GPUFLEET_BASE_ENVIRONMENTS: `<env tag>=<image>` entries, comma-separated."""
     found: dict[str, str] = {}
@@ -61,13 +58,32 @@ def parse_env_map(text: str) -> dict[str, str]:
         if not entry.strip():
             continue
         key, sep, image = (p.strip() for p in entry.partition("="))
-        if not sep or not TAG_KEY.fullmatch(key) or not image or " " in image:
+        if (
+            not sep
+            or not TAG_KEY.fullmatch(key)
+            or len(key) > TAG_CHARS
+            or not image
+            or " " in image
+        ):
             raise ValueError(
                 f"{entry.strip()!r} is not <environment>=<image>, "
                 "e.g. py3.10-pytorch-2.1=registry.example/envs/torch:2.1"
             )
         found[key] = image
+    if len(found) > limits.NODE_ENVIRONMENTS:  # more than a registration may announce
+        raise ValueError(f"{len(found)} base environments; at most {limits.NODE_ENVIRONMENTS}")
     return found
+
+
+def offer(env_map: Mapping[str, str]) -> EnvironmentOffer:
+    """What this node runs, as its registration announces it: the triples `choose` builds
+    (Python NODE_PYTHON with `deep_learning` or a framework of FRAMEWORK_PACKAGES), and the
+    operator's mapped tags."""
+    return EnvironmentOffer(
+        python_versions=(NODE_PYTHON,),
+        frameworks=(GENERIC, *FRAMEWORK_PACKAGES),
+        mapped=tuple(sorted(env_map)),
+    )
 
 
 def choose(env: Mapping[str, Any] | None, base_image: str, env_map: Mapping[str, str]) -> EnvChoice:

@@ -28,8 +28,8 @@ import pynvml  # nvidia-ml-py; untyped (the root mypy config ignores missing stu
 from gpufleet_contracts.nodes import GpuInfo
 from gpufleet_contracts.verification import TEXT_CHARS, CheckedGpu, GpuCheck
 
-from .cuda import MIB, CudaError, CudaUnavailable, Driver, prove
-from .inventory import _nvml_gpu, memory_mb
+from .host.cuda import MIB, CudaError, CudaUnavailable, Driver, prove
+from .host.inventory import _nvml_gpu, memory_mb
 
 MIG = "MIG mode is on: the check needs the whole GPU"
 

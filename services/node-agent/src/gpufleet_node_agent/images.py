@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from gpufleet_contracts.images import DEFAULT_REGISTRY as DEFAULT_REGISTRY
 from gpufleet_contracts.images import registry_of as registry_of
 
-from .files import read_json
+from .worker.files import read_json
 
 REGISTRY_FILE = "registry.json"  # the credential, from StartWorker: deleted after the pull
 AUTH_FILE = "registry-auth.json"  # podman's auth file for that pull: deleted after it

@@ -8,6 +8,10 @@ Before each step it prints a marker line, `==> gpufleet step <name>`, so a failu
 its step. Every package is one shell word (shlex-quoted), and a name with a version spec:
 the contract refuses URLs, local paths and installer options
 (gpufleet_contracts.package_entries), so none is read as a source or an option.
+
+A requirements.txt found in the job's model code is installed in the requirements.txt step's
+place too, before the spec's own lines (`ModelRequirements`, checked line by line with the
+same grammar). Finding and reading it is the model code staging's (not done yet).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from gpufleet_contracts import limits
+from gpufleet_contracts.fields import name_problem
+from gpufleet_contracts.package_entries import requirements_problem
 
 ORDER = ("apt", "conda", "requirements", "pip")  # R-JOB-7: ... requirements.txt, pip
 STEP_NAMES = {"requirements": "requirements.txt"}
@@ -36,19 +44,71 @@ class Step:
     kind: str  # apt | conda | requirements | pip
     items: tuple[str, ...]
     binary_only: bool = False  # pip: wheels only, no package code runs at install
+    origin: str = ""  # requirements: the file in the model code they come from, if any
 
     @property
     def name(self) -> str:
-        return STEP_NAMES.get(self.kind, self.kind)
+        name = STEP_NAMES.get(self.kind, self.kind)
+        return f"{name} ({self.origin})" if self.origin else name
 
 
-def plan(packages: Mapping[str, Any] | None) -> tuple[Step, ...]:
+@dataclass(frozen=True)
+class ModelRequirements:
+    """A requirements.txt found in the job's model code: where (as the job sees it, e.g.
+    `/opt/ml/models/requirements.txt`) and its lines, each one R-JOB-7 allows."""
+
+    path: str
+    lines: tuple[str, ...]
+
+
+class UnsafeRequirement(Exception):
+    """A line of a model's requirements.txt that a spec's `packages.requirements` could not
+    hold (a URL, a path, an option such as `-e .` or `--index-url`): the worker fails with
+    this reason before anything is installed."""
+
+    def __init__(self, path: str, number: int, line: str, problem: str) -> None:
+        super().__init__(f"{path} line {number}: {line!r}: {problem}")
+        self.path, self.number, self.line, self.problem = path, number, line, problem
+
+    @property
+    def reason(self) -> str:
+        return str(self)
+
+
+def model_requirements(path: str, text: str) -> ModelRequirements:
+    """The requirements.txt at `path` in the model code, whose content is `text`, checked
+    line by line as the contract checks `packages.requirements` at submission
+    (gpufleet_contracts.package_entries); UnsafeRequirement names the first line refused."""
+    lines = tuple(line.strip() for line in text.splitlines())
+    for number, line in enumerate(lines, start=1):
+        problem = name_problem(line)
+        if problem is None and len(line) > limits.PACKAGE_CHARS:
+            problem = f"longer than {limits.PACKAGE_CHARS} characters"
+        problem = problem or requirements_problem(line)
+        if problem is not None:
+            raise UnsafeRequirement(path, number, line, problem)
+    return ModelRequirements(path, lines)
+
+
+def _items(kind: str, entries: Any) -> tuple[str, ...]:
+    items = tuple(str(p).strip() for p in entries or [] if str(p).strip())
+    return tuple(i for i in items if not (kind == "requirements" and i.startswith("#")))
+
+
+def plan(
+    packages: Mapping[str, Any] | None, model: ModelRequirements | None = None
+) -> tuple[Step, ...]:
     """The steps for a job's `packages` (StartWorker's, as in spec.json), in R-JOB-7's
-    order; a kind without entries has no step (requirements.txt's comments are none)."""
+    order; a kind without entries has no step (requirements.txt's comments are none). A
+    requirements.txt of the model code (`model`) is a step of its own in the requirements.txt
+    place, before the spec's lines (so a pin of the spec's is installed last and holds)."""
     steps = []
     for kind in ORDER:
-        items = tuple(str(p).strip() for p in (packages or {}).get(kind) or [] if str(p).strip())
-        items = tuple(i for i in items if not (kind == "requirements" and i.startswith("#")))
+        if kind == "requirements" and model is not None:
+            found = _items(kind, model.lines)
+            if found:
+                steps.append(Step(kind, found, origin=model.path))
+        items = _items(kind, (packages or {}).get(kind))
         if items:
             steps.append(Step(kind, items))
     return tuple(steps)
@@ -124,7 +184,7 @@ def script(steps: Sequence[Step], index_url: str | None = None) -> str:
         lines.append(f"export {k}={shlex.quote(v)}")
     digest = hashlib.sha256(repr(steps).encode()).hexdigest()[:16]
     for step in steps:
-        lines.append(f"echo '{MARKER}{step.name}'")
+        lines.append(f"echo {shlex.quote(MARKER + step.name)}")  # a model file's path too
         lines += _step_lines(step, f"GPUFLEET_EOF_{digest}")
     lines.append(f"echo '{MARKER}done'")
     return "\n".join(lines) + "\n"

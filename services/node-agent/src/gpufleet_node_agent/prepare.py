@@ -14,15 +14,13 @@ the job is `starting`), as lines beginning `gpufleet: `.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from .builds import Builder, Podman
 from .environments import EnvChoice, choose, with_pip
 from .images import pull_image, qualified, size_error
-from .packages import build_key, package_tag, plan
-from .podman_args import PodmanConfig
-from .workdir import Worker
+from .packages import Step, build_key, package_tag, plan
+from .runtimes.podman_args import PodmanConfig
+from .worker.spec import WorkerSpec
+from .worker.workdir import Worker
 
 DEFAULT_DISK_GB = 10
 
@@ -32,32 +30,41 @@ def say(w: Worker, line: str) -> None:
         f.write(f"gpufleet: {line}\n")
 
 
-def env_choice(spec: Mapping[str, Any], config: PodmanConfig) -> EnvChoice:
-    return choose(spec.get("base_environment"), config.image, config.base_environments)
+def env_choice(spec: WorkerSpec, config: PodmanConfig) -> EnvChoice:
+    env = spec.base_environment
+    wanted = None if env is None else env.model_dump(mode="json")
+    return choose(wanted, config.image, config.base_environments)
 
 
-def needs_preparing(spec: Mapping[str, Any], config: PodmanConfig) -> bool:
-    """Anything to do before `podman run` beyond the base image (built once at start)?"""
-    if spec.get("image") or plan(spec.get("packages")):
+def package_steps(spec: WorkerSpec) -> tuple[Step, ...]:
+    if spec.packages.empty():
+        return ()
+    return plan(spec.packages.model_dump(mode="json"))
+
+
+def needs_preparing(spec: WorkerSpec, config: PodmanConfig) -> bool:
+    """Anything to do before the container runs beyond the base image (made sure of once)?"""
+    if spec.image or package_steps(spec):
         return True
     choice = env_choice(spec, config)
     return choice.refused is not None or choice.image != config.image
 
 
 async def _environment(
-    podman: Podman, builder: Builder, w: Worker, spec: Mapping[str, Any], config: PodmanConfig
+    podman: Podman, builder: Builder, w: Worker, config: PodmanConfig
 ) -> tuple[str, str | None]:
     """The image the packages go into (the customer's or the base environment's)."""
-    disk = int(spec.get("disk_size_gb") or DEFAULT_DISK_GB)
-    image = spec.get("image")
+    spec = w.spec
+    disk = spec.disk_size_gb or DEFAULT_DISK_GB
+    image = spec.image
     if image:
         say(w, f"pulling image {image}")
-        error = await pull_image(podman, w.dir, str(image), disk, config.insecure_registries)
-        return qualified(str(image)), error
+        error = await pull_image(podman, w.dir, image, disk, config.insecure_registries)
+        return qualified(image), error
     choice = env_choice(spec, config)
     if choice.refused is not None:
         return "", choice.refused
-    if any(s.kind in ("requirements", "pip") for s in plan(spec.get("packages"))):
+    if any(s.kind in ("requirements", "pip") for s in package_steps(spec)):
         choice = with_pip(choice, config.image)
     if choice.mapped and not await builder.exists(choice.image):
         say(w, f"pulling base environment {choice.image}")
@@ -74,26 +81,25 @@ async def _environment(
 
 
 async def prepare_image(
-    podman: Podman, builder: Builder, w: Worker, spec: Mapping[str, Any], config: PodmanConfig
+    podman: Podman, builder: Builder, w: Worker, config: PodmanConfig
 ) -> tuple[str, str | None]:
     """(the image the worker runs in, None), or (_, why it cannot run)."""
-    image, error = await _environment(podman, builder, w, spec, config)
+    spec = w.spec
+    image, error = await _environment(podman, builder, w, config)
     if error is not None:
         return image, error
-    steps = plan(spec.get("packages"))
+    steps = package_steps(spec)
     if steps:
         rc, out, err = await podman("image", "inspect", "--format", "{{.Id}}", image)
         if rc != 0:
             return image, f"cannot read image {image}: {err.decode(errors='replace')[-300:]}"
-        key = build_key(
-            out.decode().strip(), steps, builder.config.index_url, spec.get("owner") or ""
-        )
+        key = build_key(out.decode().strip(), steps, builder.config.index_url, spec.owner or "")
         tag = package_tag(key)
         say(w, "packages: " + ", then ".join(f"{s.name} ({len(s.items)})" for s in steps))
         error = await builder.ensure(tag, image, steps, lambda line: say(w, line))
         if error is not None:
             return image, error
         image = tag
-    if steps or not spec.get("image"):  # a pulled image was checked by the pull
-        error = await size_error(podman, image, int(spec.get("disk_size_gb") or DEFAULT_DISK_GB))
+    if steps or not spec.image:  # a pulled image was checked by the pull
+        error = await size_error(podman, image, spec.disk_size_gb or DEFAULT_DISK_GB)
     return image, error

@@ -6,7 +6,7 @@ enrolled before keys existed gets one too), and every RegisterNode carries its p
 signed by the node's credential's nkey (`vouch`: the provisioner keeps no key it did not).
 The scheduler seals a worker's env values, its image pull's credential and its attached
 keys to it (StartWorker's `sealed_secrets`); `opened` puts them back in the command's clear
-fields in memory, where the worker manager reads them (workers.py writes them only to the
+fields in memory, where the worker manager reads them (worker/manager.py writes them only to the
 worker's own 0600 files). A box that does not open makes the worker fail with a reason that
 says why, never what it holds.
 

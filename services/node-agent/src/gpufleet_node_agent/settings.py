@@ -100,7 +100,7 @@ class AgentSettings(BaseSettings):
     # How workers run (policy.py; README "Runtime policy"). Every worker runs in a container
     # of the container runtime (`podman`: podman.py, podman_args.py). `own-jobs`: the
     # operator's explicit opt-in to run the jobs of this node's owner (owner and creator)
-    # as bare host processes under a supervisor, as the agent's user (runtime.py); another
+    # as bare host processes under a supervisor, as the agent's user (process.py); another
     # account's job never does.
     worker_runtime: Literal["podman"] = "podman"
     allow_bare_processes: Literal["no", "own-jobs"] = "no"

@@ -7,16 +7,25 @@
 - output at `/opt/ml/output` (ML_OUTPUT_PATH), uploaded as `<job_name>.zip`, or
   `<job_name>_<worker>.zip` for a multi-worker job
 
-The node agent creates each target under the worker's directory and exposes it through the
-mount's `env` variable (real bind mounts need containers, which this release does not run).
+What fills each mount, and where the output goes, travel typed (gpufleet_contracts.locations),
+never as strings. The node agent makes each target's directory (its inputs step) and exposes
+it through the mount's `env` variable.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet_contracts.jobs import JobSpec, Mount
+from gpufleet_contracts.jobs import JobSpec, Mount, MountKind
 from gpufleet_contracts.jobspec import dir_name
+from gpufleet_contracts.locations import (
+    OutputTarget,
+    checkpoint_source,
+    dataset_source,
+    input_source,
+    model_source,
+    output_target,
+)
 
 INPUT = "/opt/ml/input"
 CHECKPOINT = "/opt/ml/checkpoint"
@@ -28,7 +37,7 @@ OUTPUT = "/opt/ml/output"
 class MountPlan:
     mounts: tuple[Mount, ...]
     output_archive: str | None
-    output_upload: str | None
+    output: OutputTarget | None
 
 
 def archive_name(job_name: str, worker: int, workers: int) -> str:
@@ -47,42 +56,35 @@ def plan(spec: JobSpec, worker: int) -> MountPlan:
     for ds in spec.datasets:
         target = f"{INPUT}/{dir_name(ds.name)}" if several else INPUT
         env = f"ML_DATA_PATH_{_env_suffix(ds.name)}" if several else "ML_DATA_PATH"
-        origin = "public dataset" if ds.public else "dataset"
-        mounts.append(Mount(target=target, kind="dataset", source=f"{origin}:{ds.name}", env=env))
+        mounts.append(
+            Mount(target=target, kind=MountKind.dataset, source=dataset_source(ds), env=env)
+        )
     if several:
-        mounts.append(Mount(target=INPUT, kind="dataset", source="datasets", env="ML_DATA_PATH"))
+        mounts.append(Mount(target=INPUT, kind=MountKind.dataset, env="ML_DATA_PATH"))
     if spec.input_data is not None:
-        src = f"{spec.input_data.type.value}:{spec.input_data.path}"
-        if spec.input_data.datastore:
-            src = f"regional_datastore:{spec.input_data.datastore}:{spec.input_data.path}"
-        mounts.append(Mount(target=INPUT, kind="input", source=src, env="ML_DATA_PATH"))
+        src = input_source(spec.input_data)
+        mounts.append(Mount(target=INPUT, kind=MountKind.input, source=src, env="ML_DATA_PATH"))
     several = len(spec.checkpoints) > 1
     for ck in spec.checkpoints:
         target = f"{CHECKPOINT}/{dir_name(ck.name)}" if several else CHECKPOINT
         env = f"ML_CHECKPOINT_PATH_{_env_suffix(ck.name)}" if several else "ML_CHECKPOINT_PATH"
-        origin = "public checkpoint" if ck.public else "checkpoint"
         mounts.append(
-            Mount(target=target, kind="checkpoint", source=f"{origin}:{ck.name}", env=env)
+            Mount(target=target, kind=MountKind.checkpoint, source=checkpoint_source(ck), env=env)
         )
     if several:
-        mounts.append(
-            Mount(
-                target=CHECKPOINT, kind="checkpoint", source="checkpoints", env="ML_CHECKPOINT_PATH"
-            )
-        )
+        mounts.append(Mount(target=CHECKPOINT, kind=MountKind.checkpoint, env="ML_CHECKPOINT_PATH"))
     if spec.model is not None:
         mounts.append(
             Mount(
                 target=MODELS,
-                kind="model",
-                source=f"{spec.model.source.value}:{spec.model.path}",
+                kind=MountKind.model,
+                source=model_source(spec.model),
                 env="ML_MODEL_PATH",
             )
         )
     mounts.append(
-        Mount(target=OUTPUT, kind="output", source="worker", read_only=False, env="ML_OUTPUT_PATH")
+        Mount(target=OUTPUT, kind=MountKind.output, read_only=False, env="ML_OUTPUT_PATH")
     )
-    out = spec.output_data
-    upload = None if out is None else f"{out.type.value}:{out.path}"
+    out = None if spec.output_data is None else output_target(spec.output_data)
     archive = archive_name(spec.name, worker, spec.workers)
-    return MountPlan(mounts=tuple(mounts), output_archive=archive, output_upload=upload)
+    return MountPlan(mounts=tuple(mounts), output_archive=archive, output=out)

@@ -99,7 +99,7 @@ def place_worker(
             placement_id=placement_id,
             mounts=list(mp.mounts),
             output_archive=mp.output_archive,
-            output_upload=mp.output_upload,
+            output=mp.output,
             gpu_fraction=fraction,
             gpu_memory_limit_mb=memory,
             cpu_count=d.cpus or None,

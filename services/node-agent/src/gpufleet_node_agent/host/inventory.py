@@ -24,7 +24,7 @@ import pynvml  # nvidia-ml-py; untyped (the root mypy config ignores missing stu
 from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.nodes import DriveInfo, GpuInfo, GpuSample, HardwareInventory, NicInfo
 
-from .settings import AgentSettings
+from ..settings import AgentSettings
 
 log = logging.getLogger("gpufleet.node_agent")
 

@@ -1,5 +1,5 @@
-"""One worker's directory and its processes: the placement's directory name, whether a
-supervisor (or the command it runs) is still alive, and the supervisors to reap."""
+"""One worker (`Worker`) and its directory and processes: the placement's directory name,
+whether a supervisor (or the command it runs) is still alive, and the supervisors to reap."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .supervise import is_supervisor
+from ..runtimes.supervise import is_supervisor
+from .spec import WorkerSpec
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -88,19 +89,41 @@ def group_of(pgid: int) -> list[int]:
     return found
 
 
-@dataclass
+@dataclass(eq=False)
 class Worker:
-    placement_id: str
+    """One placement's worker: its spec (read once), its directory, and what the agent
+    learnt of it and need not read again each watch round (issue 15)."""
+
+    spec: WorkerSpec
     dir: Path
-    job_id: str
-    worker: int
-    runtime: str = ""  # the name of the runtime that runs it (""): the manager's default)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # ours to reap
-    # What the agent learnt of its files and need not read again each watch round (issue 15)
-    _files: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
-    started: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
-    reported_started: bool = field(default=False, init=False, repr=False, compare=False)
-    log_shipped: int = field(default=-1, init=False, repr=False, compare=False)  # log bytes
+    _files: dict[str, Path] = field(default_factory=dict, init=False, repr=False)
+    started: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    reported_started: bool = field(default=False, init=False, repr=False)
+    log_shipped: int = field(default=-1, init=False, repr=False)  # log bytes
+    # The step pipeline (pipeline.py): its setups and launch are running; a stop came for it
+    # meanwhile; what its steps made that the launch needs, by step; its teardown is done.
+    setting_up: bool = field(default=False, init=False, repr=False)
+    stop_asked: bool = field(default=False, init=False, repr=False)
+    made: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    torn_down: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def placement_id(self) -> str:
+        return self.spec.placement_id
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def worker(self) -> int:
+        return self.spec.worker
+
+    @property
+    def runtime(self) -> str:
+        """The name of the runtime that runs it ("": the manager's default)."""
+        return self.spec.runtime
 
     @property
     def key(self) -> str:

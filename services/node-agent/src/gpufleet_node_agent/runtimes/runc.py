@@ -49,12 +49,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..worker.files import read_int, read_json, write_json_atomic, write_text_atomic
+from ..worker.workdir import SPAWNED, Worker, supervisor_alive
 from . import cgroupv1, oci, procwatch, seccomp_bpf
 from .execfail import not_executed
-from .files import read_int, read_json, write_json_atomic, write_text_atomic
 from .podman_args import ML_DIRS, ContainerSpec, container_name
 from .supervise import end_fields, supervisor_argv
-from .workdir import SPAWNED, Worker, supervisor_alive
 
 log = logging.getLogger("gpufleet.node_agent.runc")
 

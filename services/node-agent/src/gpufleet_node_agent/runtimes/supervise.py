@@ -14,10 +14,10 @@ procwatch.py; /proc otherwise), and once the shell is gone turns `exit` into `ex
 
 The shell traps the catchable signals a job may send its own process group (`kill 0`), so
 only the command gets them; a trap (unlike an ignored signal) is not inherited, so the
-command starts with the default dispositions. Stopping (runtime.py): SIGTERM to the group,
+command starts with the default dispositions. Stopping (process.py): SIGTERM to the group,
 SIGKILL after the grace period; the agent keeps the grace period's clock.
 
-Files of the worker directory it concerns (the rest: workers.py):
+Files of the worker directory it concerns (the rest: worker/manager.py):
 
     supervisor.pid  the shell (the group), written by the agent when it starts it
     started.json    {pid: the group, started_at}, written by the agent when it starts it
@@ -38,9 +38,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .keyfiles import ENV_NAME, SECRETS_DIR
+from gpufleet_contracts.jobs import MountKind
 
-STOP_GRACE_S = 10.0
+from ..steps.keys import ENV_NAME, SECRETS_DIR
+from ..worker.layout import MOUNTS_DIR as MOUNTS_DIR
+from ..worker.layout import OUTPUT_DIR, mount_dir
+from ..worker.spec import STOP_GRACE_S as STOP_GRACE_S
+from ..worker.spec import WorkerSpec
+
 # Set by gpufleet; a job's own env cannot override them.
 GPUFLEET_VARS = (
     "JOB_NAME",
@@ -51,7 +56,6 @@ GPUFLEET_VARS = (
     "CUDA_DEVICE_ORDER",
     "NVIDIA_VISIBLE_DEVICES",
 )
-MOUNTS_DIR = "mnt"  # mount targets live under <worker_dir>/mnt/<target>
 
 
 SHELL = "/bin/sh"
@@ -120,7 +124,7 @@ def end_fields(worker_dir: Path) -> dict[str, Any] | None:
     return fields
 
 
-def mount_dirs(spec: Mapping[str, Any], worker_dir: Path) -> dict[str, Path]:
+def mount_dirs(spec: WorkerSpec, worker_dir: Path) -> dict[str, Path]:
     """Where each mount of the plan lives on this node, by its env variable (R-JOB-3/4).
 
     Without containers there are no bind mounts: each target (/opt/ml/input/...) is a
@@ -128,35 +132,31 @@ def mount_dirs(spec: Mapping[str, Any], worker_dir: Path) -> dict[str, Path]:
     variable (ML_DATA_PATH, ML_CHECKPOINT_PATH, ML_MODEL_PATH, ...). The output mount is
     the worker's output directory (ML_OUTPUT_PATH)."""
     out: dict[str, Path] = {}
-    for m in spec.get("mounts") or []:
-        target = str(m.get("target") or "")
-        if m.get("kind") == "output" or not target.startswith("/"):
+    for m in spec.mounts:
+        if m.kind is MountKind.output or not m.target.startswith("/") or not m.env:
             continue
-        rel = Path(*[p for p in target.split("/") if p and p not in (".", "..")])
-        local = worker_dir / MOUNTS_DIR / rel
-        if m.get("env"):
-            out[str(m["env"])] = local
+        out[m.env] = mount_dir(worker_dir, m.target)
     return out
 
 
-def share_env(spec: Mapping[str, Any]) -> dict[str, str]:
+def share_env(spec: WorkerSpec) -> dict[str, str]:
     """A fractional GPU (R-SCHED-4): the share and its memory limit, for the worker and for
     CUDA MPS (thread percentage; pinned memory limit of its one visible device)."""
-    fraction = spec.get("gpu_fraction")
-    if fraction in (None, ""):
+    fraction = spec.gpu_fraction
+    if fraction is None:
         return {}
     env = {
         "GPU_FRACTION": str(fraction),
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, round(float(fraction) * 100))),
     }
-    limit = spec.get("gpu_memory_limit_mb")
+    limit = spec.gpu_memory_limit_mb
     if limit:
         env["GPU_MEMORY_LIMIT_MB"] = str(int(limit))
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={int(limit)}M"
     return env
 
 
-def no_gpu_env(gpu_indices: Sequence[Any]) -> dict[str, str]:
+def no_gpu_env(gpu_indices: Sequence[int]) -> dict[str, str]:
     """A worker without GPUs (a CPU-only job, R-JOB-2) sees none: CUDA_VISIBLE_DEVICES is
     empty (CUDA: no device), and NVIDIA_VISIBLE_DEVICES=void, so an NVIDIA container
     toolkit hook, where the runtime has one, injects no GPU either."""
@@ -164,27 +164,31 @@ def no_gpu_env(gpu_indices: Sequence[Any]) -> dict[str, str]:
 
 
 def worker_env(
-    spec: Mapping[str, Any], worker_dir: Path, base: Mapping[str, str]
+    spec: WorkerSpec,
+    worker_dir: Path,
+    base: Mapping[str, str],
+    job_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The command's environment: the supervisor's own (less the agent's GPUFLEET_*
-    settings, which may hold credentials), then the job's env, then gpufleet's variables."""
+    settings, which may hold credentials), then the job's env (`job_env`: its values, from
+    env.json), then gpufleet's variables."""
     env = {k: v for k, v in base.items() if not k.startswith("GPUFLEET_")}
-    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    env.update(job_env or {})
     env.update(
-        JOB_NAME=str(spec.get("job_name") or ""),
-        JOB_ID=str(spec["job_id"]),
-        WORKER_NUMBER=str(spec["worker"]),
-        ML_OUTPUT_PATH=str(worker_dir / "output"),
-        CUDA_VISIBLE_DEVICES=",".join(str(int(i)) for i in spec.get("gpu_indices") or []),
+        JOB_NAME=spec.job_name,
+        JOB_ID=spec.job_id,
+        WORKER_NUMBER=str(spec.worker),
+        ML_OUTPUT_PATH=str(worker_dir / OUTPUT_DIR),
+        CUDA_VISIBLE_DEVICES=",".join(str(i) for i in spec.gpu_indices),
         # CUDA's default order is "fastest first"; PCI order is the one NVML's indices use.
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
     )
     env.pop("NVIDIA_VISIBLE_DEVICES", None)  # a job never picks GPUs itself
-    env.update(no_gpu_env(spec.get("gpu_indices") or []))
+    env.update(no_gpu_env(spec.gpu_indices))
     env.update({k: str(v) for k, v in mount_dirs(spec, worker_dir).items()})
     env.update(share_env(spec))
-    if spec.get("output_archive"):
-        env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
-    if spec.get("key_types"):  # its attached keys' files (keyfiles.py)
+    if spec.output_archive:
+        env["ML_OUTPUT_ARCHIVE"] = spec.output_archive
+    if spec.key_types:  # its attached keys' files (steps/keys.py)
         env[ENV_NAME] = str(worker_dir / SECRETS_DIR)
     return env

@@ -30,9 +30,8 @@ from gpufleet_contracts.verification import (
 )
 from pydantic import ValidationError
 
-from .files import read_json
-from .gpucheck import check
-from .workers import WorkerManager
+from ..gpucheck import check
+from ..worker.manager import WorkerManager
 
 log = logging.getLogger("gpufleet.node_agent")
 
@@ -162,10 +161,9 @@ async def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 def gpus_in_use(workers: WorkerManager) -> set[int]:
-    """The GPUs this node's placements hold (each StartWorker's `gpu_indices`, kept in
-    its worker's spec.json), until their end is reported."""
+    """The GPUs this node's placements hold (each StartWorker's `gpu_indices`, in its
+    worker's spec), until their end is reported."""
     used: set[int] = set()
     for w in workers.active.values():
-        spec = read_json(w.file("spec.json")) or {}
-        used.update(int(i) for i in spec.get("gpu_indices") or [])
+        used.update(w.spec.gpu_indices)
     return used

@@ -26,8 +26,15 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .files import read_json
+from ..images import REGISTRY_FILE
+from ..worker.files import read_json
+from ..worker.layout import ENV_FILE
+from .base import StepName, WorkerFailed
+
+if TYPE_CHECKING:
+    from ..worker.workdir import Worker
 
 log = logging.getLogger("gpufleet.node_agent.keys")
 
@@ -121,3 +128,26 @@ def remove(worker_dir: Path) -> None:
 
 def host_path(worker_dir: Path) -> Path:
     return worker_dir / SECRETS_DIR
+
+
+class KeysStep:
+    """The worker's attached keys as its files, for the user its runtime runs it as; gone
+    again once it has ended, with whatever of its other secrets is left (env.json and
+    registry.json of a worker that never launched). Keeps no done-marker: once written,
+    keys.json is gone and running it again does nothing."""
+
+    name = StepName.keys
+    marked = False
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid  # who owns the key files: the worker's user
+
+    async def setup(self, w: Worker) -> None:
+        error = materialize(w.dir, self.uid)
+        if error is not None:
+            raise WorkerFailed(error)
+
+    async def teardown(self, w: Worker) -> None:
+        remove(w.dir)  # its keys leave the node with it
+        w.file(ENV_FILE).unlink(missing_ok=True)
+        w.file(REGISTRY_FILE).unlink(missing_ok=True)

@@ -14,16 +14,18 @@ places are on it: `disk/output` at /opt/ml/output, `disk/checkpoint` at /opt/ml/
 read-only (`--read-only`). A write beyond the quota fails in the job with ENOSPC; the host's
 filesystem only ever holds what the job wrote (the file is sparse), never more than the quota.
 
-When the worker has ended (its container gone), `release` copies what it left in output/ and
+When the worker has ended (its container gone), `keep` copies what it left in output/ and
 checkpoint/ (an empty one costs no `cp`) to the worker directory's own `output/` and
-`mnt/opt/ml/checkpoint/` (where the process runtime keeps them), then unmounts the
-filesystem (umount(2)) and deletes the file. The mount is the host's, not the agent's: it
-outlives an agent restart, and a restarted agent releases it
-when the worker ends. Every step is idempotent (a crash midway is finished by the next call).
+`mnt/opt/ml/checkpoint/` (where the process runtime keeps them: the outputs step's
+teardown), then `release` unmounts the filesystem (umount(2)) and deletes the file (this
+step's teardown, after it). The mount is the host's, not the agent's: it outlives an agent
+restart, and a restarted agent releases it when the worker ends. Both are idempotent (a
+crash midway is finished by the next call).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -35,9 +37,14 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import loopdev
-from .supervise import MOUNTS_DIR
+from ..host import loopdev
+from ..worker.layout import MOUNTS_DIR, OUTPUT_DIR
+from .base import StepName, WorkerFailed
+
+if TYPE_CHECKING:
+    from ..worker.workdir import Worker
 
 log = logging.getLogger("gpufleet.node_agent.disk")
 
@@ -61,7 +68,7 @@ class QuotaDir:
 
 
 QUOTA_DIRS = (
-    QuotaDir("output", "/opt/ml/output", 0o755, "output"),
+    QuotaDir("output", "/opt/ml/output", 0o755, OUTPUT_DIR),
     QuotaDir("checkpoint", "/opt/ml/checkpoint", 0o755, f"{MOUNTS_DIR}/opt/ml/checkpoint"),
     QuotaDir("tmp", "/tmp", 0o1777, None),
     QuotaDir("var-tmp", "/var/tmp", 0o1777, None),
@@ -188,12 +195,9 @@ def copy_sparse(src: Path, dst: Path) -> None:
             pos = end
 
 
-def setup(worker_dir: Path, disk_size_gb: object, uid: int) -> str | None:
+def setup(worker_dir: Path, disk_size_gb: int, uid: int) -> str | None:
     """A fresh quota filesystem for a worker whose container has not run yet, mounted at
-    `disk/` with its directories owned by `uid`. None, or why not (the worker then fails).
-    `disk_size_gb` is its spec's (StartWorker's default, 10, when it has none)."""
-    if not isinstance(disk_size_gb, int) or isinstance(disk_size_gb, bool):
-        disk_size_gb = 10
+    `disk/` with its directories owned by `uid`. None, or why not (the worker then fails)."""
     _unmount(worker_dir / MOUNTPOINT)  # what a launch cut short left
     image = worker_dir / IMAGE
     image.unlink(missing_ok=True)
@@ -257,24 +261,72 @@ def in_use(worker_dir: Path) -> bool:
     return (worker_dir / IMAGE).exists() or os.path.ismount(worker_dir / MOUNTPOINT)
 
 
+def mounted(worker_dir: Path) -> bool:
+    return os.path.ismount(worker_dir / MOUNTPOINT)
+
+
+def to_keep(worker_dir: Path) -> list[QuotaDir]:
+    """The directories of a mounted quota filesystem that hold something to keep."""
+    mountpoint = worker_dir / MOUNTPOINT
+    if not os.path.ismount(mountpoint):
+        return []
+    return [
+        q
+        for q in QUOTA_DIRS
+        if q.kept is not None
+        and (mountpoint / q.name).is_dir()
+        and not _is_empty(mountpoint / q.name)  # nothing to keep: no `cp` process (issue 15)
+    ]
+
+
+def keep(worker_dir: Path, dirs: list[QuotaDir]) -> None:
+    """The worker has ended: copy what it left in `dirs` of its quota filesystem (`to_keep`)
+    into its directory, where the process runtime keeps them. Again after a crash midway:
+    `cp` overwrites what it copied before."""
+    mountpoint = worker_dir / MOUNTPOINT
+    for q in dirs:
+        assert q.kept is not None
+        dst = worker_dir / q.kept
+        dst.mkdir(parents=True, exist_ok=True)
+        # -a: symlinks stay links (never followed), owners and modes kept
+        error = _run([tool("cp"), "-a", "--", f"{mountpoint / q.name}/.", f"{dst}/"], timeout=3600)
+        if error is not None:
+            log.warning("worker %s: keeping its %s: %s", worker_dir.name, q.name, error)
+
+
 def release(worker_dir: Path) -> None:
-    """The worker has ended and its container is gone: keep its output and checkpoint in
-    the worker directory, unmount its filesystem, delete the file. Quick when there is none."""
+    """The worker has ended and its container is gone (and what it left is kept: `keep`):
+    unmount its filesystem, delete the file. Quick when there is none."""
     if not in_use(worker_dir):
         return
     mountpoint = worker_dir / MOUNTPOINT
     if os.path.ismount(mountpoint):
-        for q in QUOTA_DIRS:
-            src = mountpoint / q.name
-            if q.kept is None or not src.is_dir() or _is_empty(src):
-                continue  # nothing to keep: no `cp` process (issue 15)
-            dst = worker_dir / q.kept
-            dst.mkdir(parents=True, exist_ok=True)
-            # -a: symlinks stay links (never followed), owners and modes kept
-            error = _run([tool("cp"), "-a", "--", f"{src}/.", f"{dst}/"], timeout=3600)
-            if error is not None:
-                log.warning("worker %s: keeping its %s: %s", worker_dir.name, q.name, error)
         _unmount(mountpoint)
     (worker_dir / IMAGE).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         mountpoint.rmdir()
+
+
+class DiskStep:
+    """A container worker's quota filesystem of its `disk_size_gb` (`setup`), unmounted and
+    deleted once it has ended (`release`; what it left there is kept first, by the outputs
+    step, whose teardown runs before this one's). Off (`quota` False): no filesystem, but a
+    worker an earlier agent gave one still has it released."""
+
+    name = StepName.disk
+    marked = True
+
+    def __init__(self, uid: int, quota: bool) -> None:
+        self.uid = uid  # who owns its directories: the worker's user
+        self.quota = quota
+
+    async def setup(self, w: Worker) -> None:
+        if not self.quota:
+            return
+        error = await asyncio.to_thread(setup, w.dir, w.spec.disk_size_gb, self.uid)
+        if error is not None:
+            raise WorkerFailed(error)
+
+    async def teardown(self, w: Worker) -> None:
+        if in_use(w.dir):
+            await asyncio.to_thread(release, w.dir)

@@ -1,4 +1,4 @@
-"""A worker's container, as plain data: from its spec.json to the exact `podman run` argv.
+"""A worker's container, as plain data: from its spec to the exact `podman run` argv.
 
 No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.md):
 
@@ -8,12 +8,12 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
   (ML_OUTPUT_PATH, its working directory) writable; nothing else of the host;
 - a non-root user (`--user`), no capabilities, no new privileges;
 - memory (swap included), CPU and pids limits;
-- with the disk quota (disk.py, on by default): its image's root read-only, and its writable
+- with the disk quota (steps/disk.py, on by default): its image's root read-only, and its writable
   directories (and /tmp, /var/tmp) on its own filesystem of `disk_size_gb`;
 - the network the operator chose (`none` by default: no route to the control plane);
 - its own GPUs, when they are real (gpu_access.py: their device nodes and the driver's
-  libraries, or CDI), and for a fractional share its own MPS pipes (mps.py);
-- its attached keys' files (keyfiles.py), read-only at /run/secrets.
+  libraries, or CDI), and for a fractional share its own MPS pipes (steps/share.py);
+- its attached keys' files (steps/keys.py), read-only at /run/secrets.
 """
 
 from __future__ import annotations
@@ -24,14 +24,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from . import disk, keyfiles, mps
-from .baseimage import BASE_IMAGE
-from .builds import BuildConfig
-from .gpu_access import GpuAccess
-from .images import qualified
-from .supervise import GPUFLEET_VARS, MOUNTS_DIR, no_gpu_env, share_env
+from gpufleet_contracts.jobs import MountKind
+
+from ..baseimage import BASE_IMAGE
+from ..builds import BuildConfig
+from ..host import mps
+from ..host.gpu_access import GpuAccess
+from ..images import qualified
+from ..steps import disk, keys
+from ..worker.layout import MOUNTS_DIR, OUTPUT_DIR
+from ..worker.spec import WorkerSpec
+from .supervise import GPUFLEET_VARS, no_gpu_env, share_env
 
 # The R-JOB-3/4 directories: (target in the container, read-only).
 ML_DIRS = (
@@ -108,7 +112,7 @@ class PodmanConfig:
     containers_conf: Path | None = None
     podman: str = "podman"
     insecure_registries: tuple[str, ...] = ()  # host[:port] pulled without TLS checks
-    disk_quota: bool = True  # writable space only on a filesystem of disk_size_gb (disk.py)
+    disk_quota: bool = True  # writable space only on a filesystem of disk_size_gb (steps/disk.py)
     # R-JOB-7: the operator's images of base environments (environments.py), by env tag,
     # and how images with packages are built (builds.py)
     base_environments: Mapping[str, str] = field(default_factory=dict)
@@ -145,39 +149,38 @@ def ml_binds(worker_dir: Path) -> list[Bind]:
     runtime's ML_OUTPUT_PATH) at /opt/ml/output."""
     out = []
     for target, read_only in ML_DIRS:
-        host = worker_dir / "output" if target == OUTPUT else worker_dir / MOUNTS_DIR / target[1:]
+        host = worker_dir / OUTPUT_DIR if target == OUTPUT else worker_dir / MOUNTS_DIR / target[1:]
         out.append(Bind(host, target, read_only))
     return out
 
 
 def quota_binds(worker_dir: Path) -> list[Bind]:
     """With the disk quota: the read-only directories as `ml_binds`, the writable ones (and
-    /tmp, /var/tmp) from the worker's quota filesystem (disk.py)."""
+    /tmp, /var/tmp) from the worker's quota filesystem (steps/disk.py)."""
     on_disk = disk.binds(worker_dir)
     ro = [b for b in ml_binds(worker_dir) if b.read_only]
     return ro + [Bind(host, target, False) for target, host in on_disk.items()]
 
 
-def mount_env(spec: Mapping[str, Any]) -> dict[str, str]:
+def mount_env(spec: WorkerSpec) -> dict[str, str]:
     """Each mount's variable, as the path inside the container (ML_DATA_PATH=/opt/ml/...)."""
     env = {}
-    for m in spec.get("mounts") or []:
-        target = str(m.get("target") or "")
-        if m.get("kind") == "output" or not m.get("env") or not target.startswith("/"):
+    for m in spec.mounts:
+        if m.kind is MountKind.output or not m.env or not m.target.startswith("/"):
             continue
-        env[str(m["env"])] = str(PurePosixPath("/", *[p for p in target.split("/") if p]))
+        env[m.env] = str(PurePosixPath("/", *[p for p in m.target.split("/") if p]))
     return env
 
 
-def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
+def container_env(spec: WorkerSpec, real_gpus: bool) -> dict[str, str]:
     """gpufleet's variables, which the job's env cannot override (as in `worker_env`)."""
-    indices = [int(i) for i in spec.get("gpu_indices") or []]
+    indices = spec.gpu_indices
     # Real GPUs: the container has only its own device nodes, which CUDA numbers from 0.
     visible = range(len(indices)) if real_gpus else indices
     env = {
-        "JOB_NAME": str(spec.get("job_name") or ""),
-        "JOB_ID": str(spec["job_id"]),
-        "WORKER_NUMBER": str(spec["worker"]),
+        "JOB_NAME": spec.job_name,
+        "JOB_ID": spec.job_id,
+        "WORKER_NUMBER": str(spec.worker),
         "ML_OUTPUT_PATH": OUTPUT,
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in visible),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -185,18 +188,18 @@ def container_env(spec: Mapping[str, Any], real_gpus: bool) -> dict[str, str]:
     }
     env.update(mount_env(spec))
     env.update(share_env(spec))
-    if spec.get("output_archive"):
-        env["ML_OUTPUT_ARCHIVE"] = str(spec["output_archive"])
-    if spec.get("key_types"):
-        env[keyfiles.ENV_NAME] = keyfiles.CONTAINER_PATH
+    if spec.output_archive:
+        env["ML_OUTPUT_ARCHIVE"] = spec.output_archive
+    if spec.key_types:
+        env[keys.ENV_NAME] = keys.CONTAINER_PATH
     return env
 
 
-def key_binds(spec: Mapping[str, Any], worker_dir: Path) -> list[Bind]:
-    """Its attached keys' files (keyfiles.py), read-only at /run/secrets; none without keys."""
-    if not spec.get("key_types"):
+def key_binds(spec: WorkerSpec, worker_dir: Path) -> list[Bind]:
+    """Its attached keys' files (steps/keys.py), read-only at /run/secrets; none without keys."""
+    if not spec.key_types:
         return []
-    return [Bind(keyfiles.host_path(worker_dir), keyfiles.CONTAINER_PATH, True)]
+    return [Bind(keys.host_path(worker_dir), keys.CONTAINER_PATH, True)]
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ def share_limits(
 
 
 def container_spec(
-    spec: Mapping[str, Any],
+    spec: WorkerSpec,
     worker_dir: Path,
     minion_id: str,
     config: PodmanConfig,
@@ -248,12 +251,12 @@ def container_spec(
     limits: Limits | None = None,
     image: str | None = None,
 ) -> ContainerSpec:
-    """The container of the worker whose spec.json is `spec` (job env values apart), in
-    `image` (prepare.py's: its environment, with its packages) or else its spec's image or
-    the node's base image; `gpu`: how this node's real GPUs reach a container; `mps_pipe`:
-    its share's MPS pipes."""
+    """The container of the worker of `spec` (`job_env`: its env values), in `image` (the
+    image step's: its environment, with its packages) or else its spec's image or the
+    node's base image; `gpu`: how this node's real GPUs reach a container; `mps_pipe`: its
+    share's MPS pipes (the share step's)."""
     gpu = gpu or GpuAccess.none()
-    indices = [int(i) for i in spec.get("gpu_indices") or []]
+    indices = list(spec.gpu_indices)
     ours = container_env(spec, gpu.real)
     ours.update(gpu.env(indices))
     binds = quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir)
@@ -265,21 +268,21 @@ def container_spec(
     job = {k: v for k, v in (job_env or {}).items() if k not in ours and k not in GPUFLEET_VARS}
     defaults = {"HOME": "/tmp"}  # the worker's user has no home in the image
     env = {**defaults, **job, **ours}
-    placement = str(spec["placement_id"])
+    placement = spec.placement_id
     limits = limits or Limits(config.memory_mb or 4096, config.cpus or 1.0)
     labels = {
         f"{LABEL}.minion": minion_id,
         f"{LABEL}.placement": placement,
-        f"{LABEL}.job": str(spec["job_id"]),
-        f"{LABEL}.worker": str(spec["worker"]),
+        f"{LABEL}.job": spec.job_id,
+        f"{LABEL}.worker": str(spec.worker),
         f"{LABEL}.dir": str(worker_dir),
     }
     in_file = sorted(k for k in job if podman_reads(k))
     by_name = sorted(k for k in job if not podman_reads(k))
     return ContainerSpec(
-        name=container_name(str(spec["job_id"]), int(spec["worker"]), placement),
-        image=image or (qualified(str(spec["image"])) if spec.get("image") else config.image),
-        command=[str(a) for a in spec["command"]],
+        name=container_name(spec.job_id, spec.worker, placement),
+        image=image or (qualified(spec.image) if spec.image else config.image),
+        command=list(spec.command),
         labels=labels,
         env=env,
         binds=binds,

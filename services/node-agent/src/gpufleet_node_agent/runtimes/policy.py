@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from gpufleet_contracts.jobs import StartWorker
 
-from .baseimage import INSTALL_HINT
+from ..baseimage import INSTALL_HINT
 
 PROCESS = "process"
 OWN_JOBS = "own-jobs"

@@ -14,16 +14,19 @@ Beside the files of the supervisor protocol, a podman worker's directory has:
     container.log    conmon's log (k8s-file format), converted into `log`
     container.log.offset  bytes of container.log already converted
 
-Launching (podman_start.py): StartWorker's workers are started as tasks, several `podman
-run --detach` at once; the base image is made sure of first, once per node, and a job's own
-image pulled, its base environment and packages built first (prepare.py). Watching, per
+What its workers need before they run is its `steps` (worker/pipeline.py runs them): their
+attached keys as files of the worker's uid, their image (pulled or built: the base image
+made sure of once per node), their quota disk, their GPU share, the read-only directories of
+their binds and, without the disk quota, the writable ones; once they have ended, what they
+left on their disk is kept and the disk released.
+
+Launching (`launch`, podman_start.py): several `podman run --detach` at once. Watching, per
 round (`poll`): conmon's log is converted into `log` (no podman call); a stop request is
 sent once (`podman stop`); and only when there is news (a conmon gone: the container has
 ended) or at the periodic safety-net round (`full`), one `podman ps` of this node's
 containers (by label) says how each ended (its exit code, no `inspect`) and which are gone
 (reported lost); ended containers are removed together, one `podman rm` at the start of the
-next round (awaited there, not left running beside it). A worker's disk quota (disk.py) is
-released (its output kept) before its end is written.
+next round (awaited there, not left running beside it).
 """
 
 from __future__ import annotations
@@ -34,23 +37,43 @@ import json
 import logging
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import disk, logcap
-from .baseimage import podman_env
-from .builds import Builder
+from ..baseimage import podman_env
+from ..builds import Builder
+from ..host.gpu_access import GpuAccess
+from ..host.mps import Mps
+from ..staging.registry import Fetchers, Uploaders
+from ..steps.base import Step, WorkerFailed
+from ..steps.disk import DiskStep
+from ..steps.image import ImageStep
+from ..steps.inputs import InputsStep
+from ..steps.keys import KeysStep
+from ..steps.outputs import OutputsStep
+from ..steps.share import ShareStep
+from ..worker import logcap
+from ..worker.files import read_int, read_json, write_json_atomic, write_text_atomic
+from ..worker.layout import ENV_FILE
+from ..worker.workdir import Worker, proc_args
+from . import procwatch
 from .execfail import not_executed
-from .files import read_int, write_json_atomic, write_text_atomic
-from .gpu_access import GpuAccess
-from .mps import Mps
-from .podman_args import LABEL, LOG_FILE, PodmanConfig, convert_k8s_log
-from .podman_start import MARKER, ContainerStarts
+from .podman_args import (
+    LABEL,
+    LOG_FILE,
+    ContainerSpec,
+    PodmanConfig,
+    container_name,
+    container_spec,
+    convert_k8s_log,
+    ml_binds,
+    share_limits,
+)
+from .podman_start import CONMON_PID, MARKER, podman_run
 from .runc import Runc, crun_problem, problem
 from .supervise import EXIT_FILE
-from .workdir import Worker
 
 log = logging.getLogger("gpufleet.node_agent.podman")
 
@@ -67,7 +90,25 @@ def _nothing() -> None:
     """`notify` until a manager sets its own."""
 
 
-class PodmanRuntime(ContainerStarts):
+def _input_dirs(w: Worker) -> list[Path]:
+    """The sources of its read-only binds (/opt/ml/input, /opt/ml/models)."""
+    return [b.host for b in ml_binds(w.dir) if b.read_only]
+
+
+def _writable_dirs(w: Worker) -> list[Path]:
+    """The sources of its writable binds (/opt/ml/checkpoint, /opt/ml/output), without the
+    disk quota."""
+    return [b.host for b in ml_binds(w.dir) if not b.read_only]
+
+
+def _nowhere(w: Worker) -> list[Path]:
+    """With the disk quota its writable places are on its own filesystem (disk.py), which
+    keeps them in the worker's directory at the end only when they hold anything: nothing
+    made here (issue 15: a directory made costs the node's disk a write)."""
+    return []
+
+
+class PodmanRuntime:
     name = "podman"
     pulls_images = True
     lost_at_restart = "worker lost: its container was gone when the agent restarted"
@@ -80,34 +121,45 @@ class PodmanRuntime(ContainerStarts):
         *,
         gpu: GpuAccess | None = None,
         mps: Mps | None = None,
+        fetchers: Fetchers | None = None,
+        uploaders: Uploaders | None = None,
     ) -> None:
         self.config = config
         self.minion_id = minion_id
-        # the agent sets these three from the inventory (prepare)
+        # the agent sets these from the inventory (prepare)
         self.gpu = gpu or GpuAccess.none()
         self.mps = mps  # fractional shares of real GPUs; None: no real GPUs
-        self.secrets_uid = config.uid  # the worker's user reads its attached keys
         self.node_gpus = 0
         self.node_cpus: int | None = None  # None: this machine's
         self.cpu_job_cpus = 0  # of those, offered to CPU-only jobs
         self.env = podman_env(config.containers_conf)
-        self.notify = _nothing
-        self._pending = {}
-        self._pulling = set()
-        self._starting = set()
-        self._ended = set()
-        self._unwatched = set()
+        self.notify: Callable[[], None] = _nothing
+        self._ended: set[str] = set()  # conmon (or the runc supervisor) gone: how did it end?
+        self._unwatched: set[str] = set()  # conmon cannot be watched: checked every round
         self._gone: set[str] = set()  # launched, and missing from a listing: lost
         self._stop_sent: set[str] = set()
         self._removed: set[str] = set()  # containers `podman rm` was asked to remove
         self._to_remove: list[str] = []  # ended ones, removed at the start of the next round
-        self._tasks = set()
-        self._limit = None
-        self._image_ok = False
-        self._image_task = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._limit: asyncio.Semaphore | None = None  # `podman run`s at once
         self._listing: dict[str, dict[str, Any]] | None = None  # by name; None: unknown
         self._listed_at = 0.0
         self.builder = Builder(self._podman, config.podman, self.env, config.build)
+        self.image_step = ImageStep(self._podman, self.builder, config, self.env)
+        self.share_step = ShareStep(self)
+        self.steps: tuple[Step, ...] = (
+            KeysStep(config.uid),  # the worker's user reads its attached keys
+            self.image_step,
+            DiskStep(config.uid, config.disk_quota),
+            self.share_step,
+            InputsStep(_input_dirs, fetchers),
+            OutputsStep(
+                _nowhere if config.disk_quota else _writable_dirs,
+                uploaders,
+                uid=config.uid,
+                quota=True,  # an earlier agent's worker may have one, whatever the setting now
+            ),
+        )
         # runc.py: new containers started by runc where it can; a restarted agent still
         # finds the runc containers of an earlier one whatever it is set to now
         crun_why = crun_problem() if config.launcher == "crun" else None
@@ -134,17 +186,10 @@ class PodmanRuntime(ContainerStarts):
 
     # --- the port's quick half ----------------------------------------------------------
 
-    def launch(self, w: Worker) -> str | None:
-        self._pending[w.placement_id] = w  # launched by the next poll
-        self.notify()
-        return None
-
     def launched(self, w: Worker) -> bool:
-        return self._launching(w) or w.file(MARKER).exists() or self._by_runc(w)
+        return w.file(MARKER).exists() or self._by_runc(w)
 
     def alive(self, w: Worker) -> bool:
-        if self._launching(w):
-            return True
         if self._by_runc(w):
             if self.runc.alive(w):
                 return True
@@ -167,9 +212,8 @@ class PodmanRuntime(ContainerStarts):
                 self._conmon_gone(w.placement_id)
                 return True
             return False
-        if not w.file(MARKER).exists():  # accepted, never launched: launch it now
-            self._pending[w.placement_id] = w
-            return True
+        if not w.file(MARKER).exists():  # never launched (the manager runs its steps)
+            return False
         listing = self._list_sync()
         if listing is not None and self.container_of(w) not in listing:
             return False
@@ -189,9 +233,105 @@ class PodmanRuntime(ContainerStarts):
                 timeout=60,
                 check=False,
             )
-        disk.release(w.dir)
-        if self.mps is not None:
-            self.mps.stop(w.placement_id)
+
+    # --- launching ----------------------------------------------------------------------
+
+    async def launch(self, w: Worker) -> None:
+        """Its container, on the image its image step prepared: started by crun or runc on
+        the image's node root (runc.py) where they can, else by `podman run`."""
+        env_path = w.file(ENV_FILE)
+        try:
+            if not w.spec.command:
+                raise WorkerFailed("its spec has no command")
+            job_env = {str(k): str(v) for k, v in (read_json(env_path) or {}).items()}
+            image = self.image_step.image(w)
+            c = container_spec(
+                w.spec,
+                w.dir,
+                self.minion_id,
+                self.config,
+                job_env=job_env,
+                gpu=self.gpu,
+                mps_pipe=self.share_step.pipe(w),
+                limits=share_limits(
+                    self.config,
+                    self.node_gpus,
+                    len(w.spec.gpu_indices),
+                    node_cpus=self.node_cpus,
+                    cpu_job_cpus=self.cpu_job_cpus,
+                    cpu_count=w.spec.cpu_count or 0,
+                ),
+                image=image,
+            )
+            if self.use_runc and Runc.unsuited(c) is None:
+                await self._start_runc(w, c, check=image is not None)
+            else:
+                await self._start_podman(w, c)
+        except WorkerFailed:
+            raise
+        except Exception as exc:  # podman gone, say: the worker fails, saying so
+            raise WorkerFailed(f"cannot start its container: {exc}") from exc
+        finally:
+            env_path.unlink(missing_ok=True)  # the values now live only in the container
+
+    async def _start_runc(self, w: Worker, c: ContainerSpec, check: bool) -> None:
+        """Start it with runc on its image's node root (runc.py); `check`: its image was
+        prepared for it (pulled, say), the root must be of the image the tag names now."""
+        root = await self.runc.node_root(c.image, check)
+        error = root if isinstance(root, str) else self.runc.launch(w, c, root, self.ended(w))
+        if error is not None:
+            raise WorkerFailed(error)
+        log.info("started container %s for worker %s (runc)", c.name, w.key)
+
+    async def _start_podman(self, w: Worker, c: ContainerSpec) -> None:
+        write_json_atomic(w.file(MARKER), {"name": c.name, "image": c.image})
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(max(1, self.config.parallel))
+        async with self._limit:
+            rc, _, err = await podman_run(self._podman, c, w, self.config.podman, self.env)
+        if rc != 0:
+            await self._podman("rm", "--force", c.name)
+            why = err.decode(errors="replace").strip()[-500:]
+            raise WorkerFailed(f"podman run failed ({rc}): {why}")
+        write_json_atomic(
+            w.file("started.json"), {"pid": None, "started_at": _now(), "container": c.name}
+        )
+        self.watch_conmon(w)
+        log.info("started container %s for worker %s", c.name, w.key)
+
+    def ended(self, w: Worker) -> Callable[[], None]:
+        """What to call when `w`'s container has ended: the next round asks how."""
+        return lambda: self._conmon_gone(w.placement_id)
+
+    @staticmethod
+    def container_of(w: Worker) -> str:
+        return container_name(w.job_id, w.worker, w.placement_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- conmon -----------------------------------------------------------------------
+
+    def watch_conmon(self, w: Worker) -> None:
+        """Hear of the container's end when its conmon exits; without a pidfd (or a conmon
+        pid), every round's listing checks on it instead."""
+        name = self.container_of(w)
+        pid = read_int(w.file(CONMON_PID))
+        if pid is None:
+            self._unwatched.add(w.placement_id)
+            return
+        args = proc_args(pid)
+        if not args or f"{name}" not in args:  # gone already (or the pid is another's)
+            self._conmon_gone(w.placement_id)
+            return
+        if not procwatch.watch(pid, lambda: self._conmon_gone(w.placement_id)):
+            self._unwatched.add(w.placement_id)
+
+    def _conmon_gone(self, placement_id: str) -> None:
+        self._ended.add(placement_id)
+        self.notify()
 
     # --- podman calls -----------------------------------------------------------------
 
@@ -250,7 +390,6 @@ class PodmanRuntime(ContainerStarts):
     # --- the watch round --------------------------------------------------------------
 
     async def poll(self, workers: Sequence[Worker], full: bool = False) -> None:
-        await self._launch_pending()  # tasks: their `podman run`s go on beside what follows
         if self._to_remove:  # last round's ended containers, in one call
             batch, self._to_remove = self._to_remove, []
             await self._remove(batch)
@@ -268,7 +407,6 @@ class PodmanRuntime(ContainerStarts):
         news = (self._ended | self._unwatched) & ours
         if not workers or not (full or news):
             return
-        launching = {w.placement_id for w in workers if self._launching(w)}
         listing = await self._list()
         self._listing, self._listed_at = listing, time.monotonic()
         if listing is None:
@@ -280,8 +418,6 @@ class PodmanRuntime(ContainerStarts):
             if w.file("exit.json").exists():
                 if c is not None:
                     ended.append(name)  # a crash left it, say
-                continue
-            if w.placement_id in launching or self._launching(w):
                 continue
             if c is None:
                 if w.file(MARKER).exists():
@@ -311,8 +447,6 @@ class PodmanRuntime(ContainerStarts):
         done: set[str] = set()  # ended and recorded
         for w in workers:
             p = w.placement_id
-            if self._launching(w):
-                continue
             if w.file("exit.json").exists():
                 done.add(p)
                 continue
@@ -333,9 +467,6 @@ class PodmanRuntime(ContainerStarts):
             return  # no `exit`: alive() says so and the manager reports it lost
         if w.file("stop_requested").exists():
             fields["stopped"] = True
-        # its filesystem is free: kept output first, then the end (as _record_end)
-        await asyncio.to_thread(disk.release, w.dir)
-        await self._end_share(w)
         write_json_atomic(w.file("exit.json"), fields)
         w.file(EXIT_FILE).unlink(missing_ok=True)
 
@@ -343,7 +474,7 @@ class PodmanRuntime(ContainerStarts):
         p = w.placement_id
         if p in self._stop_sent or not w.file("stop_requested").exists():
             return
-        if self._launching(w) or not w.file(MARKER).exists() or w.file("exit.json").exists():
+        if not w.file(MARKER).exists() or w.file("exit.json").exists():
             return
         self._stop_sent.add(p)
         self._spawn(self._stop(self.container_of(w)))
@@ -407,8 +538,4 @@ class PodmanRuntime(ContainerStarts):
             # On these hybrid cgroups podman says OOMKilled: false; conmon's file in its
             # working directory (the worker's) is what shows the kernel's OOM kill.
             fields.update(reason=OOM, oom_killed=True)
-        # Ended, so its filesystem is free: kept output first, then the end (a crash between
-        # the two releases it again, idempotently, before the end is written).
-        await asyncio.to_thread(disk.release, w.dir)
-        await self._end_share(w)
         write_json_atomic(w.file("exit.json"), fields)

@@ -18,8 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import read_json
-from .workdir import Worker
+from ..worker.workdir import Worker
 
 NOT_FOUND = 127
 NOT_EXECUTABLE = 126
@@ -77,8 +76,7 @@ def note(log: Path, fields: Mapping[str, Any]) -> None:
 def not_executed(w: Worker) -> dict[str, Any]:
     """For a container worker that exited 1: exit.json's fields (said on its log too) when
     its command was never executed; none when it ran."""
-    command = [str(a) for a in (read_json(w.file("spec.json")) or {}).get("command") or []]
-    fields = in_container(w.file("log"), command)
+    fields = in_container(w.file("log"), w.spec.command)
     if fields is None:
         return {}
     note(w.file("log"), fields)

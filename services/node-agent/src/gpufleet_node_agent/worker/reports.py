@@ -43,7 +43,7 @@ def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
 
 
 class Reports:
-    """The reporting half of WorkerManager (workers.py), which sets these."""
+    """The reporting half of WorkerManager (manager.py), which sets these."""
 
     minion_id: str
     broker: Publisher

@@ -2,27 +2,31 @@
 
 One directory per placement, `<state_dir>/workers/<placement_id>/`. A StartWorker's
 secrets come sealed to this node's key and are opened in memory (sealing.py); the values go
-to the 0600 files below, for this worker's supervisor, runtime and keys alone. Besides the
-files the supervisor writes (see `supervise`), the agent keeps:
+to the 0600 files below, for this worker's runtime and steps alone. Besides the files the
+runtime writes (see `supervise`) and those of its steps (`disk.img`, `secrets/`, ...), the
+agent keeps:
 
-    spec.json           the StartWorker command, less its env values (written before the
-                        directory appears)
-    env.json            the job's env values (secrets, R-JOB-7), 0600; the supervisor reads
-                        it and deletes it before the command starts (`supervise`)
+    spec.json           the worker's spec (spec.py: StartWorker less its secrets), written
+                        before the directory appears
+    env.json            the job's env values (secrets, R-JOB-7), 0600; the runtime reads it
+                        and deletes it as it launches the worker
     registry.json       the credential its image is pulled with (R-JOB-7), 0600; for a
                         runtime that pulls images, which deletes it after the pull (images.py)
-    keys.json           its attached keys (R-JOB-7), 0600, until written out as files
-                        under secrets/ (keyfiles.py), removed when the worker has ended
+    keys.json           its attached keys (R-JOB-7), 0600, until its keys step writes them
+                        out as files under secrets/ (steps/keys.py)
+    steps               its steps' done-markers (pipeline.py)
     stop_requested      the reason of a StopWorker, when one came
     log.offset          bytes of `log` already published
     log.pending         end of the log chunk being published (re-sent as is after a crash)
     reported_started    WorkerStarted was acknowledged by JetStream
     reported_finished   WorkerFinished was acknowledged; the placement is done
 
-Because the directory exists from the first StartWorker on, a redelivered StartWorker never
-starts a worker twice; because the reported_* flags are written only after JetStream's ack,
-an event lost in a crash is sent again (with the same message id, so JetStream drops a copy
-it already has).
+A worker goes through its runtime's steps and is launched (pipeline.py), is watched by the
+rounds of `run` until it has ended, has its steps torn down, and is reported. Because the
+directory exists from the first StartWorker on, a redelivered StartWorker never starts a
+worker twice; because the reported_* flags are written only after JetStream's ack, an event
+lost in a crash is sent again (with the same message id, so JetStream drops a copy it
+already has).
 
 Beside it: workdir.py (a placement's directory name, whether its supervisor or command is
 alive) and reports.py (the WorkerStarted, log chunks and WorkerFinished it publishes).
@@ -32,12 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -48,13 +53,19 @@ from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
 
-from . import keyfiles, sealing
+from .. import sealing
+from ..images import REGISTRY_FILE
+from ..runtimes.policy import RuntimePolicy
+from ..runtimes.port import WorkerRuntime
+from ..runtimes.process import ProcessRuntime
+from ..sealing import NodeKey
+from ..steps.keys import KEYS_FILE
+from . import spec as specs
 from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
-from .images import REGISTRY_FILE
-from .policy import PROCESS, RuntimePolicy
+from .layout import ENV_FILE
+from .pipeline import Pipeline
 from .reports import Reports
-from .runtime import ProcessRuntime, WorkerRuntime
-from .sealing import NodeKey
+from .spec import SPEC_FILE, WorkerSpec
 from .workdir import Worker, dir_name
 
 log = logging.getLogger("gpufleet.node_agent.workers")
@@ -62,8 +73,6 @@ log = logging.getLogger("gpufleet.node_agent.workers")
 SOURCE = "gpufleet/node-agent"
 LOST_AT_RESTART = ProcessRuntime.lost_at_restart
 LOST_AT_RUNTIME = ProcessRuntime.lost_at_runtime
-ENV_FILE = "env.json"  # the job's env values: 0600, deleted by the supervisor once read
-SECRET_FILES = frozenset({ENV_FILE, REGISTRY_FILE, keyfiles.KEYS_FILE})
 STOPPED_BEFORE_START = "stopped before it started"
 LOG_MAX_BYTES = 64 * 1024 * 1024  # a worker's output kept and shipped, at most (logcap.py)
 
@@ -102,9 +111,9 @@ class WorkerManager(Reports):
         self.gpu_indices = None if gpu_indices is None else set(gpu_indices)
         self.clock = clock
         self.source = source
-        # How workers run (runtime.py): `runtime` unless `policy` (policy.py) chooses one of
-        # `others` for a worker; bare supervised processes unless told otherwise. A worker's
-        # runtime is kept in its spec.json, so a restart finds it with the same one.
+        # How workers run (runtimes/port.py): `runtime` unless `policy` (policy.py) chooses
+        # one of `others` for a worker; bare supervised processes unless told otherwise. A
+        # worker's runtime is kept in its spec, so a restart finds it with the same one.
         self.runtime: WorkerRuntime = runtime or ProcessRuntime()
         self.runtimes: dict[str, WorkerRuntime] = {r.name: r for r in others}
         self.runtimes[self.runtime.name] = self.runtime
@@ -114,6 +123,7 @@ class WorkerManager(Reports):
         self.sealing_key = sealing_key  # opens StartWorker's sealed secrets (sealing.py)
         self._active: dict[str, Worker] = {}
         self._news = asyncio.Event()
+        self.pipeline = Pipeline(clock, self.wake)  # each worker's steps, then its launch
 
     # --- queries --------------------------------------------------------------------
 
@@ -126,41 +136,36 @@ class WorkerManager(Reports):
         return dict(self._active)
 
     def running(self) -> list[str]:
-        """`<job_id>/<worker>` of the workers handed to the runtime that have not ended."""
+        """`<job_id>/<worker>` of the workers being set up or handed to their runtime that
+        have not ended."""
         return sorted(
             w.key
             for w in self._active.values()
-            if self.rt(w).launched(w) and not w.file("exit.json").exists()
+            if (w.setting_up or self.rt(w).launched(w)) and not w.file("exit.json").exists()
         )
 
     def rt(self, w: Worker) -> WorkerRuntime:
         """The runtime of `w`."""
         return self.runtimes.get(w.runtime) or self.runtime
 
-    @staticmethod
-    def runtime_named(spec: dict[str, Any], d: Path) -> str:
-        """The runtime a worker directory's spec names; before it did: podman's marker, or
-        else a bare process (the only runtime there was)."""
-        name = spec.get("runtime")
-        if isinstance(name, str) and name:
-            return name
-        return "podman" if (d / "container.json").exists() else PROCESS
-
     # --- commands -------------------------------------------------------------------
 
-    def _create(self, placement_id: str, files: dict[str, dict[str, Any]]) -> Path | None:
-        """Create the placement's directory with `files` in one rename; None if it exists."""
-        final = self.worker_dir(placement_id)
+    def _create(self, spec: WorkerSpec, files: Mapping[str, dict[str, Any]]) -> Path | None:
+        """Create the placement's directory with its spec.json and `files` in one rename;
+        None if it exists."""
+        final = self.worker_dir(spec.placement_id)
         if final.exists():
             return None
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
+        # Plain writes: the directory appears whole, with them, in the rename below.
+        (tmp / SPEC_FILE).write_text(spec.model_dump_json())
         for name, data in files.items():
-            if name in SECRET_FILES:
+            if name in (ENV_FILE, REGISTRY_FILE, KEYS_FILE):
                 write_secret_json(tmp / name, data)
             else:
-                write_json_atomic(tmp / name, data)
+                (tmp / name).write_text(json.dumps(data))
         try:
             os.rename(tmp, final)
         except OSError:  # appeared meanwhile
@@ -169,7 +174,9 @@ class WorkerManager(Reports):
         return final
 
     def start(self, cmd: StartWorker) -> bool:
-        """Start the worker of `cmd` unless this placement was seen before. True if started."""
+        """Start the worker of `cmd` unless this placement was seen before: its steps, then
+        its launch (pipeline.py). True when it went on its way (its end, whatever it is, is
+        reported); False when it was refused or is known already."""
         unopened: str | None = None
         try:  # its secrets, in memory: into its 0600 files below, nowhere else
             cmd = sealing.opened(cmd, self.sealing_key)
@@ -177,41 +184,9 @@ class WorkerManager(Reports):
             unopened = exc.reason
         decision = None if self.policy is None else self.policy.choose(cmd)
         runtime = self.runtime.name if decision is None else decision.runtime
-        spec = {
-            "placement_id": cmd.placement_id,
-            "job_id": cmd.job_id,
-            "job_name": cmd.job_name,
-            "worker": cmd.worker,
-            "command": cmd.command,
-            # The values are secrets: in env.json (0600) until the supervisor has read them.
-            "env_names": sorted(cmd.env),
-            "gpu_indices": cmd.gpu_indices,
-            "gpu_uuids": cmd.gpu_uuids,
-            "received_at": self.clock().isoformat(),
-            # The mount plan and GPU share (R-JOB-3/4, R-SCHED-4), set up by the supervisor.
-            "mounts": [m.model_dump(mode="json") for m in cmd.mounts],
-            "output_archive": cmd.output_archive,
-            "output_upload": cmd.output_upload,
-            "gpu_fraction": None if cmd.gpu_fraction is None else str(cmd.gpu_fraction),
-            "gpu_memory_limit_mb": cmd.gpu_memory_limit_mb,
-            "cpu_count": cmd.cpu_count,  # a CPU-only worker's reserved CPUs (R-JOB-2)
-            # R-JOB-7: the job's own image (its credential apart), and the disk it must fit
-            "image": cmd.image,
-            "disk_size_gb": cmd.disk_size_gb,
-            # R-JOB-7: the base environment and packages, made ready before it runs (prepare.py)
-            "base_environment": (
-                None
-                if cmd.base_environment is None
-                else cmd.base_environment.model_dump(mode="json")
-            ),
-            "packages": cmd.packages.model_dump(mode="json"),
-            "owner": cmd.owner,
-            "creator": cmd.creator,
-            "runtime": runtime or "",
-            # R-JOB-7: the types of its attached keys; the values in keys.json (0600)
-            "key_types": sorted(cmd.attached_keys),
-        }
-        files: dict[str, dict[str, Any]] = {"spec.json": spec}
+        spec = WorkerSpec.of(cmd, runtime or "", self.clock())
+        # The values are secrets: in 0600 files until the runtime or a step has read them.
+        files: dict[str, dict[str, Any]] = {}
         if cmd.env:
             files[ENV_FILE] = dict(cmd.env)
         if cmd.registry_auth is not None and cmd.image and self.runtime.pulls_images:
@@ -222,68 +197,46 @@ class WorkerManager(Reports):
             refused = f"GPU index {unknown} is not on this node (it has {sorted(self.gpu_indices)})"
         refused = unopened or refused
         if refused is None and cmd.attached_keys:
-            files[keyfiles.KEYS_FILE] = cmd.attached_keys
+            files[KEYS_FILE] = cmd.attached_keys
         if refused is not None:
             files["exit.json"] = {
                 "exit_code": None,
                 "ended_at": self.clock().isoformat(),
                 "error": refused,
             }
-        d = self._create(cmd.placement_id, files)
+        d = self._create(spec, files)
         if d is None:
             log.info("placement %s is known already; StartWorker ignored", cmd.placement_id)
             return False
-        w = Worker(cmd.placement_id, d, cmd.job_id, cmd.worker, runtime or "")
+        w = Worker(spec, d)
         self._active[cmd.placement_id] = w
-        if "exit.json" in files:
-            log.warning("refused %s: %s", w.key, files["exit.json"]["error"])
-            self.wake()
-            return False
         self.wake()
-        # the keys become the worker's files first (for its uid), then it runs
-        error = keyfiles.materialize(d, self.rt(w).secrets_uid) or self.rt(w).launch(w)
-        if error is not None:
-            write_json_atomic(
-                w.file("exit.json"),
-                {"exit_code": None, "ended_at": self.clock().isoformat(), "error": error},
-            )
+        if refused is not None:
+            log.warning("refused %s: %s", w.key, refused)
             return False
-        log.info(
-            "started worker %s (placement %s, GPUs %s, runtime %s)",
-            w.key,
-            w.placement_id,
-            cmd.gpu_indices,
-            self.rt(w).name,
-        )
+        self.pipeline.start(w, self.rt(w))
         return True
 
     def stop(self, job_id: str, worker: int, placement_id: str, reason: str = "stopped") -> None:
-        """Stop a worker: its supervisor terminates the command and records `stopped`."""
+        """Stop a worker: its supervisor terminates the command and records `stopped` (or,
+        not launched yet, its steps stop and it is recorded `stopped`)."""
         d = self.worker_dir(placement_id)
         if not d.exists():
             # Never seen (or the StopWorker overtook its StartWorker): a tombstone, so the
             # scheduler frees the GPUs and a late StartWorker finds the placement taken.
-            now = self.clock().isoformat()
-            created = self._create(
-                placement_id,
-                {
-                    "spec.json": {
-                        "placement_id": placement_id,
-                        "job_id": job_id,
-                        "worker": worker,
-                        "command": None,
-                        "received_at": now,
-                    },
-                    "exit.json": {
-                        "exit_code": None,
-                        "ended_at": now,
-                        "stopped": True,
-                        "reason": STOPPED_BEFORE_START,
-                    },
-                },
+            now = self.clock()
+            spec = WorkerSpec(
+                placement_id=placement_id, job_id=job_id, worker=worker, received_at=now
             )
+            stopped = {
+                "exit_code": None,
+                "ended_at": now.isoformat(),
+                "stopped": True,
+                "reason": STOPPED_BEFORE_START,
+            }
+            created = self._create(spec, {"exit.json": stopped})
             if created is not None:
-                self._active[placement_id] = Worker(placement_id, created, job_id, worker)
+                self._active[placement_id] = Worker(spec, created)
                 self.wake()
             return
         w = self._active.get(placement_id)
@@ -292,7 +245,9 @@ class WorkerManager(Reports):
         if not w.file("stop_requested").exists():
             write_text_atomic(w.file("stop_requested"), reason)
         log.info("stopping worker %s: %s", w.key, reason)
-        self.rt(w).request_stop(w)
+        w.stop_asked = True
+        if not w.setting_up:  # else its steps stop before its launch (pipeline.py)
+            self.rt(w).request_stop(w)
         self.wake()
 
     async def stop_all(self, reason: str, timeout_s: float) -> list[str]:
@@ -311,7 +266,9 @@ class WorkerManager(Reports):
     # --- restart --------------------------------------------------------------------
 
     def recover(self) -> Recovery:
-        """Pick up, after a restart, every placement not yet reported finished."""
+        """Pick up, after a restart, every placement not yet reported finished: a launched
+        worker is re-attached to its runtime, one not launched yet goes on through the steps
+        its done-markers do not name (both counted re-attached)."""
         found = Recovery()
         if not self.root.exists():
             return found
@@ -321,24 +278,26 @@ class WorkerManager(Reports):
                 continue
             if not d.is_dir() or (d / "reported_finished").exists():
                 continue
-            spec = read_json(d / "spec.json")
+            spec = specs.read(d)
             if spec is None:
                 log.error("worker directory %s has no readable spec.json; skipped", d)
                 continue
-            placement_id = str(spec["placement_id"])
-            if placement_id in self._active:
+            if spec.placement_id in self._active:
                 continue
-            runtime = self.runtime_named(spec, d)
-            w = Worker(placement_id, d, str(spec["job_id"]), int(spec["worker"]), runtime)
-            self._active[placement_id] = w
+            w = Worker(spec, d)
+            self._active[spec.placement_id] = w
+            rt = self.rt(w)
             if w.file("exit.json").exists():
-                found.finished.append(placement_id)
-            # a start cut short between its directory and its keys' files: written now
-            elif not keyfiles.materialize(d, self.rt(w).secrets_uid) and self.rt(w).reattach(w):
-                found.reattached.append(placement_id)
+                found.finished.append(spec.placement_id)
+            elif not rt.launched(w):
+                w.stop_asked = w.file("stop_requested").exists()
+                self.pipeline.start(w, rt, resumed=True)
+                found.reattached.append(spec.placement_id)
+            elif rt.reattach(w):
+                found.reattached.append(spec.placement_id)
             elif not w.file("exit.json").exists():  # it may have ended just now
-                self._mark_gone(w, self.rt(w).lost_at_restart)
-                found.lost.append(placement_id)
+                self._mark_gone(w, rt.lost_at_restart)
+                found.lost.append(spec.placement_id)
         return found
 
     def _mark_gone(self, w: Worker, reason: str) -> None:
@@ -380,9 +339,10 @@ class WorkerManager(Reports):
 
     async def poll_once(self, full: bool = True) -> None:
         workers = list(self._active.values())
+        launched = [w for w in workers if not w.setting_up]  # the runtimes' (port.py)
         for rt in self.runtimes.values():
             try:
-                await rt.poll([w for w in workers if self.rt(w) is rt], full)
+                await rt.poll([w for w in launched if self.rt(w) is rt], full)
             except Exception as exc:  # podman failing, say: the files say what is known
                 log.warning("worker runtime %s: %s", rt.name, exc)
         # Every worker's reports at once (no await per message): a round costs about one
@@ -393,11 +353,17 @@ class WorkerManager(Reports):
                 log.warning("worker %s: will retry reporting: %s", w.key, res)
 
     async def _watch(self, w: Worker) -> None:
+        if w.setting_up:  # its steps' progress (a build's, say) is on its log
+            await self.ship_log(w)
+            return
         ended = w.file("exit.json").exists()
         rt = self.rt(w)
         if not ended and not rt.alive(w) and not w.file("exit.json").exists():
             self._mark_gone(w, rt.lost_at_runtime)
             ended = True
+        if ended and not w.torn_down:
+            # Its steps undone, last first, in this one place, before its end is reported.
+            await self.pipeline.teardown(w, rt)
         if w.started is None:  # written once, at launch
             w.started = read_json(w.file("started.json"))
         started = w.started
@@ -408,8 +374,6 @@ class WorkerManager(Reports):
             pending.append(self._report_started(w, started))
         pending.append(self.ship_log(w))
         done = await asyncio.gather(*pending)
-        if ended:
-            keyfiles.remove(w.dir)  # its keys leave the node with it
         if ended and done[-1] is True:
             exit_data = read_json(w.file("exit.json")) or {}
             evt = self.finished_event(w, exit_data, started)
