@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from gpufleet_contracts.jobs import Mount, MountKind, StartWorker, WorkerFinished, WorkerState
-from gpufleet_contracts.locations import PlatformAsset, PlatformRef
 from gpufleet_node_agent.baseimage import (
     podman_env,
 )
@@ -111,12 +110,11 @@ async def test_a_worker_is_isolated_and_gets_its_env(
         "state": str(state),
         "other": str(m.worker_dir(other.placement_id)),
     }
-    dataset = PlatformRef(asset=PlatformAsset.dataset, name="d")
     mounts = [
         Mount(
             target="/opt/ml/input/data",
             kind=MountKind.dataset,
-            source=dataset,
+            source=None,  # a directory nothing fills (a node fetches no dataset yet)
             env="ML_DATA_PATH",
         )
     ]

@@ -16,7 +16,7 @@ import pytest
 from gpufleet_contracts.jobs import Mount, MountKind, StartWorker, WorkerFinished, WorkerState
 from gpufleet_contracts.locations import S3Source, Source
 from gpufleet_node_agent.runtimes.process import ProcessRuntime
-from gpufleet_node_agent.staging.registry import Fetchers, Progress
+from gpufleet_node_agent.staging.registry import Fetchers, Transfer
 from gpufleet_node_agent.steps.base import Step, StepName, WorkerFailed
 from gpufleet_node_agent.steps.inputs import InputsStep
 from gpufleet_node_agent.worker.manager import WorkerManager
@@ -264,7 +264,7 @@ async def test_a_source_a_fetcher_takes_is_fetched_into_its_mounts_directory(
 ) -> None:
     fetched: list[tuple[Source, Path]] = []
 
-    async def fetch(source: Source, dest: Path, progress: Progress) -> None:
+    async def fetch(source: Source, dest: Path, t: Transfer) -> None:
         fetched.append((source, dest))
         (dest / "data.csv").write_text("a,b\n")
 
@@ -282,12 +282,12 @@ async def test_without_a_fetcher_a_source_leaves_its_directory_empty_unless_stri
     """Today's node: no fetcher at all. Jobs with data run on empty directories, as before
     staging; a strict inputs step fails such a worker with a reason instead."""
     w = staged(tmp_path, S3Source(url="s3://bucket/data"))
-    lenient = InputsStep(lambda w: [tmp_path / "mnt/opt/ml/input"])
+    lenient = InputsStep(lambda w: [tmp_path / "mnt/opt/ml/input"], strict=False)
     await lenient.setup(w)
     assert list((tmp_path / "mnt/opt/ml/input").iterdir()) == []
     assert not lenient.marked
     with pytest.raises(WorkerFailed, match="this node cannot fetch s3 sources"):
-        await InputsStep(lambda w: [], strict=True).setup(w)
+        await InputsStep(lambda w: []).setup(w)  # strict: the node's
 
 
 # --- spec.json an older agent wrote ------------------------------------------------------

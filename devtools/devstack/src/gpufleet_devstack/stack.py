@@ -105,6 +105,12 @@ class Stack:
             self._node_runtime = node_runtime_env(self.out.step)
         return self._node_runtime
 
+    def platform_env(self) -> dict[str, str]:
+        """The datastore's bucket of platform objects: the storage servers' S3 (`--data`),
+        the bucket made by the datastore at its start. Without `--data`: none, and platform
+        objects are refused as not configured (services/datastore/README.md)."""
+        return {} if self.storage is None else self.storage.platform_env()
+
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         stack = {
             "GPUFLEET_NATS_URL": self.nats.url,
@@ -122,6 +128,7 @@ class Stack:
                 if self.storage is not None and spec.name == "node-agent"
                 else {}
             ),
+            **(self.platform_env() if spec.name == "datastore" else {}),
         }
         if os.environ.get("GPUFLEET_SECRET_KEY"):  # one of the developer's: theirs wins
             stack.pop("GPUFLEET_SECRET_KEY", None)

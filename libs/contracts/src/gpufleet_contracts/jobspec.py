@@ -285,6 +285,7 @@ THIRD_PARTY_KEYS = (
     "wandb",
     "kaggle",
     "git",
+    "ssh",
 )
 # What a customer image must provide for these job types (R-JOB-7).
 IMAGE_NEEDS = {

@@ -61,6 +61,8 @@ KEY_KINDS: dict[str, KeyKind] = {
     "wandb": KeyKind(("api_key",)),
     "kaggle": KeyKind(("username", "key")),
     "git": KeyKind(("token",), ("username",)),
+    # a git clone over ssh (the node's staging): the private key, and the server's host keys
+    "ssh": KeyKind(("private_key",), ("known_hosts",)),
 }
 KEY_TYPES_VALID = ", ".join(THIRD_PARTY_KEYS)
 

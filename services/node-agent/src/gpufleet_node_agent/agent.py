@@ -32,10 +32,14 @@ from .runtimes.process import ProcessRuntime
 from .runtimes.supervise import STOP_GRACE_S
 from .sealing import NodeKey
 from .settings import AgentSettings, retired_settings
+from .staging.node import node_staging
+from .staging.platform import Requester
 from .staging.registry import Fetchers, Uploaders
+from .steps.outputs import prune_kept
 from .worker.manager import SOURCE, Recovery, WorkerManager
 
 log = logging.getLogger("gpufleet.node_agent")
+KEPT_OUTPUTS_PRUNE_S = 3600.0  # kept output archives past their time, removed this often
 
 VERSION = "0.1.0"
 WORKERS_STOP_REASON = "stopped with the node agent (GPUFLEET_STOP_WORKERS_ON_EXIT)"
@@ -97,6 +101,18 @@ def runtime_policy(settings: AgentSettings) -> RuntimePolicy:
     )
 
 
+def bus_requester(broker: NatsBroker, timeout_s: float = 10.0) -> Requester:
+    """A request on the broker's connection, which takes the node credential's inbox
+    prefix: the answer reaches this node alone."""
+
+    async def request(subject: str, body: bytes) -> bytes:
+        nc = await broker.connect()
+        answer = await nc.request(subject, body, timeout=timeout_s)
+        return bytes(answer.data)
+
+    return request
+
+
 class Agent:
     def __init__(
         self,
@@ -123,8 +139,10 @@ class Agent:
         self.inventory: Inventory | None = None
         self.recovery: Recovery | None = None  # what start-up found of a previous run
         # What fetches a worker's data and puts its output where the job says, by kind of
-        # location: none yet (staging/registry.py), shared by both runtimes' steps.
-        fetchers, uploaders = Fetchers(), Uploaders()
+        # location (staging/node.py), shared by both runtimes' steps.
+        # `platform` objects are asked of the scheduler over the node's own connection (its
+        # answers come back to the node's inbox, `_INBOX.node.<minion_id>`).
+        fetchers, uploaders = node_staging(settings, bus_requester(broker))
         self.workers = WorkerManager(
             settings.agent_state_dir,
             settings.minion_id,
@@ -219,6 +237,7 @@ class Agent:
         self._spawn(self._heartbeats(), "heartbeat")
         s = self.settings
         self._spawn(self.workers.run(s.worker_poll_s, s.worker_check_s), "workers")
+        self._spawn(self._prune_kept_outputs(), "kept-outputs")
 
     async def stop(self) -> None:
         """Stop the loops. Workers are detached and keep running; a restart picks them up,
@@ -237,6 +256,16 @@ class Agent:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _prune_kept_outputs(self) -> None:
+        """The output archives kept after a failed upload, removed past their time, now
+        and every hour (steps/outputs.py)."""
+        root, max_age_s = self.settings.agent_state_dir, self.settings.kept_outputs_hours * 3600
+        while True:
+            gone = await asyncio.to_thread(prune_kept, root, max_age_s)
+            if gone:
+                log.info("kept outputs removed after their time: %s", ", ".join(gone))
+            await asyncio.sleep(KEPT_OUTPUTS_PRUNE_S)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"node-agent-{name}"))

@@ -92,6 +92,9 @@ class AgentSettings(BaseSettings):
     # A worker's output kept on the node and shipped, at most (logcap.py): past it, one
     # notice, and the node frees what the job goes on printing.
     worker_log_max_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024, le=2**40)
+    # A worker's output archive whose upload failed stays on the node, under
+    # <agent_state_dir>/kept-outputs/<placement>/, this long (pruned at start and hourly).
+    kept_outputs_hours: float = Field(default=24.0, ge=0)
     # Enrolment (R-NODE-2): a one-time join token, exchanged at the first start for the
     # node's own credential, kept in `<agent_state_dir>/node.creds` (GPUFLEET_NATS_CREDS
     # overrides the path). The token, or a file holding it.
@@ -149,6 +152,17 @@ class AgentSettings(BaseSettings):
     # workers (containers, disks, MPS daemons) and reports them stopped before it exits.
     # Off, the default: workers outlive the agent and a restarted one re-attaches them.
     stop_workers_on_exit: bool = False
+    # Staging (README "Staging"): what a worker's data may be fetched from although it is
+    # not a public address (loopback, private, link-local...: refused against SSRF), as
+    # `host:port` or networks, comma-separated (`just up --data` names its servers); a CA
+    # file trusted besides the system's for https (Azurite, a local web server; for git it
+    # replaces the system's); the GCS emulator's URL (the only GCS reached without a key).
+    staging_allow: str = ""
+    staging_ca_file: Path | None = None
+    staging_gcs_endpoint: str | None = None
+    # The node's content cache (README "Cache"), under <agent_state_dir>/staging-cache/:
+    # what its entries may hold at most (least recently used evicted past it); 0: off.
+    staging_cache_bytes: int = Field(default=50 * 1024**3, ge=0)
 
     def token(self) -> str | None:
         if self.join_token:

@@ -28,6 +28,7 @@ from gpufleet_devstack.storage.web import WebServer
 __all__ = ["StoragePorts", "StorageServers"]
 
 PASSIVE_FROM, PASSIVE_TO = 10, 19  # FTP's data connections: base + 10 .. base + 19
+PLATFORM_BUCKET = "gpufleet-platform"  # the datastore's platform objects (--data)
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,25 @@ class StorageServers:
 
     def agent_env(self) -> dict[str, str]:
         """What the node agent is told: the endpoints it may stage from and to (an
-        operator's allow-list against SSRF), and the CA of the https ones."""
+        operator's allow-list against SSRF), the CA of the https ones, and the GCS
+        emulator (reached without a key)."""
         return {
             "GPUFLEET_STAGING_ALLOW": ",".join(self.allowed),
             "GPUFLEET_STAGING_CA_FILE": str(self.tls.ca),
+            "GPUFLEET_STAGING_GCS_ENDPOINT": self.gcs.endpoint.url,
+        }
+
+    def platform_env(self) -> dict[str, str]:
+        """What the datastore is told: its bucket of platform objects in the S3 server, made
+        by the datastore at its start (services/datastore/README.md)."""
+        s3 = self.s3.endpoint
+        return {
+            "GPUFLEET_PLATFORM_S3_ENDPOINT": s3.url,
+            "GPUFLEET_PLATFORM_BUCKET": PLATFORM_BUCKET,
+            "GPUFLEET_PLATFORM_ACCESS_KEY_ID": s3.access_key_id,
+            "GPUFLEET_PLATFORM_SECRET_ACCESS_KEY": s3.secret_access_key,
+            "GPUFLEET_PLATFORM_REGION": s3.region,
+            "GPUFLEET_PLATFORM_CREATE_BUCKET": "1",
         }
 
     def seed(self) -> None:

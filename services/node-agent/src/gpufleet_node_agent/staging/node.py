@@ -1,0 +1,50 @@
+"""The node's fetchers and uploaders, built from its settings: one per kind of location it
+can reach (s3, gcs, azure, web, git), all behind one address guard, the object stores' and
+the web's through the node's content cache (cache.py) unless its budget is 0; `platform`
+(platform.py) when the agent gives it a way to ask the scheduler (`request`: always in
+production; unit tests may build the registries without a bus). `local` and `datastore`
+have none yet: a worker with such a source fails ("this node cannot fetch")."""
+
+from __future__ import annotations
+
+from ..settings import AgentSettings
+from .azure import Azure
+from .cache import ContentCache, Versioned
+from .gcs import Gcs
+from .git import Git
+from .guard import AddressGuard
+from .platform import Platform, Requester, quiet_http_logs
+from .registry import Fetcher, Fetchers, Uploaders
+from .s3 import S3
+from .web import Web
+
+
+def node_staging(
+    settings: AgentSettings, request: Requester | None = None
+) -> tuple[Fetchers, Uploaders]:
+    guard = AddressGuard.of(settings.staging_allow.split(","))
+    ca = settings.staging_ca_file
+    s3, gcs, azure = S3(guard, ca), Gcs(guard, settings.staging_gcs_endpoint), Azure(guard, ca)
+    web = Web(guard, ca)
+    budget = settings.staging_cache_bytes
+    cache = ContentCache(settings.agent_state_dir / "staging-cache", budget) if budget else None
+
+    def cached(fetch: Fetcher, version: Versioned) -> Fetcher:
+        return cache.fetcher(fetch, version) if cache is not None else fetch
+
+    fetchers = Fetchers(
+        {
+            "s3": cached(s3.fetch, s3.version),
+            "gcs": cached(gcs.fetch, gcs.version),
+            "azure": cached(azure.fetch, azure.version),
+            "web": cached(web.fetch, web.version),
+            "git": Git(guard, ca).fetch,
+        }
+    )
+    uploaders = Uploaders({"s3": s3.put, "gcs": gcs.put, "azure": azure.put})
+    if request is not None:
+        quiet_http_logs()  # a presigned URL is a credential
+        platform = Platform(settings.minion_id, request, guard, ca)
+        fetchers = Fetchers({**fetchers.by_kind, "platform": platform.fetch})
+        uploaders = Uploaders({**uploaders.by_kind, "platform": platform.put})
+    return fetchers, uploaders
