@@ -362,7 +362,8 @@ def cancelled(job: dict[str, Any]) -> str:
         told = [
             w
             for w in job.get("workers") or []
-            if isinstance(w, dict) and w.get("state") in (WorkerState.placed, WorkerState.running)
+            if isinstance(w, dict)
+            and w.get("state") in (WorkerState.placed, WorkerState.running, WorkerState.uploading)
         ]
         return "[cyan]stopping[/]" + (f" ({len(told)} worker(s) told to stop)" if told else "")
     if value == JobState.stopped:

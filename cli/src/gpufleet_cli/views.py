@@ -225,6 +225,8 @@ def job_detail(job: dict[str, Any]) -> None:
     head.add_row("job", f"{text(job.get('id'))}  {text(job.get('name'))}")
     if job.get("state") == "queued":
         head.add_row("state", state("queued", cpu) + f": {text(job.get('queue_reason'))}")
+    elif job.get("progress"):  # starting (its data fetched) or uploading (its output put)
+        head.add_row("state", state(job.get("state")) + f": {text(job.get('progress'))}")
     else:
         head.add_row("state", state(job.get("state")))
     waiting = [w for w in _dicts(job.get("workers")) if w.get("state") == "waiting"]

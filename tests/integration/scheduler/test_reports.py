@@ -13,7 +13,14 @@ from typing import Any
 import nats.js.errors
 from gpufleet_bus.streams import ensure_node_logs
 from gpufleet_contracts import envelope_for, subjects
-from gpufleet_contracts.jobs import GetJobLogs, WorkerFinished, WorkerStarted
+from gpufleet_contracts.jobs import (
+    GetJobLogs,
+    StagingItem,
+    WorkerFinished,
+    WorkerStaging,
+    WorkerStarted,
+    WorkerUploading,
+)
 from gpufleet_contracts.nodes import NodeState
 from gpufleet_devstack import NatsServer, wait_for_async
 
@@ -117,6 +124,64 @@ async def test_a_finish_read_before_its_start_keeps_the_start_it_claims_once(sys
     assert datetime.fromisoformat(starts[0][1]["started_at"]) == claimed
     assert [i for i, _ in await kept(s.server, "finished", "a")] == [f"kept:finished:{pid}"]
     assert (await s.job(job["id"]))["state"] == "finished"
+
+
+async def test_an_upload_moves_the_job_to_uploading_then_its_finish_ends_it(
+    system: Sys,
+) -> None:
+    """A node's WorkerUploading: the worker and the job `uploading` (kept once in the
+    history); its staging report shown on the job and as its progress, never kept; another
+    node's uploading report of the worker ignored like other foreign facts; then the finish
+    from `uploading` ends it as from `running`."""
+    s = system
+    await s.node(registered("a", gpus=1, owner="local"))
+    await s.node(registered("b", gpus=1, owner="other"))
+    await known(s, "a", "b")
+    job = await s.submit("uploads")
+    await wait_for_async(lambda: _one_start(s), timeout=10)
+    (start,) = await s.starts("a")
+    ids = {"job_id": job["id"], "worker": 0, "placement_id": start.placement_id}
+    await s.worker(WorkerStarted(**ids, minion_id="a", started_at=NOW))
+    await s.until(job["id"], "running")
+
+    await s.worker(WorkerUploading(**ids, minion_id="b", at=NOW))  # not b's worker
+    await wait_for_async(lambda: _all_read(s, "b", ignored=1), timeout=10)
+    assert (await s.job(job["id"]))["state"] == "running"
+    assert await kept(s.server, "uploading", "b") == []
+
+    await s.worker(WorkerUploading(**ids, minion_id="a", at=NOW))
+    shown = await s.until(job["id"], "uploading")
+    assert shown["workers"][0]["state"] == "uploading"
+    item = StagingItem(
+        name="uploads.zip",
+        direction="upload",
+        kind="s3",
+        names="s3://b/out",
+        done=12_000_000,
+        total=40_000_000,
+        rate=3_000_000,
+        state="fetching",
+    )
+    await s.worker(WorkerStaging(**ids, minion_id="a", at=NOW, items=[item]))
+
+    async def progress_shown() -> bool:
+        return bool((await s.job(job["id"])).get("progress"))
+
+    await wait_for_async(progress_shown, timeout=10)
+    shown = await s.job(job["id"])
+    assert shown["progress"] == "uploading uploads.zip to s3://b/out: 12.0 of 40.0 MB, 3 MB/s"
+    assert shown["workers"][0]["staging"][0]["done"] == 12_000_000
+    assert [h["state"] for h in shown["history"]][-2:] == ["running", "uploading"]
+
+    await s.worker(
+        WorkerFinished(**ids, minion_id="a", state="finished", exit_code=0, ended_at=NOW)
+    )
+    done = await s.until(job["id"], "finished")
+    assert done["progress"] is None and done["workers"][0]["staging"] == []
+    pid = start.placement_id
+    assert [i for i, _ in await kept(s.server, "uploading", "a")] == [f"kept:uploading:{pid}"]
+    assert [i for i, _ in await kept(s.server, "finished", "a")] == [f"kept:finished:{pid}"]
+    assert await kept(s.server, "staging", "a") == []  # progress: shown, never kept
 
 
 async def _one_start(s: Sys) -> bool:

@@ -8,7 +8,7 @@ from gpufleet_billing.app import BillingSettings, build_app
 from gpufleet_bus import BusSettings, Ports, make_broker
 from gpufleet_contracts import subjects
 from gpufleet_contracts.billing import EntriesQuery
-from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted
+from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted, WorkerUploading
 from gpufleet_store import Store, StoreSettings
 
 
@@ -17,7 +17,7 @@ def test_the_worker_stream_is_one_consumer_dispatching_by_type() -> None:
     store = Store.connect("billing", StoreSettings(mongo_url="mongodb://127.0.0.1:1"))
     svc = build_app(Ports(broker, store), BillingSettings(tick_s=0))
     events = {w.message: w.handler for w in svc.runtime.table if w.kind == "event"}
-    for model in (WorkerPlaced, WorkerStarted, WorkerFinished):
+    for model in (WorkerPlaced, WorkerStarted, WorkerUploading, WorkerFinished):
         assert events[model.__name__].endswith("Handlers.worker_events")
     consumers = sorted(cast(Any, s).config.durable_name for s in broker.subscribers)
     assert consumers == [
@@ -33,6 +33,7 @@ def test_the_worker_stream_is_one_consumer_dispatching_by_type() -> None:
     assert {m.TYPE for m in worker_events.spec.types} == {
         WorkerPlaced.TYPE,
         WorkerStarted.TYPE,
+        WorkerUploading.TYPE,  # kept by the scheduler on the same tree; changes nothing here
         WorkerFinished.TYPE,
     }
     requests = sorted(w.subject.split(".")[4] for w in svc.runtime.table if w.kind == "request")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -283,6 +283,56 @@ class WorkerStarted(Event):
     minion_id: Name
     pid: Int | None = None
     started_at: datetime
+
+
+class WorkerUploading(Event):
+    """A worker's command ended and its node is putting its output where the job says
+    (R-JOB-8 `uploading`): still running for billing until its WorkerFinished."""
+
+    TYPE = "gpufleet.worker.uploading.v1"
+    SUBJECT = subjects.event("worker", "uploading") + ".{minion_id}"  # only that node may say it
+    job_id: str
+    worker: Int
+    placement_id: str
+    minion_id: Name
+    at: datetime
+
+
+class StagingState(StrEnum):
+    pending = "pending"
+    fetching = "fetching"  # or putting, for the output
+    done = "done"
+    failed = "failed"
+
+
+class StagingItem(BaseModel):
+    """One source being fetched onto the node, or the output being put: `name` is the mount
+    target (or the archive's name), `names` what it is fetched from or put to, without
+    credentials or query strings."""
+
+    model_config = ConfigDict(frozen=True)
+    name: Annotated[str, Field(max_length=200)]
+    direction: Literal["download", "upload"] = "download"
+    kind: Annotated[str, Field(max_length=40)]
+    names: Annotated[str, Field(max_length=500)]
+    done: Int = 0
+    total: Int | None = None
+    rate: Int = 0  # bytes a second, since it began
+    state: StagingState = StagingState.pending
+
+
+class WorkerStaging(Event):
+    """How far a worker's sources are fetched (or its output put), at most once a second
+    from its node; the scheduler shows the latest and keeps none in the history."""
+
+    TYPE = "gpufleet.worker.staging.v1"
+    SUBJECT = subjects.event("worker", "staging") + ".{minion_id}"  # only that node may say it
+    job_id: str
+    worker: Int
+    placement_id: str
+    minion_id: Name
+    at: datetime
+    items: Annotated[list[StagingItem], Field(max_length=64)] = Field(default_factory=list)
 
 
 class WorkerFinished(Event):

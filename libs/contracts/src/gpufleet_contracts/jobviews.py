@@ -55,6 +55,8 @@ class WorkerView(BaseModel):
     reason: str | None = None
     attempts: int = 0  # placements it lost
     log_tail: str = ""
+    # how far its sources are fetched, or its output put (the latest WorkerStaging's items)
+    staging: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class JobView(BaseModel):
@@ -69,6 +71,8 @@ class JobView(BaseModel):
     state: str
     queue_reason: str | None = None
     queue_detail: list[dict[str, Any]] = Field(default_factory=list)
+    # while starting or uploading: "downloading s3://b/train.tar: 1.2 of 4.0 GB, 95 MB/s"
+    progress: str | None = None
     rate: str | list[str] | None = None  # one rate, or each of its workers' when they differ
     spec: dict[str, Any]
     history: list[HistoryEntry]

@@ -36,6 +36,7 @@ class WorkerState(StrEnum):
     waiting = "waiting"  # no GPUs yet; costs nothing (R-JOB-5)
     placed = "placed"  # GPUs reserved, the node was told to start it
     running = "running"
+    uploading = "uploading"  # its command ended, its output is being put (still billed)
     finished = "finished"
     failed = "failed"
     stopped = "stopped"

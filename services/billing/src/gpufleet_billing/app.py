@@ -22,7 +22,12 @@ from gpufleet_contracts.billing import (
     UsageCharged,
 )
 from gpufleet_contracts.devices import DeviceAdded, DeviceRemoved
-from gpufleet_contracts.jobs import WorkerFinished, WorkerPlaced, WorkerStarted
+from gpufleet_contracts.jobs import (
+    WorkerFinished,
+    WorkerPlaced,
+    WorkerStarted,
+    WorkerUploading,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .queries import Queries, parse_time
@@ -123,11 +128,13 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
             # One consumer, in stream order: a placement before its node's facts (service.py),
             # which the scheduler states on the node's `kept` subject once it took them.
             "worker-events": Batched(
-                [WorkerPlaced, WorkerStarted, WorkerFinished],
+                # an upload (WorkerUploading) changes nothing: the run is billed to its end
+                [WorkerPlaced, WorkerStarted, WorkerUploading, WorkerFinished],
                 on.worker_events,
                 subject=subjects.WORKER_EVENTS,
                 type_subjects={
                     WorkerStarted: subjects.kept("started", "{minion_id}"),
+                    WorkerUploading: subjects.kept("uploading", "{minion_id}"),
                     WorkerFinished: subjects.kept("finished", "{minion_id}"),
                 },
                 # under load, fewer and larger batches (one settlement each); a charge is

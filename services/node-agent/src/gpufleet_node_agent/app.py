@@ -6,7 +6,14 @@ from __future__ import annotations
 from gpufleet_bus import Events, Ports, Service, ServiceRuntime
 from gpufleet_bus.streams import node_consumer_config
 from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import StartWorker, StopWorker, WorkerFinished, WorkerStarted
+from gpufleet_contracts.jobs import (
+    StartWorker,
+    StopWorker,
+    WorkerFinished,
+    WorkerStaging,
+    WorkerStarted,
+    WorkerUploading,
+)
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from gpufleet_contracts.verification import GpuCheckReported, VerifyGpus
 
@@ -55,7 +62,15 @@ def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Ag
                 consumer=node_consumer_config(mid),
             ),
         },
-        publishes=[RegisterNode, WorkerStarted, WorkerFinished, NodeHeartbeat, GpuCheckReported],
+        publishes=[
+            RegisterNode,
+            WorkerStarted,
+            WorkerUploading,
+            WorkerStaging,
+            WorkerFinished,
+            NodeHeartbeat,
+            GpuCheckReported,
+        ],
         # Before the broker consumes: the GPUs and the workers a previous run left.
         prepare=[agent.prepare],
         startup=[agent.start],

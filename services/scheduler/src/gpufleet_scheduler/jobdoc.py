@@ -18,7 +18,7 @@ from gpufleet_contracts.catalog import catalog
 from gpufleet_contracts.jobs import JobSpec, JobState, WorkerState
 from gpufleet_store import Doc, SecretBox, now_ms
 
-from . import jobrequest
+from . import jobrequest, progress
 from .jobstate import job_state
 
 log = logging.getLogger("gpufleet.scheduler")
@@ -169,11 +169,26 @@ def view(job: Doc) -> Doc:
                 "reason": w.get("reason"),
                 "attempts": len(w.get("attempts") or []),
                 "log_tail": w.get("log_tail", ""),
+                "staging": w.get("staging") or [],
             }
             for w in job["workers"]
         ],
+        "progress": job_progress(job),
         "queued_at": iso(job["queued_at"]),
     }
+
+
+def job_progress(job: Doc) -> str | None:
+    """While a job is starting (its sources fetched) or uploading (its output put): how far,
+    from its workers' latest staging reports (reports.py), one line per worker that has one."""
+    if job["state"] not in (JobState.starting.value, JobState.uploading.value):
+        return None
+    lines = []
+    for w in job["workers"]:
+        said = progress.text(w.get("staging") or [])
+        if said:
+            lines.append(said if len(job["workers"]) == 1 else f"worker {w['index']}: {said}")
+    return "; ".join(lines) or None
 
 
 def find_worker(job: Doc | None, index: int, placement_id: str) -> Doc | None:

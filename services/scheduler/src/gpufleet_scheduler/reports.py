@@ -42,7 +42,13 @@ from gpufleet_bus.deadletter import dead_letter_bytes
 from gpufleet_bus.notices import Notice, Notices
 from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import aware
-from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted, WorkerState
+from gpufleet_contracts.jobs import (
+    WorkerFinished,
+    WorkerStaging,
+    WorkerStarted,
+    WorkerState,
+    WorkerUploading,
+)
 from gpufleet_store import Doc, Transaction
 from gpufleet_telemetry.instruments import METRICS
 from nats.js import JetStreamContext
@@ -58,7 +64,7 @@ REPORTS_BATCH = 256  # reports fetched and applied at once (app.py)
 # After a batch that was not full, the next fetch waits this long: under load the reports
 # come in fewer transactions (and placement passes); a quiet node's report goes at once.
 REPORTS_LINGER_S = 0.2
-Report = WorkerStarted | WorkerFinished
+Report = WorkerStarted | WorkerUploading | WorkerStaging | WorkerFinished
 JetStream = Callable[[], Awaitable[JetStreamContext]]
 IGNORED = "ignored"  # the reason of a dead letter of a report not kept
 NOT_PLACED = "worker:not-placed-on-node"
@@ -145,11 +151,18 @@ class Reports:
                     received = d.received_at or st.clock()
                     version = int(job["version"])
                     start_unseen = unseen_start(job, evt)
-                    at, reason = (
-                        started(job, evt, received)
-                        if isinstance(evt, WorkerStarted)
-                        else finished(job, evt, received, out)
-                    )
+                    if isinstance(evt, WorkerStaging):
+                        if staging(job, evt):  # shown on the job, never kept
+                            out.versions.setdefault(job["_id"], version)
+                            out.jobs[job["_id"]] = job
+                            job["version"] = version + 1
+                        continue
+                    if isinstance(evt, WorkerStarted):
+                        at, reason = started(job, evt, received)
+                    elif isinstance(evt, WorkerUploading):
+                        at, reason = uploading(job, evt, received)
+                    else:
+                        at, reason = finished(job, evt, received, out)
                     if at is None:
                         continue  # superseded or already past this point
                     out.versions.setdefault(job["_id"], version)
@@ -165,7 +178,7 @@ class Reports:
                             f"kept:started:{evt.placement_id}",
                             subject=subjects.kept("started", evt.minion_id),
                         )
-                    fact = "started" if isinstance(evt, WorkerStarted) else "finished"
+                    fact = FACTS[type(evt)]
                     emit(
                         tx,
                         evt,
@@ -285,6 +298,13 @@ def placed_on(job: Doc | None, evt: Report) -> bool:
     return False
 
 
+FACTS: dict[type[Report], str] = {
+    WorkerStarted: "started",
+    WorkerUploading: "uploading",
+    WorkerFinished: "finished",
+}
+
+
 def unseen_start(job: Doc, evt: Report) -> WorkerStarted | None:
     """The start a finish states for a worker whose own start was not seen (still
     `placed`), for the history: None when its start was kept or the node claims none."""
@@ -316,6 +336,35 @@ def started(job: Doc, evt: WorkerStarted, received: datetime) -> tuple[datetime 
     return at, None
 
 
+def uploading(job: Doc, evt: WorkerUploading, received: datetime) -> tuple[datetime | None, None]:
+    """A running worker's command ended and its node puts its output: `uploading` (still
+    holding its GPUs, still billed) until its finish. Returns when, or None: nothing to do."""
+    w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
+    if w is None or w["state"] != WorkerState.running.value:
+        return None, None
+    if not jobdoc.reported_by_its_node(w, evt.minion_id):
+        return None, None
+    w["state"] = WorkerState.uploading.value
+    return clamp_time(evt.at, w.get("started_at"), received), None
+
+
+def staging(job: Doc, evt: WorkerStaging) -> bool:
+    """How far the worker's sources (or its output) are: the latest report replaces the one
+    before, on the worker alone (not its history). False: nothing to do (a worker that has
+    ended, or a report older than the one shown)."""
+    w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
+    if w is None or WorkerState(w["state"]).terminal:
+        return False
+    if not jobdoc.reported_by_its_node(w, evt.minion_id):
+        return False
+    shown = w.get("staging_at")
+    if isinstance(shown, datetime) and aware(shown) >= aware(evt.at):
+        return False
+    w["staging"] = [item.model_dump(mode="json") for item in evt.items]
+    w["staging_at"] = evt.at
+    return True
+
+
 def finished(
     job: Doc, evt: WorkerFinished, received: datetime, out: Applied
 ) -> tuple[datetime | None, str | None]:
@@ -338,6 +387,7 @@ def finished(
         out.freed.append((str(w["node_id"]), jobdoc.held_slots(w)))
     out.placements.append(evt.placement_id)
     out.finished.append(evt.state.value)
+    w.pop("staging", None)  # its progress is over
     w.update(
         state=evt.state.value,
         exit_code=evt.exit_code,

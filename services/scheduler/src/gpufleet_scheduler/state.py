@@ -49,8 +49,14 @@ from .settings import SchedulerSettings
 
 log = logging.getLogger("gpufleet.scheduler")
 
-OPEN_STATES = [JobState.queued.value, JobState.starting.value, JobState.running.value]
-HOLDING = (WorkerState.placed.value, WorkerState.running.value)
+OPEN_STATES = [
+    JobState.queued.value,
+    JobState.starting.value,
+    JobState.running.value,
+    JobState.uploading.value,
+]
+# A worker that holds its GPUs: an uploading one still does (and is still billed).
+HOLDING = (WorkerState.placed.value, WorkerState.running.value, WorkerState.uploading.value)
 Notify = Callable[[list[str], list[str]], Awaitable[None]]
 
 

@@ -57,6 +57,7 @@ from ..steps.share import ShareStep
 from ..worker import logcap
 from ..worker.files import read_int, read_json, write_json_atomic, write_text_atomic
 from ..worker.layout import ENV_FILE
+from ..worker.progress import progress_for
 from ..worker.workdir import Worker, proc_args
 from . import procwatch
 from .execfail import not_executed
@@ -152,7 +153,7 @@ class PodmanRuntime:
             self.image_step,
             DiskStep(config.uid, config.disk_quota),
             self.share_step,
-            InputsStep(_input_dirs, fetchers),
+            InputsStep(_input_dirs, fetchers, progress_for=progress_for),
             OutputsStep(
                 _nowhere if config.disk_quota else _writable_dirs,
                 uploaders,

@@ -20,6 +20,7 @@ from ..steps.keys import KeysStep
 from ..steps.outputs import OutputsStep
 from ..worker.files import read_int, read_json, write_json_atomic, write_text_atomic
 from ..worker.layout import ENV_FILE, OUTPUT_DIR
+from ..worker.progress import progress_for
 from ..worker.workdir import (
     SPAWNED,
     Worker,
@@ -68,7 +69,7 @@ class ProcessRuntime:
         self._kill_at: dict[str, asyncio.TimerHandle] = {}
         self.steps: tuple[Step, ...] = (
             KeysStep(os.getuid()),  # the command runs as the agent's user
-            InputsStep(_input_dirs, fetchers),
+            InputsStep(_input_dirs, fetchers, progress_for=progress_for, writable=True),
             OutputsStep(_output_dirs, uploaders),
         )
 

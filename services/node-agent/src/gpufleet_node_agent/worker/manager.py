@@ -19,6 +19,10 @@ agent keeps:
     log.offset          bytes of `log` already published
     log.pending         end of the log chunk being published (re-sent as is after a crash)
     reported_started    WorkerStarted was acknowledged by JetStream
+    upload/             the output's archive while it is put (steps/outputs.py)
+    uploaded            the output was put where the job says
+    upload_failed       why it could not be: the worker is reported failed (the archive
+                        kept under <state_dir>/kept-outputs/<placement>/)
     reported_finished   WorkerFinished was acknowledged; the placement is done
 
 A worker goes through its runtime's steps and is launched (pipeline.py), is watched by the
@@ -75,6 +79,7 @@ LOST_AT_RESTART = ProcessRuntime.lost_at_restart
 LOST_AT_RUNTIME = ProcessRuntime.lost_at_runtime
 STOPPED_BEFORE_START = "stopped before it started"
 LOG_MAX_BYTES = 64 * 1024 * 1024  # a worker's output kept and shipped, at most (logcap.py)
+TEARDOWN_WAIT_S = 0.25  # the round that sees an end waits this long for its teardown
 
 
 @dataclass
@@ -352,9 +357,16 @@ class WorkerManager(Reports):
             if isinstance(res, Exception):  # NATS down, say: try again next round
                 log.warning("worker %s: will retry reporting: %s", w.key, res)
 
+    async def _staging(self, w: Worker) -> None:
+        """Its staging reported (reports.py); a failure only logged: the next change goes."""
+        try:
+            await self.report_staging(w, time.monotonic())
+        except Exception as exc:
+            log.debug("worker %s: staging not reported: %s", w.key, exc)
+
     async def _watch(self, w: Worker) -> None:
-        if w.setting_up:  # its steps' progress (a build's, say) is on its log
-            await self.ship_log(w)
+        if w.setting_up:  # its steps' progress (a build's, its fetches') is on its log
+            await asyncio.gather(self.ship_log(w), self._staging(w))
             return
         ended = w.file("exit.json").exists()
         rt = self.rt(w)
@@ -362,8 +374,14 @@ class WorkerManager(Reports):
             self._mark_gone(w, rt.lost_at_runtime)
             ended = True
         if ended and not w.torn_down:
-            # Its steps undone, last first, in this one place, before its end is reported.
-            await self.pipeline.teardown(w, rt)
+            # Its steps undone, last first, in this one place, before its end is reported:
+            # in a task of its own (an upload may take hours). A quick teardown is over
+            # within the round that saw the end; a long one goes on alone, never holding
+            # another worker's reports more than this once.
+            first = w.tearing is None
+            tearing = self.pipeline.tear_down(w, rt)
+            if first:
+                await asyncio.wait({tearing}, timeout=TEARDOWN_WAIT_S)
         if w.started is None:  # written once, at launch
             w.started = read_json(w.file("started.json"))
         started = w.started
@@ -372,9 +390,14 @@ class WorkerManager(Reports):
         pending: list[Awaitable[object]] = []
         if started is not None and not w.reported_started:
             pending.append(self._report_started(w, started))
+        if w.uploading_at is not None and not w.reported_uploading and w.reported_started:
+            pending.append(self._report_uploading(w))
+        if w.staging:
+            pending.append(self._staging(w))
         pending.append(self.ship_log(w))
         done = await asyncio.gather(*pending)
-        if ended and done[-1] is True:
+        uploading_told = w.uploading_at is None or w.reported_uploading or started is None
+        if ended and w.torn_down and uploading_told and done[-1] is True:
             exit_data = read_json(w.file("exit.json")) or {}
             evt = self.finished_event(w, exit_data, started)
             await publish(self.broker, evt, source=self.source, msg_id=f"finished:{w.placement_id}")

@@ -1,7 +1,7 @@
 """A worker's way through its steps (steps/base.py): their setups in the order its runtime
 declares, then its launch, as one task per worker; once it has ended, their teardowns in
-reverse, in this one place, before its end is reported (services/node-agent/README.md,
-"The step pipeline").
+reverse, in this one place and in a task of its own, before its end is reported
+(services/node-agent/README.md, "The step pipeline").
 
 Done-markers: after a step's setup, if the step keeps one (`marked`), a line `<step>` (or
 `<step>\\t<what it made>`) is appended to the worker's `steps` file (no fsync: like every
@@ -114,6 +114,14 @@ class Pipeline:
 
     def _stopped(self, w: Worker) -> None:
         self._end(w, {"stopped": True})
+
+    def tear_down(self, w: Worker, rt: WorkerRuntime) -> asyncio.Task[None]:
+        """`teardown` as the worker's own task (made once; news when it is over), so that a
+        long one (its output's upload) never holds another worker's report."""
+        if w.tearing is None:
+            w.tearing = asyncio.ensure_future(self.teardown(w, rt))
+            w.tearing.add_done_callback(lambda _: self.news())
+        return w.tearing
 
     async def teardown(self, w: Worker, rt: WorkerRuntime) -> None:
         """`w` has ended (or never launched): its steps undone, last first. A teardown that

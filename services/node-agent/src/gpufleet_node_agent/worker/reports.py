@@ -1,5 +1,7 @@
-"""What the agent reports of a worker: its start, its log in chunks, its end, each sent
-with a message id of its own so that a copy re-sent after a crash is dropped by JetStream."""
+"""What the agent reports of a worker: its start, its log in chunks, its upload, its end,
+each sent with a message id of its own so that a copy re-sent after a crash is dropped by
+JetStream; and how far its staging is, at most once a second (progress.py), which nothing
+re-sends: only the latest matters."""
 
 from __future__ import annotations
 
@@ -11,10 +13,17 @@ from typing import Any
 from gpufleet_bus.publish import Publisher, publish, publish_raw
 from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import Clock
-from gpufleet_contracts.jobs import WorkerFinished, WorkerStarted, WorkerState
+from gpufleet_contracts.jobs import (
+    WorkerFinished,
+    WorkerStaging,
+    WorkerStarted,
+    WorkerState,
+    WorkerUploading,
+)
 
 from . import logcap
 from .files import read_int, write_text_atomic
+from .layout import UPLOAD_FAILED
 from .workdir import Worker
 
 LOG_TYPE = "gpufleet.worker.log.v1"
@@ -23,6 +32,7 @@ LOG_TAIL_CHARS = 4000
 # tail of 4000 characters is at most ~24 KB of JSON), or it could never be sent.
 REASON_CHARS = 2000
 CHUNKS_PER_POLL = 64  # per worker and round, so one chatty worker cannot starve the others
+STAGING_EVERY_S = 1.0  # a worker's WorkerStaging, at most this often
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -121,6 +131,38 @@ class Reports:
         w.log_shipped = end
         return end >= size and not (size > cap and not w.file("log.capped").exists())
 
+    async def _report_uploading(self, w: Worker) -> None:
+        """Once per upload (its message id dedups one re-sent after a restart)."""
+        assert w.uploading_at is not None
+        evt = WorkerUploading(
+            job_id=w.job_id,
+            worker=w.worker,
+            placement_id=w.placement_id,
+            minion_id=self.minion_id,
+            at=w.uploading_at,
+        )
+        await publish(self.broker, evt, source=self.source, msg_id=f"uploading:{w.placement_id}")
+        w.reported_uploading = True
+
+    async def report_staging(self, w: Worker, now: float) -> None:
+        """The worker's staging as it is now, if it changed and a second has passed since the
+        last one sent (`now`: monotonic). One that fails is not retried: the next change is."""
+        if w.staging_seq == w.staging_sent or now - w.staging_sent_at < STAGING_EVERY_S:
+            return
+        seq = w.staging_seq
+        w.staging_sent, w.staging_sent_at = seq, now
+        evt = WorkerStaging(
+            job_id=w.job_id,
+            worker=w.worker,
+            placement_id=w.placement_id,
+            minion_id=self.minion_id,
+            at=self.clock(),
+            items=list(w.staging.values())[:64],
+        )
+        await publish(
+            self.broker, evt, source=self.source, msg_id=f"staging:{w.placement_id}:{seq}"
+        )
+
     def finished_event(
         self, w: Worker, exit_data: dict[str, Any], started: dict[str, Any] | None
     ) -> WorkerFinished:
@@ -144,6 +186,11 @@ class Reports:
                 reason = f"killed by signal {exit_data.get('signal_name') or exit_data['signal']}"
             else:
                 reason = f"exited with code {code}"
+        upload = w.file(UPLOAD_FAILED)
+        if state is not WorkerState.stopped and upload.exists():  # outputs.py: its output
+            why = upload.read_text().strip() or "output upload failed"
+            reason = why if state is WorkerState.finished else f"{reason}; {why}"
+            state = WorkerState.failed
         return WorkerFinished(
             job_id=w.job_id,
             worker=w.worker,

@@ -3,13 +3,17 @@ whether a supervisor (or the command it runs) is still alive, and the supervisor
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
 import subprocess
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from gpufleet_contracts.jobs import StagingItem
 
 from ..runtimes.supervise import is_supervisor
 from .spec import WorkerSpec
@@ -107,6 +111,15 @@ class Worker:
     stop_asked: bool = field(default=False, init=False, repr=False)
     made: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     torn_down: bool = field(default=False, init=False, repr=False)
+    # Its teardown's own task (pipeline.py); how far its staging is, by item (progress.py),
+    # and when its upload began (the outputs step): what the watch rounds report of it.
+    tearing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    staging: dict[str, StagingItem] = field(default_factory=dict, init=False, repr=False)
+    staging_seq: int = field(default=0, init=False, repr=False)  # bumped on each change
+    uploading_at: datetime | None = field(default=None, init=False, repr=False)
+    reported_uploading: bool = field(default=False, init=False, repr=False)
+    staging_sent: int = field(default=0, init=False, repr=False)  # the seq last reported
+    staging_sent_at: float = field(default=-1e9, init=False, repr=False)  # monotonic
 
     @property
     def placement_id(self) -> str:
