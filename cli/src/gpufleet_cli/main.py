@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import typer
+from gpufleet_contracts.locations import PlatformAsset
 
-from . import billing, identity, jobs, keys, nodes, ops, projects, provider, region
+from . import billing, identity, jobs, keys, nodes, ops, platform, projects, provider, region
 
 app = typer.Typer(
     name="gpufleet",
@@ -24,6 +25,8 @@ app = typer.Typer(
 app.add_typer(jobs.app, name="job")
 app.add_typer(projects.app, name="project")
 app.add_typer(keys.app, name="key")
+for _asset in PlatformAsset:
+    app.add_typer(platform.asset_app(_asset), name=_asset.value)
 app.add_typer(nodes.app, name="node")
 app.add_typer(provider.app, name="provider")
 app.add_typer(region.app, name="region")

@@ -169,7 +169,12 @@ SERVICES: dict[str, Grant] = {
             f"{S}.cmd.node.*.start_worker",
             f"{S}.cmd.node.*.stop_worker",
             f"{S}.internal.scheduler.>",
+            # a platform object's URL for a placement's node, its upload done (datastore)
+            f"{S}.svc.datastore.grant_platform_object",
+            f"{S}.svc.datastore.complete_platform_object",
         ),
+        # a node's requests for its placements' platform objects
+        sub=(f"{S}.nrpc.scheduler.*.*",),
         # every node's log stream (`job_logs`), hence any stream
         reads=(EVENTS, COMMANDS, REPORTS, ANY_STREAM),
     ),
@@ -203,9 +208,11 @@ SERVICES: dict[str, Grant] = {
     ),
     "datastore": _service(
         "datastore",
-        "regional datastores",
+        "regional datastores and platform objects; grants a platform object's URL to the "
+        "scheduler only",
         pub=(f"{S}.evt.datastore.*",),
         reads=(EVENTS,),
+        sub=(f"{S}.svc.datastore.*",),
     ),
 }
 
@@ -216,11 +223,16 @@ NODE = Grant(
     pub=(
         f"{S}.cmd.provisioner.{{minion_id}}.register_node",
         f"{S}.evt.worker.started.{{minion_id}}",
+        f"{S}.evt.worker.uploading.{{minion_id}}",
+        f"{S}.evt.worker.staging.{{minion_id}}",
         f"{S}.evt.worker.finished.{{minion_id}}",
         f"{S}.evt.node.gpu_checked.{{minion_id}}",  # its answer to a GPU check
         f"{S}.hb.{{minion_id}}",
         f"{S}.log.{{minion_id}}.>",
         f"{S}.dlq.node-{{minion_id}}._",  # a node's dead letters name no account
+        # its placements' platform objects, asked of the scheduler (answered to its inbox)
+        f"{S}.nrpc.scheduler.stage_platform_object.{{minion_id}}",
+        f"{S}.nrpc.scheduler.complete_platform_upload.{{minion_id}}",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
         f"$JS.ACK.{COMMANDS}.node-{{minion_id}}.>",

@@ -10,6 +10,7 @@ from .accounts import (
     on_its_own_subject,
     received_at,
 )
+from .ask import Asker, ask
 from .broker import BusSettings, env_flag, make_broker
 from .deadletter import MAX_DELIVER, UnknownMessageType, dead_letter_middleware
 from .outbox import OutboxRelay
@@ -24,6 +25,7 @@ from .wiring import Batched, Delivery, Events, Ports, Service, Wired
 __all__ = [
     "MAX_DELIVER",
     "STREAMS",
+    "Asker",
     "Batched",
     "BusSettings",
     "Delivery",
@@ -40,6 +42,7 @@ __all__ = [
     "Wired",
     "account_of",
     "account_subject",
+    "ask",
     "connect_options",
     "dead_letter_middleware",
     "emit",

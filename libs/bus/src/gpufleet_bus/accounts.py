@@ -80,16 +80,26 @@ def reply_scope(subject: str) -> str | None:
     who asked (a requester chooses the reply subject, and could aim the answer at another
     identity's inbox). An account's request: that account's (`_INBOX.account.<account>`,
     its users' and the operators acting for it). An enrolment (`enroll.<minion_id>`): that
-    minion's join tokens'. What only services and operators may publish (an operator's
+    minion's join tokens'. A node's request (`nrpc.<service>.<verb>.<minion_id>`): that
+    node's (`_INBOX.node.<minion_id>`). What only services and operators may publish (an operator's
     `adm` request, a request to a node, to a service's instances, one on no account's
     subject): any inbox. Anything else (a node's own subjects, events): none."""
     account = subjects.rpc_account(subject)
     if account is not None and ACCOUNT_RE.fullmatch(account):
         return subjects.account_inbox(account)
+    asking_node = subjects.node_rpc_node(subject)
+    if asking_node is not None and ACCOUNT_RE.fullmatch(asking_node):
+        return subjects.node_inbox(asking_node)
     if subject.startswith(f"{subjects.ENROLL}."):
         minion_id = subjects.token_at(subject, -1)
         return subjects.enroll_inbox(minion_id) if subject.count(".") == 3 and minion_id else None
-    trusted = (subjects.RPC, subjects.ADMIN, subjects.NODES, subjects.INTERNAL)
+    trusted = (
+        subjects.RPC,
+        subjects.ADMIN,
+        subjects.NODES,
+        subjects.INTERNAL,
+        subjects.SERVICE_CALLS,
+    )
     if subject.startswith(tuple(f"{prefix}." for prefix in trusted)):
         return subjects.INBOX
     return None

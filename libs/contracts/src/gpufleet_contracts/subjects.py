@@ -8,6 +8,8 @@
     gpufleet.v1.adm.<service>.<verb>            an operator's request/reply (core NATS)
     gpufleet.v1.enroll.<minion_id>              a node exchanging its join token (core NATS)
     gpufleet.v1.node.<minion_id>.<verb>         requests to one node agent (core NATS)
+    gpufleet.v1.nrpc.<service>.<verb>.<minion_id>  a node agent's request to a service (core NATS)
+    gpufleet.v1.svc.<service>.<verb>            a service's request to another (core NATS)
     gpufleet.v1.log.<minion_id>.<job_id>.<worker>  worker log chunks (the node's own stream)
     gpufleet.v1.dlq.<service>.<account>         refused messages kept for inspection (stream DLQ)
     gpufleet.v1.hb.<minion_id>                  node heartbeats (core NATS: losing one is harmless)
@@ -43,6 +45,8 @@ ADMIN = f"{ROOT}.adm"
 ENROLL = f"{ROOT}.enroll"
 NODES = f"{ROOT}.node"
 INTERNAL = f"{ROOT}.internal"
+NODE_RPC = f"{ROOT}.nrpc"
+SERVICE_CALLS = f"{ROOT}.svc"
 # Headers this project defines (CloudEvents' own `ce-*` are in base.Envelope).
 # No header carries an identity: the acting account is a subject token (see above).
 NO_ACCOUNT = "_"  # the account token of a dead letter whose account is unknown
@@ -97,6 +101,30 @@ def node(minion_id: str, verb: str) -> str:
     return f"{NODES}.{minion_id}.{verb}"
 
 
+def node_request(service: str, verb: str) -> str:
+    """The base of a node agent's request to `service`; `as_node` adds the node's token, which
+    only that node's credential may publish (the service reads the asking node from it)."""
+    return f"{NODE_RPC}.{service}.{verb}"
+
+
+def as_node(base: str, minion_id: str) -> str:
+    return f"{base}.{minion_id}"
+
+
+def node_rpc_node(subject: str) -> str | None:
+    """The asking node of a node's request (its last token), or None if not one."""
+    parts = subject.split(".")
+    if len(parts) != 6 or ".".join(parts[:3]) != NODE_RPC:
+        return None
+    return parts[5] or None
+
+
+def service_call(service: str, verb: str) -> str:
+    """A service's request to another: the permission table names which service may publish
+    each (e.g. only the scheduler asks the datastore for a platform object's URL)."""
+    return f"{SERVICE_CALLS}.{service}.{verb}"
+
+
 def log(minion_id: str, job_id: str, worker: int) -> str:
     """A worker's log chunks, on the subject of the node that ran it: a node can only write
     its own, and a reader takes each worker's log from the node its placement named."""
@@ -110,8 +138,8 @@ def node_logs_stream(minion_id: str) -> str:
 
 
 def kept(fact: str, minion_id: str) -> str:
-    """Where the scheduler states a node's report it took (`started`, `finished`): a fact
-    of a worker that node runs, in the event history. The node's own subject
+    """Where the scheduler states a node's report it took (`started`, `uploading`,
+    `finished`): a fact of a worker that node runs, in the event history. The node's own subject
     (`evt.worker.<fact>.<minion_id>`) goes to the REPORTS stream, which keeps nothing once
     the scheduler has read it."""
     return f"{WORKER_KEPT}.{fact}.{minion_id}"
@@ -175,9 +203,10 @@ def wildcard(template: str) -> str:
 # Every worker fact (placed, started, finished) on one subject tree: each service reads them
 # with one consumer, in stream order, dispatched by type (gpufleet_bus.runtime).
 WORKER_EVENTS = f"{EVENTS}.worker.>"
-# What nodes report of their workers (started, finished: `<fact>.<minion_id>`), in the
-# REPORTS stream: the scheduler's one consumer of them. The facts it takes go on
-# `kept.<fact>.<minion_id>` (EVENTS), which billing reads with the scheduler's `placed`.
+# What nodes report of their workers (started, uploading, staging, finished:
+# `<fact>.<minion_id>`), in the REPORTS stream: the scheduler's one consumer of them. The
+# facts it takes go on `kept.<fact>.<minion_id>` (EVENTS), which billing reads with the
+# scheduler's `placed`; staging (progress) is shown, never kept.
 WORKER_REPORTS = f"{EVENTS}.worker.*.*"
 WORKER_KEPT = f"{EVENTS}.worker.kept"
 # Core NATS between scheduler instances: "these jobs/nodes changed" from one that does not lead.

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from faststream.nats import NatsBroker
 from gpufleet_bus import (
+    Asker,
     Batched,
     Delivery,
     Every,
@@ -38,10 +39,18 @@ from gpufleet_contracts.jobs import (
     SubmitJob,
     WorkerFinished,
     WorkerPlaced,
+    WorkerStaging,
     WorkerStarted,
+    WorkerUploading,
 )
 from gpufleet_contracts.keys import AttachKey, KeyList, KeyView, ListKeys, RemoveKey
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
+from gpufleet_contracts.platform import (
+    CompletePlatformUpload,
+    PlatformGrant,
+    PlatformObjectView,
+    StagePlatformObject,
+)
 from gpufleet_contracts.projects import (
     AddProjectMember,
     CreateProject,
@@ -56,7 +65,8 @@ from pymongo import ASCENDING, IndexModel
 
 from . import keystore, projects
 from .leadership import Lease
-from .reports import REPORTS_BATCH, REPORTS_LINGER_S
+from .platform import PlatformStaging
+from .reports import REPORTS_BATCH, REPORTS_LINGER_S, Report
 from .scheduler import Scheduler
 from .settings import SchedulerSettings
 
@@ -89,10 +99,13 @@ class Handlers:
     """The subjects' handlers: decode, call the scheduler, reply. Requests act for the
     account of their subject (R-TEN-2)."""
 
-    def __init__(self, sched: Scheduler, broker: NatsBroker, source: str) -> None:
+    def __init__(
+        self, sched: Scheduler, broker: NatsBroker, source: str, platform: PlatformStaging
+    ) -> None:
         self.sched = sched
         self.broker = broker
         self.source = source
+        self.platform = platform
 
     # --- requests (core NATS, an account's) ---
 
@@ -154,6 +167,18 @@ class Handlers:
     async def remove_key(self, body: RemoveKey, account: str) -> KeyView:
         return KeyView.model_validate(await self.sched.keys.remove(account, body.type))
 
+    # --- a node's requests (nrpc.scheduler.<verb>.<minion_id>: that node's only) ---
+
+    async def stage_platform_object(self, body: StagePlatformObject, subject: str) -> PlatformGrant:
+        """A presigned URL of a platform object one of the asking node's placements uses."""
+        return await self.platform.stage(body, subjects.node_rpc_node(subject) or "")
+
+    async def complete_platform_upload(
+        self, body: CompletePlatformUpload, subject: str
+    ) -> PlatformObjectView:
+        """The asking node put its placement's platform output: the datastore checks it."""
+        return await self.platform.complete(body, subjects.node_rpc_node(subject) or "")
+
     # --- events (JetStream, durable) ---
 
     async def on_account_changed(self, body: AccountChanged) -> None:
@@ -183,9 +208,7 @@ class Handlers:
         """Workers started and finished, as their nodes report them, a batch at a time in
         stream order; each counts only on the subject of the node its body names and when
         that node is the placement's (reports.py)."""
-        await self.sched.reports.reported(
-            [(m, d) for m, d in batch if isinstance(m, WorkerStarted | WorkerFinished)]
-        )
+        await self.sched.reports.reported([(m, d) for m, d in batch if isinstance(m, Report)])
 
     async def on_sync(self, body: SchedulerSync) -> None:
         """Another instance changed these jobs and nodes: the leader reads them again."""
@@ -216,7 +239,8 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
         jetstream=jetstream,
         inbox_prefix=rt.inbox_prefix,
     )
-    on = Handlers(sched, broker, rt.source)
+    platform = PlatformStaging(sched.state, Asker(broker))
+    on = Handlers(sched, broker, rt.source, platform)
 
     rt.wire(
         requests={
@@ -242,6 +266,14 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
         admin={
             "list_all_jobs": Request(on.list_all_jobs, description=ListAllJobs.__doc__),
         },
+        direct={
+            subjects.as_node(StagePlatformObject.SUBJECT, "*"): Request(
+                on.stage_platform_object, description=StagePlatformObject.__doc__
+            ),
+            subjects.as_node(CompletePlatformUpload.SUBJECT, "*"): Request(
+                on.complete_platform_upload, description=CompletePlatformUpload.__doc__
+            ),
+        },
         events={
             "account-changed": on.on_account_changed,
             "node-registered": on.on_node_registered,
@@ -251,7 +283,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             # One consumer of what nodes report of their workers (stream REPORTS), in order:
             # a start is seen before its finish; applied a batch (one transaction) at a time.
             "worker-events": Batched(
-                [WorkerStarted, WorkerFinished],
+                [WorkerStarted, WorkerUploading, WorkerStaging, WorkerFinished],
                 on.on_worker_reports,
                 subject=subjects.WORKER_REPORTS,
                 max_batch=REPORTS_BATCH,
@@ -272,6 +304,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             # the reports it took, stated on the node's `kept` subject (reports.py); a lost
             # node's workers' ends (lifecycle.py)
             (WorkerStarted, subjects.kept("started", "{minion_id}")),
+            (WorkerUploading, subjects.kept("uploading", "{minion_id}")),
             (WorkerFinished, subjects.kept("finished", "{minion_id}")),
             StartWorker,
             StopWorker,
