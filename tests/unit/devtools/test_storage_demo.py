@@ -87,3 +87,14 @@ def test_the_storage_ports_follow_the_base_port() -> None:
     }
     assert ports.passive == (5070, 5079)
     assert len(set(ports.all())) == 17
+
+
+def test_the_readme_shows_the_demo_job_as_just_up_data_writes_it() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    block = readme.split("<!-- demo-job -->\n```yaml\n", 1)[1].split("```", 1)[0]
+    written = demo.job_yaml(
+        "http://127.0.0.1:5060",
+        "http://127.0.0.1:5064/demo-model.git",
+        "https://127.0.0.1:5062/devstoreaccount1",
+    )
+    assert yaml.safe_load(block) == yaml.safe_load(written)
