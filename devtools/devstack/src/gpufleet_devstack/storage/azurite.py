@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.storage.rooted import RootedServer
 from gpufleet_devstack.storage.tls import LocalTls
 
 __all__ = ["AzureEndpoint", "AzuriteBlob", "ensure_azurite", "find_azurite", "running_azurite"]
@@ -98,10 +98,12 @@ class AzureEndpoint:
         )
 
 
-class AzuriteBlob(ServerProcess):
+class AzuriteBlob(RootedServer):
     """Azurite's blob service on `host:port`, storing under `root`; https with `tls`."""
 
     kind = "azure blob (azurite)"
+    log_name = "azurite"
+    start_timeout_s = 30.0
 
     def __init__(
         self,
@@ -111,18 +113,10 @@ class AzuriteBlob(ServerProcess):
         *,
         tls: LocalTls | None = None,
         log_file: Path | None = None,
-        start_timeout: float = 30.0,
+        start_timeout: float | None = None,
     ) -> None:
-        root = Path(root).absolute()
-        super().__init__(
-            host, port, log_file or root.parent / f"{root.name}.azurite.log", start_timeout
-        )
-        self.root = root
+        super().__init__(root, port, host, log_file=log_file, start_timeout=start_timeout)
         self.tls = tls
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def endpoint(self) -> AzureEndpoint:
@@ -131,9 +125,6 @@ class AzuriteBlob(ServerProcess):
             f"{scheme}://{self.address}/{ACCOUNT}",
             ca_file=self.tls.ca if self.tls is not None else None,
         )
-
-    def _prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _argv(self) -> list[str]:
         found = find_azurite()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpufleet_auth import write_secret
 
-from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.storage.rooted import RootedServer
 
 __all__ = ["FtpEndpoint", "FtpServer", "running_ftp"]
 
@@ -39,11 +39,12 @@ class FtpEndpoint:
         return f"ftp://{self.host}:{self.port}/{path.lstrip('/')}"
 
 
-class FtpServer(ServerProcess):
+class FtpServer(RootedServer):
     """pyftpdlib on `host:port`; data connections on `passive` ports (any free one when
     None)."""
 
     kind = "ftp (pyftpdlib)"
+    log_name = "ftp"
 
     def __init__(
         self,
@@ -55,21 +56,14 @@ class FtpServer(ServerProcess):
         password: str = "gpufleet-dev",
         passive: tuple[int, int] | None = None,
         log_file: Path | None = None,
-        start_timeout: float = 15.0,
+        start_timeout: float | None = None,
     ) -> None:
-        root = Path(root).absolute()
-        log_file = log_file or root.parent / f"{root.name}.ftp.log"
-        super().__init__(host, port, log_file, start_timeout)
-        self.root = root
+        super().__init__(root, port, host, log_file=log_file, start_timeout=start_timeout)
         self.user = user
         self.password = password
         self.passive = passive
         # the password in a file, not on the command line (where `ps` shows it)
-        self.password_file = root.parent / f"{root.name}.ftp-password"
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        self.password_file = self.root.parent / f"{self.root.name}.ftp-password"
 
     @property
     def endpoint(self) -> FtpEndpoint:

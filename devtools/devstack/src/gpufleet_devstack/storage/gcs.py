@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.storage.rooted import RootedServer
 
 __all__ = ["GcsEndpoint", "GcsServer", "running_gcs"]
 
@@ -34,35 +34,16 @@ class GcsEndpoint:
         return {"STORAGE_EMULATOR_HOST": self.url}
 
 
-class GcsServer(ServerProcess):
+class GcsServer(RootedServer):
     """gcp-storage-emulator on `host:port`, storing under `root`."""
 
     kind = "gcs (gcp-storage-emulator)"
-
-    def __init__(
-        self,
-        root: Path,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        *,
-        log_file: Path | None = None,
-        start_timeout: float = 30.0,
-    ) -> None:
-        root = Path(root).absolute()
-        log_file = log_file or root.parent / f"{root.name}.gcs.log"
-        super().__init__(host, port, log_file, start_timeout)
-        self.root = root
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
+    log_name = "gcs"
+    start_timeout_s = 30.0
 
     @property
     def endpoint(self) -> GcsEndpoint:
         return GcsEndpoint(f"http://{self.address}")
-
-    def _prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _argv(self) -> list[str]:
         return [

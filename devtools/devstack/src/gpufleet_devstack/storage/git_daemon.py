@@ -9,41 +9,20 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpufleet_devstack._server import ServerProcess
 from gpufleet_devstack.storage.repos import git_program
+from gpufleet_devstack.storage.rooted import RootedServer
 
 __all__ = ["GitDaemon", "running_git_daemon"]
 
 
-class GitDaemon(ServerProcess):
+class GitDaemon(RootedServer):
     """`git daemon` on `host:port`; `url(name)` is a repository's clone URL."""
 
     kind = "git daemon"
-
-    def __init__(
-        self,
-        root: Path,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        *,
-        log_file: Path | None = None,
-        start_timeout: float = 15.0,
-    ) -> None:
-        root = Path(root).absolute()
-        super().__init__(
-            host, port, log_file or root.parent / f"{root.name}.git-daemon.log", start_timeout
-        )
-        self.root = root
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
+    log_name = "git-daemon"
 
     def url(self, name: str) -> str:
         return f"git://{self.address}/{name}"
-
-    def _prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _argv(self) -> list[str]:
         return [

@@ -22,43 +22,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet_devstack._server import ServerProcess
 from gpufleet_devstack.storage.repos import git_program
+from gpufleet_devstack.storage.rooted import RootedServer
 
 __all__ = ["GitHttp", "running_git_http"]
 
 COPY_CHUNK = 64 * 1024
 
 
-class GitHttp(ServerProcess):
+class GitHttp(RootedServer):
     """The git HTTP server on `host:port`; `url(name)` is a repository's clone URL."""
 
     kind = "git http-backend"
-
-    def __init__(
-        self,
-        root: Path,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        *,
-        log_file: Path | None = None,
-        start_timeout: float = 15.0,
-    ) -> None:
-        root = Path(root).absolute()
-        super().__init__(
-            host, port, log_file or root.parent / f"{root.name}.git-http.log", start_timeout
-        )
-        self.root = root
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
+    log_name = "git-http"
 
     def url(self, name: str) -> str:
         return f"http://{self.address}/{name}"
-
-    def _prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _argv(self) -> list[str]:
         return [

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.storage.rooted import RootedServer
 
 __all__ = ["S3Endpoint", "S3Server", "running_s3"]
 
@@ -40,34 +40,16 @@ class S3Endpoint:
         }
 
 
-class S3Server(ServerProcess):
+class S3Server(RootedServer):
     """moto's S3 on `host:port`; its log beside `root` (it keeps no files)."""
 
     kind = "s3 (moto)"
-
-    def __init__(
-        self,
-        root: Path,
-        port: int | None = None,
-        host: str = "127.0.0.1",
-        *,
-        log_file: Path | None = None,
-        start_timeout: float = 30.0,
-    ) -> None:
-        root = Path(root).absolute()
-        super().__init__(host, port, log_file or root.parent / f"{root.name}.s3.log", start_timeout)
-        self.root = root
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
+    log_name = "s3"
+    start_timeout_s = 30.0
 
     @property
     def endpoint(self) -> S3Endpoint:
         return S3Endpoint(f"http://{self.address}")
-
-    def _prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _argv(self) -> list[str]:
         return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpufleet_devstack._server import ServerProcess
+from gpufleet_devstack.storage.rooted import RootedServer
 from gpufleet_devstack.storage.tls import LocalTls
 
 __all__ = ["WebServer", "running_web"]
@@ -30,10 +30,11 @@ __all__ = ["WebServer", "running_web"]
 COPY_CHUNK = 64 * 1024
 
 
-class WebServer(ServerProcess):
+class WebServer(RootedServer):
     """The file server on `host:port` (https with `tls`); `url(path)` is a file's URL."""
 
     kind = "web files"
+    log_name = "web"
 
     def __init__(
         self,
@@ -43,17 +44,10 @@ class WebServer(ServerProcess):
         *,
         tls: LocalTls | None = None,
         log_file: Path | None = None,
-        start_timeout: float = 15.0,
+        start_timeout: float | None = None,
     ) -> None:
-        root = Path(root).absolute()
-        log_file = log_file or root.parent / f"{root.name}.web.log"
-        super().__init__(host, port, log_file, start_timeout)
-        self.root = root
+        super().__init__(root, port, host, log_file=log_file, start_timeout=start_timeout)
         self.tls = tls
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def ca_file(self) -> Path | None:
@@ -63,9 +57,6 @@ class WebServer(ServerProcess):
     def url(self, path: str = "") -> str:
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://{self.address}/{urllib.parse.quote(path.lstrip('/'))}"
-
-    def _prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
 
     def _argv(self) -> list[str]:
         argv = [sys.executable, "-m", "gpufleet_devstack.storage.web", str(self.root)]

@@ -20,7 +20,7 @@ from ..steps.base import WorkerFailed
 from .archives import place
 from .guard import AddressGuard
 from .meter import Meter
-from .objects import Counted, digest, each, is_prefix, part_file, relative, target_file
+from .objects import Counted, digest, each, in_thread, is_prefix, part_file, relative, target_file
 from .registry import Keys, Transfer
 
 SINGLE_PUT = 64 * 1024 * 1024  # one Put Blob (the service keeps its Content-MD5) up to this
@@ -83,12 +83,7 @@ class Azure:
         assert isinstance(source, AzureSource)
         container, path = await self._container(source.url, t.keys)
         meter = Meter(source.url, t)
-        try:
-            await asyncio.to_thread(self._fetch, container, path, source.url, dest, meter)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(source.url, exc) from None
+        await in_thread(_failed, source.url, self._fetch, container, path, source.url, dest, meter)
         meter.finish()
 
     async def version(self, source: Source, t: Transfer) -> str | None:
@@ -96,12 +91,7 @@ class Azure:
         read with the worker's key."""
         assert isinstance(source, AzureSource)
         container, path = await self._container(source.url, t.keys)
-        try:
-            return await asyncio.to_thread(self._version, container, path)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(source.url, exc) from None
+        return await in_thread(_failed, source.url, self._version, container, path)
 
     def _version(self, container: Any, path: str) -> str:
         if not is_prefix(path):
@@ -139,12 +129,7 @@ class Azure:
         container, name = await self._container(url, t.keys)
         size = (await asyncio.to_thread(os.stat, path)).st_size
         meter = Meter(url, t, size, bounded=False)
-        try:
-            await asyncio.to_thread(self._put, container, path, name, url)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(url, exc) from None
+        await in_thread(_failed, url, self._put, container, path, name, url)
         meter.add(size)
         meter.finish()
 

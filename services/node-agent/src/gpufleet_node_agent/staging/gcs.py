@@ -26,6 +26,7 @@ from .objects import (
     bucket_key,
     digest,
     each,
+    in_thread,
     is_prefix,
     part_file,
     relative,
@@ -84,12 +85,7 @@ class Gcs:
         assert isinstance(source, GcsSource)
         client = await self._client(source.url, t.keys)
         meter = Meter(source.url, t)
-        try:
-            await asyncio.to_thread(self._fetch, client, source.url, dest, meter)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(source.url, exc) from None
+        await in_thread(_failed, source.url, self._fetch, client, source.url, dest, meter)
         meter.finish()
 
     async def version(self, source: Source, t: Transfer) -> str | None:
@@ -97,12 +93,7 @@ class Gcs:
         object's metadata read with the worker's key (the right a download needs)."""
         assert isinstance(source, GcsSource)
         client = await self._client(source.url, t.keys)
-        try:
-            return await asyncio.to_thread(self._version, client, source.url)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(source.url, exc) from None
+        return await in_thread(_failed, source.url, self._version, client, source.url)
 
     def _version(self, client: Any, shown: str) -> str:
         bucket, key = bucket_key(shown)
@@ -148,12 +139,7 @@ class Gcs:
         client = await self._client(shown, t.keys)
         size = (await asyncio.to_thread(os.stat, path)).st_size
         meter = Meter(shown, t, size, bounded=False)
-        try:
-            await asyncio.to_thread(self._put, client, path, bucket, key, shown)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(shown, exc) from None
+        await in_thread(_failed, shown, self._put, client, path, bucket, key, shown)
         meter.add(size)
         meter.finish()
 

@@ -3,6 +3,7 @@ names under a prefix as safe relative paths, and a file that counts what is writ
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -19,6 +20,22 @@ from .meter import Meter
 T = TypeVar("T")
 R = TypeVar("R")
 ASKED_AT_ONCE = 16  # a prefix's objects asked for their versions in parallel
+
+
+async def in_thread(
+    failed: Callable[[str, Exception], WorkerFailed],
+    shown: str,
+    fn: Callable[..., R],
+    *args: object,
+) -> R:
+    """`fn(*args)` in a thread (a blocking client's call); what the client raised, but a
+    WorkerFailed, said of `shown` by `failed` (not found, forbidden, ...)."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except WorkerFailed:
+        raise
+    except Exception as exc:
+        raise failed(shown, exc) from None
 
 
 def each(ask: Callable[[T], R], items: Sequence[T]) -> list[R]:

@@ -45,8 +45,9 @@ from ..steps.base import WorkerFailed
 from .archives import CHUNK, SUFFIXES, is_archive, place
 from .guard import Address, AddressGuard, refusal, url_host
 from .meter import Meter
-from .objects import Counted, part_file
+from .objects import part_file
 from .registry import Transfer
+from .web import stream_into
 
 if TYPE_CHECKING:
     import httpx
@@ -220,18 +221,8 @@ class Platform:
             try:
                 self._status(what, response.status_code)
                 meter = Meter(what, t)
-                length = response.headers.get("content-length")
-                if length and length.isdigit():
-                    meter.expect(int(length))
                 part = part_file(dest, name)
-                try:
-                    with part.open("wb") as f:
-                        out = Counted(f, meter)
-                        async for chunk in response.aiter_bytes():
-                            out.write(chunk)
-                except BaseException:
-                    part.unlink(missing_ok=True)
-                    raise
+                await stream_into(response, part, meter)
             except httpx.HTTPError as exc:
                 raise WorkerFailed(f"{what}: cannot read it ({type(exc).__name__})") from None
             finally:

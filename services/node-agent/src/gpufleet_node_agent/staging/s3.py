@@ -23,6 +23,7 @@ from .objects import (
     bucket_key,
     digest,
     each,
+    in_thread,
     is_prefix,
     part_file,
     relative,
@@ -96,12 +97,7 @@ class S3:
         assert isinstance(source, S3Source)
         client = await self._client(source, t.keys)
         meter = Meter(source.url, t)
-        try:
-            await asyncio.to_thread(self._fetch, client, source.url, dest, meter)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(source.url, exc) from None
+        await in_thread(_failed, source.url, self._fetch, client, source.url, dest, meter)
         meter.finish()
 
     async def version(self, source: Source, t: Transfer) -> str | None:
@@ -109,12 +105,7 @@ class S3:
         with the worker's key (a HEAD: the GetObject right a download needs)."""
         assert isinstance(source, S3Source)
         client = await self._client(source, t.keys)
-        try:
-            return await asyncio.to_thread(self._version, client, source.url)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(source.url, exc) from None
+        return await in_thread(_failed, source.url, self._version, client, source.url)
 
     def _version(self, client: Any, shown: str) -> str:
         bucket, key = bucket_key(shown)
@@ -164,12 +155,7 @@ class S3:
         shown = f"s3://{bucket}/{key}"
         size = (await asyncio.to_thread(os.stat, path)).st_size
         meter = Meter(shown, t, size, bounded=False)
-        try:
-            await asyncio.to_thread(self._put, client, path, bucket, key, meter)
-        except WorkerFailed:
-            raise
-        except Exception as exc:
-            raise _failed(shown, exc) from None
+        await in_thread(_failed, shown, self._put, client, path, bucket, key, meter)
         meter.finish()
 
     def _put(self, client: Any, path: Path, bucket: str, key: str, meter: Meter) -> None:

@@ -36,6 +36,22 @@ def _name(url: str) -> str:
     return posixpath.basename(unquote(urlsplit(url).path).rstrip("/")) or "index.html"
 
 
+async def stream_into(response: httpx.Response, part: Path, meter: Meter) -> None:
+    """A response's body written to `part`, counted by `meter` (which expects the length
+    the server says); `part` removed when that fails."""
+    length = response.headers.get("content-length")
+    if length and length.isdigit():
+        meter.expect(int(length))
+    try:
+        with part.open("wb") as f:
+            out = Counted(f, meter)
+            async for chunk in response.aiter_bytes():
+                out.write(chunk)
+    except BaseException:
+        await asyncio.to_thread(part.unlink, missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True)
 class Web:
     guard: AddressGuard
@@ -121,20 +137,10 @@ class Web:
             response, at = await self._send(client, "GET", url)
             try:
                 self._status(first, response.status_code)
-                length = response.headers.get("content-length")
                 meter = Meter(first, t)
-                if length and length.isdigit():
-                    meter.expect(int(length))
                 name = _name(at)
                 part = part_file(dest, name)
-                try:
-                    with part.open("wb") as f:
-                        out = Counted(f, meter)
-                        async for chunk in response.aiter_bytes():
-                            out.write(chunk)
-                except BaseException:
-                    part.unlink(missing_ok=True)
-                    raise
+                await stream_into(response, part, meter)
             except httpx.HTTPError as exc:
                 raise WorkerFailed(f"{first}: cannot reach it ({type(exc).__name__})") from None
             finally:
