@@ -24,9 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-from gpufleet_devstack.processes import free_port, port_in_use
 from gpufleet_devstack.storage import demo
-from gpufleet_devstack.storage.servers import StoragePorts, StorageServers
+from gpufleet_devstack.storage.servers import StorageServers, free_storage_ports
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
 
@@ -35,14 +34,6 @@ from .conftest import System
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None, reason="podman is not installed (just setup installs it)"
 )
-
-
-def _storage_ports() -> StoragePorts:
-    for _ in range(20):
-        ports = StoragePorts(free_port())
-        if max(ports.all()) < 65536 and not any(port_in_use(p) for p in ports.all()):
-            return ports
-    raise AssertionError("no 20 consecutive free ports")
 
 
 class Staged:
@@ -94,7 +85,7 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Staged]:
     error = asyncio.run(ensure_image(BASE_IMAGE, make_podman_env(default_containers_conf())))
     assert error is None, error
     root = tmp_path_factory.mktemp("staging")
-    storage = StorageServers(root / "storage", root / "logs", _storage_ports())
+    storage = StorageServers(root / "storage", root / "logs", free_storage_ports())
     storage.start()
     try:
         storage.seed()

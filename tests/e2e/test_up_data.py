@@ -17,21 +17,13 @@ from gpufleet_devstack.children import SERVICES
 from gpufleet_devstack.console import PlainOut
 from gpufleet_devstack.processes import free_port, port_in_use
 from gpufleet_devstack.stack import Stack
-from gpufleet_devstack.storage.servers import StoragePorts, StorageServers
+from gpufleet_devstack.storage.servers import StorageServers, free_storage_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _storage_ports() -> StoragePorts:
-    for _ in range(20):
-        ports = StoragePorts(free_port())
-        if max(ports.all()) < 65536 and not any(port_in_use(p) for p in ports.all()):
-            return ports
-    raise AssertionError("no 20 consecutive free ports")
-
-
 def test_only_the_node_agent_is_told_the_storage_servers(tmp_path: Path) -> None:
-    ports = _storage_ports()
+    ports = free_storage_ports()
     stack = Stack(PlainOut(), tmp_path, free_port(), free_port(), free_port(), ports.base)
     stack.storage = StorageServers(tmp_path / "storage", tmp_path / "logs", ports)  # not started
     for spec in SERVICES:
@@ -46,7 +38,7 @@ def test_only_the_node_agent_is_told_the_storage_servers(tmp_path: Path) -> None
 
 
 def test_up_data_starts_prints_and_stops_the_storage_servers(tmp_path: Path) -> None:
-    ports = _storage_ports()
+    ports = free_storage_ports()
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     env.update(
@@ -85,7 +77,7 @@ def test_up_data_starts_prints_and_stops_the_storage_servers(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("busy", ["s3", "ftp"])
 def test_up_data_refuses_a_busy_storage_port(tmp_path: Path, busy: str) -> None:
-    ports = _storage_ports()
+    ports = free_storage_ports()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     env.update(
         GPUFLEET_RUN_DIR=str(tmp_path / "run"),

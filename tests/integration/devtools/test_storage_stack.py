@@ -17,23 +17,14 @@ import pytest
 from azure.storage.blob import BlobServiceClient
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-from gpufleet_devstack.processes import free_port, port_in_use
 from gpufleet_devstack.storage import demo
 from gpufleet_devstack.storage.repos import GIT_ENV
-from gpufleet_devstack.storage.servers import StoragePorts, StorageServers
-
-
-def _free_ports() -> StoragePorts:
-    for _ in range(20):
-        ports = StoragePorts(free_port())
-        if max(ports.all()) < 65536 and not any(port_in_use(p) for p in ports.all()):
-            return ports
-    raise AssertionError("no 20 consecutive free ports")
+from gpufleet_devstack.storage.servers import StorageServers, free_storage_ports
 
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[StorageServers]:
-    servers = StorageServers(tmp_path / "storage", tmp_path / "logs", _free_ports())
+    servers = StorageServers(tmp_path / "storage", tmp_path / "logs", free_storage_ports())
     servers.start()
     try:
         yield servers

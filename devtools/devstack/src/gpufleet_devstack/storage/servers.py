@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from gpufleet_auth import write_secret
 
 from gpufleet_devstack._server import ServerProcess
-from gpufleet_devstack.processes import DevstackError
+from gpufleet_devstack.processes import DevstackError, port_in_use
 from gpufleet_devstack.storage import demo
 from gpufleet_devstack.storage.azurite import AzuriteBlob
 from gpufleet_devstack.storage.ftp import FtpServer
@@ -25,7 +26,7 @@ from gpufleet_devstack.storage.s3 import S3Server
 from gpufleet_devstack.storage.tls import local_tls
 from gpufleet_devstack.storage.web import WebServer
 
-__all__ = ["StoragePorts", "StorageServers"]
+__all__ = ["StoragePorts", "StorageServers", "free_storage_ports"]
 
 PASSIVE_FROM, PASSIVE_TO = 10, 19  # FTP's data connections: base + 10 .. base + 19
 PLATFORM_BUCKET = "gpufleet-platform"  # the datastore's platform objects (--data)
@@ -50,6 +51,29 @@ class StoragePorts:
     def all(self) -> list[int]:
         low, high = self.passive
         return [*self.named.values(), *range(low, high + 1)]
+
+
+def free_storage_ports(tries: int = 50) -> StoragePorts:
+    """A block of free ports for a second set of storage servers (tests): below the kernel's
+    ephemeral range, where the outgoing connections of the servers starting beside them
+    (which take any ephemeral port) cannot take one of the block between this check and
+    their bind."""
+    low, _ = _ephemeral_range()
+    block = PASSIVE_TO + 1
+    rng = random.Random()
+    for _ in range(tries):
+        ports = StoragePorts(rng.randrange(20000, low - block))
+        if not any(port_in_use(p) for p in ports.all()):
+            return ports
+    raise DevstackError(f"no {block} consecutive free ports below {low}")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 class StorageServers:
