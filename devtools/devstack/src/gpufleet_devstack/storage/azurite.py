@@ -17,11 +17,11 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 from gpufleet_devstack.storage.tls import LocalTls
 
 __all__ = ["AzureEndpoint", "AzuriteBlob", "ensure_azurite", "find_azurite", "running_azurite"]
@@ -150,13 +150,9 @@ class AzuriteBlob(RootedServer):
             return False
 
 
-@contextlib.contextmanager
-def running_azurite(root: Path, tls: LocalTls | None = None) -> Iterator[AzuriteBlob]:
+def running_azurite(
+    root: Path, tls: LocalTls | None = None
+) -> contextlib.AbstractContextManager[AzuriteBlob]:
     """An AzuriteBlob storing under `root` (https with `tls`) for a block, stopped when it
     ends."""
-    server = AzuriteBlob(root, tls=tls)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(AzuriteBlob(root, tls=tls))

@@ -11,13 +11,12 @@ import argparse
 import contextlib
 import ftplib
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet_auth import write_secret
 
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 
 __all__ = ["FtpEndpoint", "FtpServer", "running_ftp"]
 
@@ -90,15 +89,9 @@ class FtpServer(RootedServer):
             return False
 
 
-@contextlib.contextmanager
-def running_ftp(root: Path) -> Iterator[FtpServer]:
+def running_ftp(root: Path) -> contextlib.AbstractContextManager[FtpServer]:
     """An FtpServer of the files under `root`, for a block."""
-    server = FtpServer(root)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(FtpServer(root))
 
 
 # -- the child ---------------------------------------------------------------------------

@@ -12,11 +12,10 @@ import contextlib
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 
 __all__ = ["GcsEndpoint", "GcsServer", "running_gcs"]
 
@@ -72,12 +71,6 @@ class GcsServer(RootedServer):
             return False
 
 
-@contextlib.contextmanager
-def running_gcs(root: Path) -> Iterator[GcsServer]:
+def running_gcs(root: Path) -> contextlib.AbstractContextManager[GcsServer]:
     """A GcsServer storing under `root`, for a block, stopped when it ends."""
-    server = GcsServer(root)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(GcsServer(root))

@@ -6,11 +6,10 @@ second process, which a SIGKILL of the first leaves behind on the port."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 from gpufleet_devstack.storage.repos import git_program
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 
 __all__ = ["GitDaemon", "running_git_daemon"]
 
@@ -41,12 +40,6 @@ class GitDaemon(RootedServer):
         return True  # it accepts connections once it serves
 
 
-@contextlib.contextmanager
-def running_git_daemon(root: Path) -> Iterator[GitDaemon]:
+def running_git_daemon(root: Path) -> contextlib.AbstractContextManager[GitDaemon]:
     """A GitDaemon serving the bare repositories under `root`, for a block."""
-    server = GitDaemon(root)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(GitDaemon(root))

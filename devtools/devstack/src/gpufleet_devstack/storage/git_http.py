@@ -18,12 +18,11 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from gpufleet_devstack.storage.repos import git_program
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 
 __all__ = ["GitHttp", "running_git_http"]
 
@@ -61,15 +60,9 @@ class GitHttp(RootedServer):
             return False
 
 
-@contextlib.contextmanager
-def running_git_http(root: Path) -> Iterator[GitHttp]:
+def running_git_http(root: Path) -> contextlib.AbstractContextManager[GitHttp]:
     """A GitHttp serving the bare repositories under `root`, for a block."""
-    server = GitHttp(root)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(GitHttp(root))
 
 
 # -- the child: the HTTP server in front of `git http-backend` ---------------------------

@@ -3,10 +3,24 @@ log beside `root` (`<root>.<log_name>.log`) unless given."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from gpufleet_devstack._server import ServerProcess
+
+S = TypeVar("S", bound=ServerProcess)
+
+
+@contextlib.contextmanager
+def running(server: S) -> Iterator[S]:
+    """`server` started for a block, stopped when it ends."""
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class RootedServer(ServerProcess):

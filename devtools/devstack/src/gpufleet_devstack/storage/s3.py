@@ -11,12 +11,11 @@ import contextlib
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 
 __all__ = ["S3Endpoint", "S3Server", "running_s3"]
 
@@ -64,12 +63,6 @@ class S3Server(RootedServer):
             return False
 
 
-@contextlib.contextmanager
-def running_s3(root: Path) -> Iterator[S3Server]:
+def running_s3(root: Path) -> contextlib.AbstractContextManager[S3Server]:
     """An S3Server for a block, stopped when it ends."""
-    server = S3Server(root)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(S3Server(root))

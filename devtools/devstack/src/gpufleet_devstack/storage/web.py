@@ -18,11 +18,10 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpufleet_devstack.storage.rooted import RootedServer
+from gpufleet_devstack.storage.rooted import RootedServer, running
 from gpufleet_devstack.storage.tls import LocalTls
 
 __all__ = ["WebServer", "running_web"]
@@ -76,15 +75,11 @@ class WebServer(RootedServer):
             return False
 
 
-@contextlib.contextmanager
-def running_web(root: Path, tls: LocalTls | None = None) -> Iterator[WebServer]:
+def running_web(
+    root: Path, tls: LocalTls | None = None
+) -> contextlib.AbstractContextManager[WebServer]:
     """A WebServer of the files under `root` (https with `tls`), for a block."""
-    server = WebServer(root, tls=tls)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return running(WebServer(root, tls=tls))
 
 
 # -- the child ---------------------------------------------------------------------------
