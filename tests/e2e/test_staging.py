@@ -1,12 +1,15 @@
 """Jobs get their data and return their outputs, through the running system and the CLI,
 against the storage servers of `just up --data` (real S3, GCS, Azure Blob, git and web
 servers on this machine): the demo job as `just up --data` prints it (its dataset an
-archive from S3, its code from git over http, its output to Azure) ends `finished` after
+archive from S3, its code from git over http, a platform checkpoint it reads at
+/opt/ml/checkpoint, its output to Azure) ends `finished` after
 `uploading`, and the container holds `<name>.zip` with exactly what it wrote; the same from
 and to GCS; a two-worker job uploads one zip per worker; a missing object, an archive with
 a `../` entry and an address the operator did not allow each fail the job with the reason,
 leaving nothing outside the worker's directory; a job's `platform` model output is a later
-job's model code; a second job with the same dataset on the node transfers no bytes.
+job's model code; a second job with the same dataset on the node transfers no bytes; a job
+with `local` input and output waits for `gpufleet job connect`, which sends a directory from
+this machine and receives the job's zip.
 
 Workers run in containers (the agent's default), as on a node that sells its GPUs.
 """
@@ -18,6 +21,7 @@ import io
 import json
 import shutil
 import tarfile
+import time
 import zipfile
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +98,7 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Staged]:
         )
         try:
             system.start()
+            storage.seed_platform(system.mongo.url, "local")  # the demo's checkpoint
             for kind in ("wasabi", "azure"):
                 system.cli(
                     "key", "add", kind, "--from-file", str(storage.keys_dir / f"{kind}.json")
@@ -128,7 +133,9 @@ def test_the_demo_job_as_printed_stages_from_s3_and_git_and_uploads_to_azure(
     assert done["state"] == "finished", staged.reason(done)
     states = [h["state"] for h in done["history"]]
     assert states.index("running") < states.index("uploading") < states.index("finished"), states
-    assert "mean absolute error" in system.cli("job", "logs", job["id"]).stdout
+    logs = system.cli("job", "logs", job["id"]).stdout
+    assert "mean absolute error" in logs
+    assert f"checkpoint {demo.CHECKPOINT}: from y = 1.0 * x + 0.0" in logs, logs
     blob = staged.azure_container().download_blob(f"outputs/{demo.JOB_NAME}.zip").readall()
     _wrote(_zip_names(blob))
 
@@ -263,3 +270,37 @@ def test_a_platform_model_output_is_a_later_jobs_model(staged: Staged) -> None:
     done = system.wait_state(job_id, "finished", "failed", timeout=300)
     assert done["state"] == "finished", staged.reason(done)
     assert "weights 42" in system.cli("job", "logs", job_id).stdout
+
+
+def test_local_data_goes_through_job_connect(staged: Staged) -> None:
+    system = staged.system
+    data = system.root / "local-data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.txt").write_text("alpha\n")
+    (data / "sub" / "b.txt").write_text("beta\n")
+    spec = {
+        "type": "inference",
+        "gpu_types": ["RTX 3090"],
+        "gpu_count": 1,
+        "max_price": "1.0",
+        "input_data": {"type": "local", "path": str(data)},
+        "output_data": {"type": "local", "path": "~/results"},
+        "command": [
+            "sh",
+            "-c",
+            "cat /opt/ml/input/a.txt /opt/ml/input/sub/b.txt > /opt/ml/output/both.txt",
+        ],
+    }
+    job_id = staged.submit_file(spec, "connected")
+    deadline = time.monotonic() + 180
+    while "waiting for you to connect" not in str(system.job(job_id).get("progress")):
+        assert time.monotonic() < deadline, system.job(job_id)
+        time.sleep(1)
+    assert system.job(job_id)["state"] == "starting"
+    into = system.root / "received"
+    connected = system.cli("job", "connect", job_id, "--into", str(into), timeout=300)
+    assert f"sent {data}" in connected.stdout, connected.stdout + connected.stderr
+    done = system.wait_state(job_id, "finished", "failed", timeout=60)
+    assert done["state"] == "finished", staged.reason(done)
+    files = _zip_names((into / "connected.zip").read_bytes())
+    assert files["both.txt"] == b"alpha\nbeta\n" and set(files) == {"both.txt", "MANIFEST.sha256"}

@@ -1,4 +1,4 @@
-"""`gpufleet job ...`: submit, show, list, logs, cancel."""
+"""`gpufleet job ...`: submit, show, list, logs, connect, cancel."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListAllJobs, ListJobs, WorkerState
 
 from . import client, logs, render, spec, views
+from . import connect as connecting
 from .client import CliError, StreamRecord
 from .common import JsonFlag
 
@@ -339,6 +340,26 @@ def logs_(
         render.emit_json({"job_id": job_id, "workers": workers})
     else:
         sys.stdout.write(logs.join(workers, logs.several(job, workers)))
+
+
+@app.command()
+def connect(
+    job_id: JobId,
+    into: Annotated[
+        Path,
+        typer.Option(
+            "--into", metavar="DIR", help="Where its local output is received (default: here)."
+        ),
+    ] = Path("."),
+) -> None:
+    """Send a job's local data from this machine, and receive its local output. The job
+    waits for it in `starting` ("waiting for you to connect"); its output, once put, is kept
+    for a week: run this again to receive it."""
+    with render.reported(False):
+        try:
+            connecting.connect(job_id, into)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
 
 
 @app.command()

@@ -3,7 +3,8 @@ a local package index (a PEP 503 simple index of wheels built here, served on th
 own address, which the build network reaches and the job's does not), are installed in a
 build with the network, in the order apt, conda, requirements.txt, pip, and the job runs
 offline in the result; a second job finds the build (no new build); concurrent workers
-wait for one build; a failing install fails the worker with its step and output.
+wait for one build; a failing install fails the worker with its step and output; a
+requirements.txt at the top of the staged model code takes the requirements.txt place.
 
 python3-pip and the apt test's package come from Debian's archive (deb.debian.org, reached
 from the build container); the tests are skipped where it cannot be reached.
@@ -23,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet_contracts.jobs import StartWorker, WorkerState
+from gpufleet_contracts.jobs import Mount, MountKind, StartWorker, WorkerState
 from gpufleet_contracts.jobspec import BaseEnvironment, Packages
+from gpufleet_contracts.locations import GitSource, Source
 from gpufleet_devstack.pyindex import LocalIndex, debian_reachable, host_address, wheel
 from gpufleet_node_agent.baseimage import BASE_IMAGE, podman_env
 from gpufleet_node_agent.builds import BuildConfig, container_argv
@@ -32,6 +34,7 @@ from gpufleet_node_agent.environments import ENV_REPO
 from gpufleet_node_agent.packages import NO_CONDA, PKG_REPO
 from gpufleet_node_agent.runtimes.podman import PodmanRuntime
 from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.staging.registry import Fetchers, Transfer
 from gpufleet_node_agent.worker.manager import WorkerManager
 
 from .podman_support import CONF, Broker, container_record, until_finished
@@ -67,7 +70,9 @@ def podman(*args: str) -> str:
     return res.stdout.strip()
 
 
-def manager(state: Path, minion: str, index: Index) -> WorkerManager:
+def manager(
+    state: Path, minion: str, index: Index, fetchers: Fetchers | None = None
+) -> WorkerManager:
     config = PodmanConfig(
         image=BASE_IMAGE,
         containers_conf=CONF,
@@ -76,7 +81,7 @@ def manager(state: Path, minion: str, index: Index) -> WorkerManager:
         stop_grace_s=2,
         build=BuildConfig(index_url=index.url, timeout_s=600, build_dir=state / "builds"),
     )
-    runtime = PodmanRuntime(config, minion)
+    runtime = PodmanRuntime(config, minion, fetchers=fetchers)
     runtime.node_gpus = 1
     return WorkerManager(state, minion, Broker(), gpu_indices=[0], runtime=runtime)
 
@@ -158,6 +163,34 @@ async def test_pip_and_requirements_from_the_index_in_order_once_per_node(
     assert tag == run_image(m, again.placement_id)
     assert podman("image", "inspect", "--format", "{{.Id}}", tag) == image_id
     podman("rmi", "--force", tag)
+
+
+async def test_a_requirements_txt_of_the_model_code_takes_the_requirements_txt_place(
+    tmp_path: Path, minion: str, index: Index
+) -> None:
+    """The model code's requirements.txt (here a fetcher's, as git would stage it) pins tiny
+    0.9, the spec's pip asks for 1.0: apt, conda, that file, pip; 1.0 wins."""
+
+    async def clone(source: Source, dest: Path, t: Transfer) -> None:
+        (dest / "requirements.txt").write_text("# the model's\ngpufleet-tiny==0.9\ngpufleet-req\n")
+
+    owner = f"acct-{uuid.uuid4().hex[:8]}"
+    m = manager(tmp_path / "state", minion, index, Fetchers({"git": clone}))
+    code = "import gpufleet_tiny, gpufleet_req; print(gpufleet_tiny.VERSION, gpufleet_req.VALUE)"
+    model = Mount(
+        target="/opt/ml/models",
+        kind=MountKind.model,
+        source=GitSource(url="https://git.example/model.git"),
+        env="ML_MODEL_PATH",
+    )
+    cmd = start(minion, code, owner, packages=Packages(pip=["gpufleet-tiny==1.0"]), mounts=[model])
+    assert m.start(cmd)
+    done = await until_finished(m, cmd.placement_id, within=600)
+    assert (done.state, done.exit_code) == (WorkerState.finished, 0), done.reason
+    assert done.log_tail.endswith("1.0 from requirements.txt\n"), done.log_tail
+    log = m.worker_dir(cmd.placement_id).joinpath("log").read_text()
+    assert "packages: requirements.txt (/opt/ml/models/requirements.txt) (2), then pip (1)" in log
+    podman("rmi", "--force", run_image(m, cmd.placement_id))
 
 
 async def test_a_failing_install_fails_the_worker_with_its_step_and_output(

@@ -1,5 +1,6 @@
 """`just up --data`'s demo (gpufleet_devstack.storage.demo): the job file is a valid job
-spec, the dataset archive is the same every time, and the model's train.py fits it."""
+spec, the dataset and checkpoint archives are the same every time, and the model's train.py
+fits the dataset, starting from the checkpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,7 @@ def test_the_demo_job_is_a_valid_job_spec() -> None:
     assert spec.output_data.type is StorageType.azure
     assert spec.output_data.path == "https://127.0.0.1:5062/devstoreaccount1/demo/outputs/"
     assert spec.environment.keys == ["wasabi", "azure"]
+    assert [c.name for c in spec.checkpoints] == [demo.CHECKPOINT]
 
 
 def test_the_dataset_archive_is_the_same_every_time() -> None:
@@ -55,19 +58,39 @@ def test_the_dataset_archive_is_the_same_every_time() -> None:
     assert rows[0] == "x,y" and len(rows) == 201
 
 
-def test_train_py_fits_the_archive_in_its_input(tmp_path: Path) -> None:
-    """As a worker runs it: the archive in ML_DATA_PATH, the model in ML_OUTPUT_PATH."""
+def test_the_checkpoint_archive_is_the_same_every_time() -> None:
+    archive = demo.checkpoint_archive()
+    assert archive == demo.checkpoint_archive()
+    with zipfile.ZipFile(io.BytesIO(archive)) as z:
+        assert z.namelist() == ["start.json"]
+        assert json.loads(z.read("start.json"))["name"] == demo.CHECKPOINT
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_train_py_fits_the_archive_in_its_input(tmp_path: Path, checkpoint: bool) -> None:
+    """As a worker runs it: the archive in ML_DATA_PATH, the checkpoint (if any) unpacked in
+    ML_CHECKPOINT_PATH, the model in ML_OUTPUT_PATH."""
     (tmp_path / "input").mkdir()
     (tmp_path / "input" / demo.DATASET).write_bytes(demo.dataset_archive())
     (tmp_path / "train.py").write_text(demo.MODEL_FILES["train.py"])
+    (tmp_path / "checkpoint").mkdir()
+    if checkpoint:
+        with zipfile.ZipFile(io.BytesIO(demo.checkpoint_archive())) as z:
+            z.extractall(tmp_path / "checkpoint")
     done = subprocess.run(
         [sys.executable, str(tmp_path / "train.py")],
-        env={"ML_DATA_PATH": str(tmp_path / "input"), "ML_OUTPUT_PATH": str(tmp_path / "out")},
+        env={
+            "ML_DATA_PATH": str(tmp_path / "input"),
+            "ML_OUTPUT_PATH": str(tmp_path / "out"),
+            "ML_CHECKPOINT_PATH": str(tmp_path / "checkpoint"),
+        },
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+    said = f"checkpoint {demo.CHECKPOINT}: from y = 1.0 * x + 0.0"
+    assert (said in done.stdout) is checkpoint
     model = json.loads((tmp_path / "out" / "model.json").read_text())
     assert model["a"] == pytest.approx(3, abs=0.1) and model["b"] == pytest.approx(2, abs=0.3)
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["test_mae"] < 0.6

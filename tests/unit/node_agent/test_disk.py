@@ -217,3 +217,42 @@ def test_a_mount_the_kernel_refuses_is_the_workers_error_not_a_fallback(
     assert disk.mount(tmp_path / "disk.img", tmp_path / "disk") == (
         "[Errno 22] mount of disk.img: Invalid argument"
     )
+
+
+async def test_a_checkpoint_is_filled_on_the_quota_filesystem_where_the_container_sees_it(
+    tmp_path: Path,
+) -> None:
+    """/opt/ml/checkpoint is bound from the quota filesystem: a checkpoint fetched into the
+    worker's mnt/ would be hidden under that bind. The inputs and models stay in mnt/."""
+    from gpufleet_contracts.jobs import Mount, MountKind
+    from gpufleet_contracts.locations import PlatformAsset, PlatformRef, Source
+    from gpufleet_node_agent.runtimes.podman import PodmanRuntime
+    from gpufleet_node_agent.runtimes.podman_args import PodmanConfig, quota_binds
+    from gpufleet_node_agent.staging.registry import Fetchers, Transfer
+    from gpufleet_node_agent.steps.inputs import InputsStep
+    from gpufleet_node_agent.worker.workdir import Worker
+
+    w = tmp_path / "w"
+    assert disk.filled_at(w, "/opt/ml/checkpoint") == w / "disk/checkpoint"
+    assert disk.filled_at(w, "/opt/ml/checkpoint/My_Ck") == w / "disk/checkpoint/My_Ck"
+    assert disk.filled_at(w, "/opt/ml/checkpoint/../x") == w / "disk/checkpoint/x"
+    assert disk.filled_at(w, "/opt/ml/checkpointed") == w / "mnt/opt/ml/checkpointed"
+    assert disk.filled_at(w, "/opt/ml/input/coco") == w / "mnt/opt/ml/input/coco"
+    assert disk.filled_at(w, "/opt/ml/models") == w / "mnt/opt/ml/models"
+    seen = {b.target: b.host for b in quota_binds(w)}
+    assert seen["/opt/ml/checkpoint"] == disk.filled_at(w, "/opt/ml/checkpoint")
+    assert seen["/opt/ml/models"] == disk.filled_at(w, "/opt/ml/models")
+
+    async def fetch(source: Source, dest: Path, t: Transfer) -> None:
+        (dest / "step.txt").write_text("41\n")
+
+    fetchers = Fetchers({"platform": fetch})
+    ck = PlatformRef(asset=PlatformAsset.checkpoint, name="ck")
+    mounts = (Mount(target="/opt/ml/checkpoint", kind=MountKind.checkpoint, source=ck),)
+    worker = Worker(specs.WorkerSpec(placement_id="p", job_id="j", worker=0, mounts=mounts), w)
+    for quota, at in ((True, "disk/checkpoint"), (False, "mnt/opt/ml/checkpoint")):
+        config = PodmanConfig(image="localhost/none", disk_quota=quota)
+        runtime = PodmanRuntime(config, "m1", fetchers=fetchers)
+        (inputs,) = [s for s in runtime.steps if isinstance(s, InputsStep)]
+        await inputs.setup(worker)
+        assert (w / at / "step.txt").read_text() == "41\n"

@@ -42,3 +42,9 @@ def test_nothing_on_its_way_says_nothing() -> None:
     assert text([]) is None
     assert text([item(state="done", done=5, total=5)]) is None
     assert text([item(total=2_000)]) == "downloading s3://b/train.tar: 0.0 of 2.0 kB (not begun)"
+
+
+def test_local_data_not_sent_says_the_job_waits_for_you() -> None:
+    waiting = item(kind="local", names="~/data", state="waiting")
+    moving = item(done=1_000, total=2_000, state="fetching")
+    assert text([waiting, moving]) == ("waiting for you to connect (~/data: gpufleet job connect)")

@@ -190,6 +190,7 @@ class Stack:
         self.storage = storage
         try:
             storage.seed()
+            storage.seed_platform(self.mongo.url, identities.LOCAL_ACCOUNT)
         except Exception as exc:  # a client's error, whichever: the stack stops, said why
             raise DevstackError(f"the storage servers' demo data was not put: {exc}") from exc
         self.out.ok(

@@ -172,6 +172,10 @@ SERVICES: dict[str, Grant] = {
             # a platform object's URL for a placement's node, its upload done (datastore)
             f"{S}.svc.datastore.grant_platform_object",
             f"{S}.svc.datastore.complete_platform_object",
+            # a job's `local` data relayed through the store (`job connect`, its nodes)
+            f"{S}.svc.datastore.grant_relay",
+            f"{S}.svc.datastore.complete_relay",
+            f"{S}.svc.datastore.list_relayed",
         ),
         # a node's requests for its placements' platform objects
         sub=(f"{S}.nrpc.scheduler.*.*",),
@@ -233,6 +237,9 @@ NODE = Grant(
         # its placements' platform objects, asked of the scheduler (answered to its inbox)
         f"{S}.nrpc.scheduler.stage_platform_object.{{minion_id}}",
         f"{S}.nrpc.scheduler.complete_platform_upload.{{minion_id}}",
+        # its placements' `local` data, relayed from and to the user's machine
+        f"{S}.nrpc.scheduler.stage_local_data.{{minion_id}}",
+        f"{S}.nrpc.scheduler.complete_local_upload.{{minion_id}}",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
         f"$JS.ACK.{COMMANDS}.node-{{minion_id}}.>",

@@ -301,6 +301,7 @@ class WorkerUploading(Event):
 class StagingState(StrEnum):
     pending = "pending"
     fetching = "fetching"  # or putting, for the output
+    waiting = "waiting"  # `local` data: for the user to send it (`gpufleet job connect`)
     done = "done"
     failed = "failed"
 

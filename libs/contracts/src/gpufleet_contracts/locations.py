@@ -118,7 +118,9 @@ class WebSource(BaseModel):
 
 
 class LocalSource(BaseModel):
-    """A path on the node: `/abs`, `~/rel` or `$VAR/rel` (never `./`)."""
+    """A path on the user's own machine: `/abs`, `~/rel` or `$VAR/rel` (never `./`), expanded
+    there by `gpufleet job connect`, which sends it (or receives the output) through the
+    platform's store (localdata.py); never a path on the node."""
 
     model_config = _FROZEN
     kind: Literal["local"] = "local"

@@ -4,12 +4,21 @@ in the one wiring table below.
 Regional datastores and port reservations (R-RES-*) own their collections here and follow in
 their own issues; platform objects (R-JOB-3, R-JOB-4) are served: an account's reads and
 removals on its own subjects, the scheduler's grants of presigned URLs on `svc.datastore.*`,
-which only the scheduler may publish (gpufleet_auth.permissions).
+which only the scheduler may publish (gpufleet_auth.permissions); so is the relay of jobs'
+`local` data (relay.py), removed RELAY_DAYS after it was sent.
 """
 
 from __future__ import annotations
 
-from gpufleet_bus import Ports, Request, Service, ServiceRuntime
+from gpufleet_bus import Every, Ports, Request, Service, ServiceRuntime
+from gpufleet_contracts.localdata import (
+    CompleteRelay,
+    GrantRelay,
+    ListRelayed,
+    LocalStage,
+    RelayedList,
+    RelayedView,
+)
 from gpufleet_contracts.platform import (
     CompletePlatformObject,
     GetPlatformObject,
@@ -24,9 +33,10 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pymongo import ASCENDING, IndexModel
 
-from . import objects
+from . import objects, relay
 from .bucket import Bucket
 from .objects import PlatformObjects
+from .relay import Relay
 
 SERVICE = "datastore"
 
@@ -41,7 +51,9 @@ INDEXES = {
         ),
     ],
     **objects.INDEXES,
+    **relay.INDEXES,
 }
+EXPIRE_EVERY_S = 3600.0
 
 
 class PlatformSettings(BaseSettings):
@@ -62,8 +74,9 @@ class Handlers:
     """Requests act for the account of their subject (R-TEN-2); the grants for the account
     the scheduler names, which it took from its own record of the placement's job."""
 
-    def __init__(self, platform: PlatformObjects) -> None:
+    def __init__(self, platform: PlatformObjects, relay: Relay) -> None:
         self.platform = platform
+        self.relay = relay
 
     async def list_platform_objects(
         self, body: ListPlatformObjects, account: str
@@ -87,6 +100,15 @@ class Handlers:
     async def complete_platform_object(self, body: CompletePlatformObject) -> PlatformObjectView:
         return await self.platform.complete(body)
 
+    async def grant_relay(self, body: GrantRelay) -> LocalStage:
+        return await self.relay.grant(body)
+
+    async def complete_relay(self, body: CompleteRelay) -> RelayedView:
+        return await self.relay.complete(body)
+
+    async def list_relayed(self, body: ListRelayed) -> RelayedList:
+        return await self.relay.list(body.account, body.job_id)
+
 
 def build_bucket(settings: PlatformSettings) -> Bucket | None:
     if not settings.bucket:
@@ -104,7 +126,8 @@ def build_app(ports: Ports, settings: PlatformSettings | None = None) -> Service
     settings = settings or PlatformSettings()
     bucket = build_bucket(settings)
     platform = PlatformObjects(ports.db.db, bucket, ports.clock, settings.url_ttl_s)
-    on = Handlers(platform)
+    relayed = Relay(ports.db.db, bucket, ports.clock, settings.url_ttl_s)
+    on = Handlers(platform, relayed)
     rt = ServiceRuntime(SERVICE, ports, indexes=INDEXES)
     rt.wire(
         requests={
@@ -125,7 +148,11 @@ def build_app(ports: Ports, settings: PlatformSettings | None = None) -> Service
             CompletePlatformObject.SUBJECT: Request(
                 on.complete_platform_object, description=CompletePlatformObject.__doc__
             ),
+            GrantRelay.SUBJECT: Request(on.grant_relay, description=GrantRelay.__doc__),
+            CompleteRelay.SUBJECT: Request(on.complete_relay, description=CompleteRelay.__doc__),
+            ListRelayed.SUBJECT: Request(on.list_relayed, description=ListRelayed.__doc__),
         },
+        every=[Every(EXPIRE_EVERY_S, relayed.expire, "relay-expiry", at_start=False)],
         prepare=[bucket.ensure] if bucket is not None and settings.create_bucket else [],
     )
     return rt.built(platform)

@@ -11,7 +11,7 @@ the contract refuses URLs, local paths and installer options
 
 A requirements.txt found in the job's model code is installed in the requirements.txt step's
 place too, before the spec's own lines (`ModelRequirements`, checked line by line with the
-same grammar). Finding and reading it is the model code staging's (not done yet).
+same grammar); the image step reads it from the staged model code (steps/image.py).
 """
 
 from __future__ import annotations
@@ -80,7 +80,11 @@ def model_requirements(path: str, text: str) -> ModelRequirements:
     line by line as the contract checks `packages.requirements` at submission
     (gpufleet_contracts.package_entries); UnsafeRequirement names the first line refused."""
     lines = tuple(line.strip() for line in text.splitlines())
+    count = 0
     for number, line in enumerate(lines, start=1):
+        count += bool(_items("requirements", [line]))
+        if count > limits.PACKAGES:  # as many as a spec's `packages.requirements` holds
+            raise UnsafeRequirement(path, number, line, f"more than {limits.PACKAGES} requirements")
         problem = name_problem(line)
         if problem is None and len(line) > limits.PACKAGE_CHARS:
             problem = f"longer than {limits.PACKAGE_CHARS} characters"

@@ -4,8 +4,9 @@
    environment (environments.py): the base image, an operator's image, or one built once
    per node (builds.py);
 2. its packages (packages.py), installed into that image by a build with the network, in
-   the order apt, conda, requirements.txt, pip, the result cached under a tag keyed by the
-   image's ID, the packages, the index and the job's owner; the job then runs offline;
+   the order apt, conda, requirements.txt (a requirements.txt of its model code, then the
+   spec's lines), pip, the result cached under a tag keyed by the image's ID, the packages,
+   the index and the job's owner; the job then runs offline;
 3. the image it will run checked against its `disk_size_gb`.
 
 Progress goes into the worker's `log` (shipped as its log, so `gpufleet logs` shows it while
@@ -17,7 +18,7 @@ from __future__ import annotations
 from .builds import Builder, Podman
 from .environments import EnvChoice, choose, with_pip
 from .images import pull_image, qualified, size_error
-from .packages import Step, build_key, package_tag, plan
+from .packages import ModelRequirements, Step, build_key, package_tag, plan
 from .runtimes.podman_args import PodmanConfig
 from .worker.spec import WorkerSpec
 from .worker.workdir import Worker
@@ -36,24 +37,27 @@ def env_choice(spec: WorkerSpec, config: PodmanConfig) -> EnvChoice:
     return choose(wanted, config.image, config.base_environments)
 
 
-def package_steps(spec: WorkerSpec) -> tuple[Step, ...]:
-    if spec.packages.empty():
+def package_steps(spec: WorkerSpec, model: ModelRequirements | None = None) -> tuple[Step, ...]:
+    """Its packages' steps; `model`: the requirements.txt found in its model code."""
+    if spec.packages.empty() and model is None:
         return ()
-    return plan(spec.packages.model_dump(mode="json"))
+    return plan(spec.packages.model_dump(mode="json"), model)
 
 
-def needs_preparing(spec: WorkerSpec, config: PodmanConfig) -> bool:
+def needs_preparing(
+    spec: WorkerSpec, config: PodmanConfig, model: ModelRequirements | None = None
+) -> bool:
     """Anything to do before the container runs beyond the base image (made sure of once)?"""
-    if spec.image or package_steps(spec):
+    if spec.image or package_steps(spec, model):
         return True
     choice = env_choice(spec, config)
     return choice.refused is not None or choice.image != config.image
 
 
 async def _environment(
-    podman: Podman, builder: Builder, w: Worker, config: PodmanConfig
+    podman: Podman, builder: Builder, w: Worker, config: PodmanConfig, steps: tuple[Step, ...]
 ) -> tuple[str, str | None]:
-    """The image the packages go into (the customer's or the base environment's)."""
+    """The image the packages (`steps`) go into (the customer's or the base environment's)."""
     spec = w.spec
     disk = spec.disk_size_gb or DEFAULT_DISK_GB
     image = spec.image
@@ -64,7 +68,7 @@ async def _environment(
     choice = env_choice(spec, config)
     if choice.refused is not None:
         return "", choice.refused
-    if any(s.kind in ("requirements", "pip") for s in package_steps(spec)):
+    if any(s.kind in ("requirements", "pip") for s in steps):
         choice = with_pip(choice, config.image)
     if choice.mapped and not await builder.exists(choice.image):
         say(w, f"pulling base environment {choice.image}")
@@ -81,14 +85,19 @@ async def _environment(
 
 
 async def prepare_image(
-    podman: Podman, builder: Builder, w: Worker, config: PodmanConfig
+    podman: Podman,
+    builder: Builder,
+    w: Worker,
+    config: PodmanConfig,
+    model: ModelRequirements | None = None,
 ) -> tuple[str, str | None]:
-    """(the image the worker runs in, None), or (_, why it cannot run)."""
+    """(the image the worker runs in, None), or (_, why it cannot run); `model`: the
+    requirements.txt found in its model code."""
     spec = w.spec
-    image, error = await _environment(podman, builder, w, config)
+    steps = package_steps(spec, model)
+    image, error = await _environment(podman, builder, w, config, steps)
     if error is not None:
         return image, error
-    steps = package_steps(spec)
     if steps:
         rc, out, err = await podman("image", "inspect", "--format", "{{.Id}}", image)
         if rc != 0:

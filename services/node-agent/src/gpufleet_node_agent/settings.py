@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .baseimage import BASE_IMAGE
 from .buildnet import parse_allow
 from .environments import parse_env_map
+from .staging.datastores import parse_roots
 
 # A minion id becomes one NATS subject token and part of a durable consumer name.
 MINION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -163,6 +164,10 @@ class AgentSettings(BaseSettings):
     # The node's content cache (README "Cache"), under <agent_state_dir>/staging-cache/:
     # what its entries may hold at most (least recently used evicted past it); 0: off.
     staging_cache_bytes: int = Field(default=50 * 1024**3, ge=0)
+    # The region's datastores on this node (README "Regional datastores", R-RES-2): each
+    # one's root directory here (the NFS or SMB share the operator mounted), as
+    # `name=/abs/root,name2=/root2`; a job's `regional_datastore` path is copied from under it.
+    regional_datastores: str = ""
 
     def token(self) -> str | None:
         if self.join_token:
@@ -207,6 +212,12 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _env_map(cls, value: str) -> str:
         parse_env_map(value)  # refused at start-up, not at a job's
+        return value
+
+    @field_validator("regional_datastores")
+    @classmethod
+    def _datastore_roots(cls, value: str) -> str:
+        parse_roots(value)  # refused at start-up, not at a job's
         return value
 
     @field_validator("package_build_allow")

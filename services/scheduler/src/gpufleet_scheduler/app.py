@@ -44,6 +44,16 @@ from gpufleet_contracts.jobs import (
     WorkerUploading,
 )
 from gpufleet_contracts.keys import AttachKey, KeyList, KeyView, ListKeys, RemoveKey
+from gpufleet_contracts.localdata import (
+    CompleteLocalUpload,
+    ConnectJob,
+    LocalConnection,
+    LocalDataSent,
+    LocalMountView,
+    LocalStage,
+    RelayedView,
+    StageLocalData,
+)
 from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_contracts.platform import (
     CompletePlatformUpload,
@@ -65,6 +75,7 @@ from pymongo import ASCENDING, IndexModel
 
 from . import keystore, projects
 from .leadership import Lease
+from .localdata import LocalRelay
 from .platform import PlatformStaging
 from .reports import REPORTS_BATCH, REPORTS_LINGER_S, Report
 from .scheduler import Scheduler
@@ -100,12 +111,18 @@ class Handlers:
     account of their subject (R-TEN-2)."""
 
     def __init__(
-        self, sched: Scheduler, broker: NatsBroker, source: str, platform: PlatformStaging
+        self,
+        sched: Scheduler,
+        broker: NatsBroker,
+        source: str,
+        platform: PlatformStaging,
+        local: LocalRelay,
     ) -> None:
         self.sched = sched
         self.broker = broker
         self.source = source
         self.platform = platform
+        self.local = local
 
     # --- requests (core NATS, an account's) ---
 
@@ -136,6 +153,14 @@ class Handlers:
         return JobLogs.model_validate(
             await logs(body.job_id, account, body.after, body.limit, body.cursor)
         )
+
+    # --- `local` data (`job connect`): the job's own account only ---
+
+    async def connect_job(self, body: ConnectJob, account: str) -> LocalConnection:
+        return await self.local.connect(body, account)
+
+    async def local_data_sent(self, body: LocalDataSent, account: str) -> LocalMountView:
+        return await self.local.sent(body, account)
 
     # --- projects (R-TEN-1) ---
 
@@ -178,6 +203,14 @@ class Handlers:
     ) -> PlatformObjectView:
         """The asking node put its placement's platform output: the datastore checks it."""
         return await self.platform.complete(body, subjects.node_rpc_node(subject) or "")
+
+    async def stage_local_data(self, body: StageLocalData, subject: str) -> LocalStage:
+        """A presigned URL of a placement's relayed `local` data, or `waiting` for the user."""
+        return await self.local.stage(body, subjects.node_rpc_node(subject) or "")
+
+    async def complete_local_upload(self, body: CompleteLocalUpload, subject: str) -> RelayedView:
+        """The asking node put its placement's `local` output: the datastore checks it."""
+        return await self.local.complete(body, subjects.node_rpc_node(subject) or "")
 
     # --- events (JetStream, durable) ---
 
@@ -240,7 +273,8 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
         inbox_prefix=rt.inbox_prefix,
     )
     platform = PlatformStaging(sched.state, Asker(broker))
-    on = Handlers(sched, broker, rt.source, platform)
+    local = LocalRelay(sched.state, Asker(broker), platform.held)
+    on = Handlers(sched, broker, rt.source, platform, local)
 
     rt.wire(
         requests={
@@ -262,6 +296,8 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "attach_key": Request(on.attach_key, description=AttachKey.__doc__),
             "list_keys": Request(on.list_keys, description=ListKeys.__doc__),
             "remove_key": Request(on.remove_key, description=RemoveKey.__doc__),
+            "connect_job": Request(on.connect_job, description=ConnectJob.__doc__),
+            "local_data_sent": Request(on.local_data_sent, description=LocalDataSent.__doc__),
         },
         admin={
             "list_all_jobs": Request(on.list_all_jobs, description=ListAllJobs.__doc__),
@@ -272,6 +308,12 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             ),
             subjects.as_node(CompletePlatformUpload.SUBJECT, "*"): Request(
                 on.complete_platform_upload, description=CompletePlatformUpload.__doc__
+            ),
+            subjects.as_node(StageLocalData.SUBJECT, "*"): Request(
+                on.stage_local_data, description=StageLocalData.__doc__
+            ),
+            subjects.as_node(CompleteLocalUpload.SUBJECT, "*"): Request(
+                on.complete_local_upload, description=CompleteLocalUpload.__doc__
             ),
         },
         events={

@@ -48,7 +48,7 @@ class PlatformStaging:
         self.state = state
         self.ask = ask
 
-    async def _held(self, job_id: str, placement_id: str, worker: int, node: str) -> Doc:
+    async def held(self, job_id: str, placement_id: str, worker: int, node: str) -> Doc:
         """The job whose worker `node` holds under `placement_id` now, or NotFound."""
         job = await self.state.db.jobs.find_one({"_id": job_id})
         w = jobdoc.find_worker(job, worker, placement_id)
@@ -57,7 +57,7 @@ class PlatformStaging:
         return job
 
     async def stage(self, body: StagePlatformObject, node: str) -> PlatformGrant:
-        job = await self._held(body.job_id, body.placement_id, body.worker, node)
+        job = await self.held(body.job_id, body.placement_id, body.worker, node)
         spec = spec_of(job, self.state.box)
         mounts = plan(spec, body.worker)
         public = False
@@ -88,7 +88,7 @@ class PlatformStaging:
         return await self.ask(grant, PlatformGrant)
 
     async def complete(self, body: CompletePlatformUpload, node: str) -> PlatformObjectView:
-        job = await self._held(body.job_id, body.placement_id, body.worker, node)
+        job = await self.held(body.job_id, body.placement_id, body.worker, node)
         done = CompletePlatformObject(
             account=job["owner"], asset=body.asset, name=body.name, job_id=body.job_id
         )

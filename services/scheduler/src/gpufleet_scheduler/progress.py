@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+WAITING = "waiting for you to connect"
 VERBS = {"download": "downloading", "upload": "uploading"}
 UNITS = ((10**12, "TB"), (10**9, "GB"), (10**6, "MB"), (10**3, "kB"))
 
@@ -44,9 +45,13 @@ def line(item: Mapping[str, Any]) -> str:
 
 
 def text(items: Iterable[Mapping[str, Any]]) -> str | None:
-    """The items being moved now (`fetching`), or the first still to go, as one line;
-    None when nothing is on its way."""
+    """WAITING when `local` data waits for the user to send it; else the items being moved
+    now (`fetching`), or the first still to go, as one line; None when nothing is on its
+    way."""
     items = list(items)
+    waiting = [str(i.get("names")) for i in items if i.get("state") == "waiting"]
+    if waiting:
+        return f"{WAITING} ({', '.join(waiting)}: gpufleet job connect)"
     moving = [i for i in items if i.get("state") == "fetching"]
     if moving:
         return "; ".join(line(i) for i in moving)

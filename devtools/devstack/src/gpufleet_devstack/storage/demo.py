@@ -1,13 +1,16 @@
 """`just up --data`'s demo: a small dataset archive (three CSV files, made here, the same
-bytes every time), a model repository whose train.py fits it, and the job that runs one on
-the other; with the servers' endpoints filled in (servers.py)."""
+bytes every time), a model repository whose train.py fits it, a platform checkpoint it
+starts from, and the job that runs one on the other; with the servers' endpoints filled in
+(servers.py)."""
 
 from __future__ import annotations
 
 import gzip
 import io
+import json
 import random
 import tarfile
+import zipfile
 from collections.abc import Mapping
 from typing import Final
 
@@ -15,11 +18,13 @@ DATASET: Final = "demo-dataset.tar.gz"
 BUCKET: Final = "demo"  # the S3 and GCS bucket, and the Azure container
 MODEL_REPO: Final = "demo-model.git"
 JOB_NAME: Final = "demo-fit"
+CHECKPOINT: Final = "demo-start"  # a platform checkpoint of the local account
 
 # stdlib only: it runs in any base environment, and on the host as a bare process.
 TRAIN_PY: Final = '''\
 """Fits y = a*x + b to the CSV files of /opt/ml/input (or a .tar.gz of them there) and
-writes the model and its error to /opt/ml/output."""
+writes the model and its error to /opt/ml/output; says where it starts from when a
+checkpoint is at /opt/ml/checkpoint (its start.json)."""
 
 import csv
 import io
@@ -30,6 +35,7 @@ import tarfile
 
 INPUT = pathlib.Path(os.environ.get("ML_DATA_PATH", "/opt/ml/input"))
 OUTPUT = pathlib.Path(os.environ.get("ML_OUTPUT_PATH", "/opt/ml/output"))
+CHECKPOINT = pathlib.Path(os.environ.get("ML_CHECKPOINT_PATH", "/opt/ml/checkpoint"))
 
 
 def tables():
@@ -58,6 +64,10 @@ def fit(rows):
 
 
 def main():
+    start = CHECKPOINT / "start.json"
+    if start.is_file():
+        was = json.loads(start.read_text())
+        print(f"checkpoint {was['name']}: from y = {was['a']} * x + {was['b']}")
     data = tables()
     a, b = fit(data["train.csv"])
     test = data.get("test.csv", data["train.csv"])
@@ -86,6 +96,18 @@ def _csv(rng: random.Random, rows: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def checkpoint_archive() -> bytes:
+    """The demo checkpoint, a zip as platform objects are (the same bytes every time):
+    start.json, the line train.py starts from."""
+    start = json.dumps({"name": CHECKPOINT, "a": 1.0, "b": 0.0}) + "\n"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        info = zipfile.ZipInfo("start.json", date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = 0o644 << 16
+        archive.writestr(info, start)
+    return out.getvalue()
+
+
 def dataset_archive() -> bytes:
     """The demo dataset: train.csv, valid.csv and test.csv (y = 3x + 2 with noise) in a
     tar.gz whose bytes are the same every time (fixed seed, times and owners)."""
@@ -102,7 +124,7 @@ def dataset_archive() -> bytes:
 
 def job_yaml(s3_url: str, git_http_url: str, azure_account_url: str) -> str:
     """The demo job, as a file for `gpufleet job submit -f`: its input from S3, its code
-    from git over http, its outputs to Azure Blob."""
+    from git over http, a platform checkpoint, its outputs to Azure Blob."""
     return f"""\
 # The demo job of `just up --data`: {JOB_NAME} fits the demo dataset.
 #   uv run gpufleet job submit -f <this file>
@@ -120,6 +142,10 @@ input_data:
 model:
   source: git
   path: {git_http_url}
+# A checkpoint of your account's (put there by `just up --data`; `gpufleet checkpoint
+# list`), unpacked at /opt/ml/checkpoint.
+checkpoints:
+  - name: {CHECKPOINT}
 # /opt/ml/output, uploaded as {JOB_NAME}.zip to the local Azure Blob (Azurite, https with
 # the stack's CA); the key: `gpufleet key add azure`.
 output_data:

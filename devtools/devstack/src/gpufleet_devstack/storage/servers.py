@@ -184,6 +184,46 @@ class StorageServers:
         for kind, fields in keys.items():
             write_secret(self.keys_dir / f"{kind}.json", json.dumps(fields) + "\n")
 
+    def seed_platform(self, mongo_url: str, account: str, db: str = "gpufleet_datastore") -> None:
+        """The demo checkpoint as a ready platform object of `account` (the datastore's
+        record in `db` and its bytes in the platform bucket), as a job's output would have
+        left it; again at each start (the same record, the same bytes). MongoDB must be up."""
+        import hashlib
+        from datetime import UTC, datetime
+
+        import boto3
+        from gpufleet_datastore.objects import COLLECTION
+        from pymongo import MongoClient
+
+        data = demo.checkpoint_archive()
+        key = f"platform/{account}/checkpoint/{demo.CHECKPOINT}.zip"
+        s3 = boto3.client("s3", **self.s3.endpoint.boto3_kwargs())
+        s3.create_bucket(Bucket=PLATFORM_BUCKET)  # moto: again is fine (us-east-1)
+        s3.put_object(Bucket=PLATFORM_BUCKET, Key=key, Body=data)
+        now = datetime.now(UTC)
+        record = {
+            "key": key,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "state": "ready",
+            "public": False,
+            "job_id": None,
+            "worker": 0,
+            "ready_at": now,
+        }
+        named = {"account": account, "asset": "checkpoint", "name": demo.CHECKPOINT}
+        client: MongoClient[dict[str, object]] = MongoClient(
+            mongo_url, serverSelectionTimeoutMS=5000
+        )
+        try:
+            client[db][COLLECTION].update_one(
+                named,
+                {"$set": record, "$setOnInsert": {"_id": f"demo-{account}", "created_at": now}},
+                upsert=True,
+            )
+        finally:
+            client.close()
+
     def _seed_s3(self, archive: bytes) -> None:
         import boto3
 

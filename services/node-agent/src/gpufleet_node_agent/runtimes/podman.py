@@ -15,10 +15,11 @@ Beside the files of the supervisor protocol, a podman worker's directory has:
     container.log.offset  bytes of container.log already converted
 
 What its workers need before they run is its `steps` (worker/pipeline.py runs them): their
-attached keys as files of the worker's uid, their image (pulled or built: the base image
-made sure of once per node), their quota disk, their GPU share, the read-only directories of
-their binds and, without the disk quota, the writable ones; once they have ended, what they
-left on their disk is kept and the disk released.
+attached keys as files of the worker's uid, their quota disk, their GPU share, the read-only
+directories of their binds, their image (pulled or built, a requirements.txt of the staged
+model code among its packages: the base image made sure of once per node) and, without the
+disk quota, the writable ones; once they have ended, what they left on their disk is kept
+and the disk released.
 
 Launching (`launch`, podman_start.py): several `podman run --detach` at once. Watching, per
 round (`poll`): conmon's log is converted into `log` (no podman call); a stop request is
@@ -48,7 +49,7 @@ from ..host.gpu_access import GpuAccess
 from ..host.mps import Mps
 from ..staging.registry import Fetchers, Uploaders
 from ..steps.base import Step, WorkerFailed
-from ..steps.disk import DiskStep
+from ..steps.disk import DiskStep, filled_at
 from ..steps.image import ImageStep
 from ..steps.inputs import InputsStep
 from ..steps.keys import KeysStep
@@ -102,6 +103,11 @@ def _writable_dirs(w: Worker) -> list[Path]:
     return [b.host for b in ml_binds(w.dir) if not b.read_only]
 
 
+def _on_disk(w: Worker, target: str) -> Path:
+    """With the disk quota a checkpoint is filled where its container sees it (disk.py)."""
+    return filled_at(w.dir, target)
+
+
 def _nowhere(w: Worker) -> list[Path]:
     """With the disk quota its writable places are on its own filesystem (disk.py), which
     keeps them in the worker's directory at the end only when they hold anything: nothing
@@ -150,10 +156,15 @@ class PodmanRuntime:
         self.share_step = ShareStep(self)
         self.steps: tuple[Step, ...] = (
             KeysStep(config.uid),  # the worker's user reads its attached keys
-            self.image_step,
-            DiskStep(config.uid, config.disk_quota),
+            DiskStep(config.uid, config.disk_quota),  # what the inputs' fetches count against
             self.share_step,
-            InputsStep(_input_dirs, fetchers, progress_for=progress_for),
+            InputsStep(
+                _input_dirs,
+                fetchers,
+                progress_for=progress_for,
+                where=_on_disk if config.disk_quota else None,
+            ),
+            self.image_step,  # the model code's requirements.txt is staged by now
             OutputsStep(
                 _nowhere if config.disk_quota else _writable_dirs,
                 uploaders,

@@ -1,18 +1,21 @@
 """The node's fetchers and uploaders, built from its settings: one per kind of location it
 can reach (s3, gcs, azure, web, git), all behind one address guard, the object stores' and
 the web's through the node's content cache (cache.py) unless its budget is 0; `platform`
-(platform.py) when the agent gives it a way to ask the scheduler (`request`: always in
-production; unit tests may build the registries without a bus). `local` and `datastore`
-have none yet: a worker with such a source fails ("this node cannot fetch")."""
+(platform.py) and `local` (local.py: relayed through the platform's store) when the agent
+gives it a way to ask the scheduler (`request`: always in production; unit tests may build
+the registries without a bus). `datastore` (datastores.py), in and out: under the root the
+operator gave the datastore on this node (GPUFLEET_REGIONAL_DATASTORES)."""
 
 from __future__ import annotations
 
 from ..settings import AgentSettings
 from .azure import Azure
 from .cache import ContentCache, Versioned
+from .datastores import Datastores, parse_roots
 from .gcs import Gcs
 from .git import Git
 from .guard import AddressGuard
+from .local import LocalRelay
 from .platform import Platform, Requester, quiet_http_logs
 from .registry import Fetcher, Fetchers, Uploaders
 from .s3 import S3
@@ -26,6 +29,7 @@ def node_staging(
     ca = settings.staging_ca_file
     s3, gcs, azure = S3(guard, ca), Gcs(guard, settings.staging_gcs_endpoint), Azure(guard, ca)
     web = Web(guard, ca)
+    datastores = Datastores(parse_roots(settings.regional_datastores), settings.region)
     budget = settings.staging_cache_bytes
     cache = ContentCache(settings.agent_state_dir / "staging-cache", budget) if budget else None
 
@@ -39,12 +43,16 @@ def node_staging(
             "azure": cached(azure.fetch, azure.version),
             "web": cached(web.fetch, web.version),
             "git": Git(guard, ca).fetch,
+            "datastore": datastores.fetch,
         }
     )
-    uploaders = Uploaders({"s3": s3.put, "gcs": gcs.put, "azure": azure.put})
+    uploaders = Uploaders(
+        {"s3": s3.put, "gcs": gcs.put, "azure": azure.put, "datastore": datastores.put}
+    )
     if request is not None:
         quiet_http_logs()  # a presigned URL is a credential
         platform = Platform(settings.minion_id, request, guard, ca)
-        fetchers = Fetchers({**fetchers.by_kind, "platform": platform.fetch})
-        uploaders = Uploaders({**uploaders.by_kind, "platform": platform.put})
+        local = LocalRelay(platform)
+        fetchers = Fetchers({**fetchers.by_kind, "platform": platform.fetch, "local": local.fetch})
+        uploaders = Uploaders({**uploaders.by_kind, "platform": platform.put, "local": local.put})
     return fetchers, uploaders

@@ -101,7 +101,7 @@ class Platform:
 
     # --- the scheduler ------------------------------------------------------------------
 
-    async def _ask(self, message: Message, what: str, refused: str) -> dict[str, Any]:
+    async def ask(self, message: Message, what: str, refused: str) -> dict[str, Any]:
         subject = subjects.as_node(message.SUBJECT, self.minion_id)
         try:
             raw = await self.request(subject, message.to_bytes())
@@ -139,7 +139,7 @@ class Platform:
             name=name,
             mode=mode,
         )
-        data = await self._ask(asked, what, "refused")
+        data = await self.ask(asked, what, "refused")
         try:
             grant = PlatformGrant.model_validate(data)
         except ValidationError:
@@ -216,8 +216,14 @@ class Platform:
         grant = await self._grant(t, source.asset, source.name, "read", what)
         key = posixpath.basename(httpx.URL(grant.url).path)
         name = key if is_archive(key) else posixpath.basename(grant.name) or "object"
+        await self.download(grant.url, name, dest, t, what)
+
+    async def download(self, url: str, name: str, dest: Path, t: Transfer, what: str) -> None:
+        """GET a presigned `url` into `dest` as the file `name` (an archive unpacked)."""
+        import httpx
+
         async with self._client() as client:
-            response = await self._send(client, "GET", grant.url, what)
+            response = await self._send(client, "GET", url, what)
             try:
                 self._status(what, response.status_code)
                 meter = Meter(what, t)
@@ -233,12 +239,29 @@ class Platform:
         await asyncio.to_thread(place, part, name, dest, what + suffix, t.limit_bytes)
 
     async def put(self, path: Path, target: OutputTarget, t: Transfer) -> None:
-        import httpx
-
         assert isinstance(target, PlatformRef)
         what = f"{target.asset.value} output"
         grant = await self._grant(t, target.asset, None, "write", what)
         what = f"{target.asset.value} {grant.name}"
+        size, sha = await self.upload(path, grant.url, t, what)
+        done = CompletePlatformUpload(
+            job_id=t.job_id or "",
+            placement_id=t.placement_id or "",
+            worker=t.worker,
+            asset=target.asset,
+            name=grant.name,
+        )
+        data = await self.ask(done, what, "upload not verified")
+        try:
+            view = PlatformObjectView.model_validate(data)
+        except ValidationError:
+            raise WorkerFailed(f"{what}: upload not verified (unreadable answer)") from None
+        verified(what, view.state, view.size, view.sha256, size, sha)
+
+    async def upload(self, path: Path, url: str, t: Transfer, what: str) -> tuple[int, str]:
+        """PUT the zip `path` at a presigned `url`: its size and SHA-256 as sent."""
+        import httpx
+
         size = (await asyncio.to_thread(path.stat)).st_size
         meter = Meter(what, t, size, bounded=False)
         sha = hashlib.sha256()
@@ -254,7 +277,7 @@ class Platform:
             response = await self._send(
                 client,
                 "PUT",
-                grant.url,
+                url,
                 what,
                 content=body(),
                 headers={"Content-Length": str(size), "Content-Type": "application/zip"},
@@ -267,19 +290,14 @@ class Platform:
                 await response.aclose()
         self._status(what, response.status_code)
         meter.finish()
-        done = CompletePlatformUpload(
-            job_id=t.job_id or "",
-            placement_id=t.placement_id or "",
-            worker=t.worker,
-            asset=target.asset,
-            name=grant.name,
-        )
-        data = await self._ask(done, what, "upload not verified")
-        try:
-            view = PlatformObjectView.model_validate(data)
-        except ValidationError:
-            raise WorkerFailed(f"{what}: upload not verified (unreadable answer)") from None
-        if view.state != "ready" or view.size != size:
-            raise WorkerFailed(f"{what}: upload not verified (the store holds {view.size} bytes)")
-        if view.sha256 is not None and view.sha256 != sha.hexdigest():
-            raise WorkerFailed(f"{what}: upload not verified (its checksum differs)")
+        return size, sha.hexdigest()
+
+
+def verified(
+    what: str, state: str, stored: int | None, stored_sha: str | None, size: int, sha: str
+) -> None:
+    """The store holds what was put (the datastore read its size and checksum back)."""
+    if state != "ready" or stored != size:
+        raise WorkerFailed(f"{what}: upload not verified (the store holds {stored} bytes)")
+    if stored_sha is not None and stored_sha != sha:
+        raise WorkerFailed(f"{what}: upload not verified (its checksum differs)")

@@ -23,10 +23,12 @@ from ..steps.base import WorkerFailed
 
 @dataclass(frozen=True)
 class Moved:
-    """How far a transfer is: bytes done, of `total` when it is known."""
+    """How far a transfer is: bytes done, of `total` when it is known; `waiting`: it has not
+    begun, waiting for the user to send it (`local` data, `job connect`)."""
 
     done: int
     total: int | None = None
+    waiting: bool = False
 
 
 class Progress(Protocol):
@@ -46,8 +48,9 @@ class Transfer:
     the data (git's staged.json) or reads of the worker's own files (its ssh key file).
     `writable`: the worker may write its inputs (a bare process): the node's content cache
     (cache.py) copies a hit for it instead of linking its read-only files. `job_id`,
-    `placement_id`, `worker`: whose transfer it is, for the `platform` fetcher's and
-    uploader's requests to the scheduler (platform.py); the others ignore them."""
+    `placement_id`, `worker`: whose transfer it is, for the `platform` and `local` fetchers'
+    and uploaders' requests to the scheduler (platform.py, local.py), and `mount` the target
+    of the mount it fills (`local`'s); the others ignore them."""
 
     keys: Keys
     limit_bytes: int
@@ -57,6 +60,7 @@ class Transfer:
     job_id: str | None = None
     placement_id: str | None = None
     worker: int = 0
+    mount: str | None = None
 
 
 class Fetcher(Protocol):

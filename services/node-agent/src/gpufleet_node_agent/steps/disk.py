@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..host import loopdev
-from ..worker.layout import MOUNTS_DIR, OUTPUT_DIR
+from ..worker.layout import MOUNTS_DIR, OUTPUT_DIR, mount_dir
 from .base import StepName, WorkerFailed
 
 if TYPE_CHECKING:
@@ -135,6 +135,18 @@ def mount(image: Path, mountpoint: Path) -> str | None:
 def binds(worker_dir: Path) -> dict[str, Path]:
     """The container's writable places on the quota filesystem: {target: host path}."""
     return {q.target: worker_dir / MOUNTPOINT / q.name for q in QUOTA_DIRS}
+
+
+def filled_at(worker_dir: Path, target: str) -> Path:
+    """Where the inputs step fills the mount at `target`: under one of the quota
+    filesystem's places when the container sees that place there (a checkpoint at
+    /opt/ml/checkpoint/...: the job reads and updates it, within its quota), else its own
+    directory under the worker's `mnt/`."""
+    for bound, host in binds(worker_dir).items():
+        if target == bound or target.startswith(bound + "/"):
+            rest = [p for p in target[len(bound) :].split("/") if p and p not in (".", "..")]
+            return host.joinpath(*rest)
+    return mount_dir(worker_dir, target)
 
 
 def _run(argv: list[str], timeout: float = 120) -> str | None:

@@ -3,8 +3,8 @@ runs, and what fills them fetched into them by the node's fetchers (staging/regi
 within what is left of its disk.
 
 `strict` (the node's): every source must be fetchable, and a worker with one no fetcher
-takes fails with the registry's reason. A `local` source fails the worker too, saying so:
-it is to come from the user's machine (`job connect`, not built yet).
+takes fails with the registry's reason. A `local` source is not a path on the node: its
+fetcher (staging/local.py) waits for the user to send it (`gpufleet job connect`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet_contracts.jobs import Mount
-from gpufleet_contracts.locations import LocalSource
 
 from ..staging.credentials import keys_of
 from ..staging.registry import Fetchers, Moved, Progress, Transfer
 from ..worker.layout import mount_dir
-from .base import StepName, WorkerFailed
+from .base import StepName
 from .disk import IMAGE as DISK_IMAGE
 
 if TYPE_CHECKING:
@@ -68,7 +67,9 @@ class InputsStep:
     """`dirs`: the directories the worker's runtime needs for its inputs (a bare worker:
     each mount's; a container: the read-only roots its binds show). `progress_for`: who
     hears how far a mount's fetch is. `writable`: the worker can write its inputs (a bare
-    process): what the node's content cache holds is copied for it, not linked."""
+    process): what the node's content cache holds is copied for it, not linked. `where`:
+    the directory a mount's target is filled in (by default its own under the worker's
+    `mnt/`; a container with the disk quota: its checkpoints on its quota filesystem)."""
 
     name = StepName.inputs
 
@@ -80,8 +81,10 @@ class InputsStep:
         strict: bool = True,
         progress_for: Callable[[Worker, Mount], Progress] | None = None,
         writable: bool = False,
+        where: Callable[[Worker, str], Path] | None = None,
     ) -> None:
         self.dirs = dirs
+        self.where = where or (lambda w, target: mount_dir(w.dir, target))
         self.fetchers = fetchers or Fetchers()
         self.strict = strict
         self.progress_for = progress_for or (lambda w, m: _unheard)
@@ -98,15 +101,9 @@ class InputsStep:
         for m in w.spec.mounts:
             if m.source is None:
                 continue
-            if isinstance(m.source, LocalSource):
-                # Not a path on the node: the user's own files, sent by `job connect`.
-                raise WorkerFailed(
-                    f"local data for {m.target} comes from your machine through "
-                    "`gpufleet job connect`, which this version does not have yet"
-                )
             if not (self.strict or self.fetchers.takes(m.source)):
                 continue
-            dest = mount_dir(w.dir, m.target)
+            dest = self.where(w, m.target)
             dest.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(_emptied, dest)
             used = await asyncio.to_thread(used_bytes, w.dir)
@@ -119,6 +116,7 @@ class InputsStep:
                 job_id=w.job_id,
                 placement_id=w.placement_id,
                 worker=w.worker,
+                mount=m.target,
             )
             await self.fetchers.fetch(m.source, dest, t)
 

@@ -43,12 +43,13 @@ def track(w: Worker, item: StagingItem, clock: Callable[[], float] = time.monoto
     def told(moved: Moved) -> None:
         elapsed = clock() - began
         done = moved.total is not None and moved.done >= moved.total
+        state = StagingState.done if done else StagingState.fetching
         w.staging[item.name] = item.model_copy(
             update={
                 "done": moved.done,
                 "total": moved.total,
                 "rate": int(moved.done / elapsed) if elapsed > 0 else 0,
-                "state": StagingState.done if done else StagingState.fetching,
+                "state": StagingState.waiting if moved.waiting else state,
             }
         )
         w.staging_seq += 1
