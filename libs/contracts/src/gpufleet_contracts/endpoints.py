@@ -20,6 +20,10 @@ from .fields import Argv, Cap, Name
 from .jobspec import _FROZEN, _dups, bad
 from .paths import UnsafePath, contained_path
 
+# The generated server's own paths (its health route): no route may be under it. The same
+# prefix as gpufleet_endpoint.RESERVED_PREFIX, which runs in the job's container.
+RESERVED_PREFIX = "/__gpufleet"
+
 
 class ParamType(StrEnum):
     string = "string"
@@ -142,6 +146,20 @@ class Route(BaseModel):
         if v.upper() != "POST":
             raise bad("verb", "only POST routes are supported, got {v}", "R-JOB-6", "POST", v=v)
         return "POST"
+
+    @field_validator("path")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v.split("/")[1] == RESERVED_PREFIX[1:]:
+            raise bad(
+                "route_reserved",
+                "paths under {prefix}/ are the endpoint server's own, got {v}",
+                "R-JOB-6",
+                f"a path outside {RESERVED_PREFIX}/",
+                prefix=RESERVED_PREFIX,
+                v=v,
+            )
+        return v
 
     @field_validator("file")
     @classmethod
