@@ -18,7 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
+from gpufleet_auth.creds import connect_options
+from gpufleet_cli.client import request_headers
+from gpufleet_cli.ops import HEALTH
+from gpufleet_contracts import subjects
+from gpufleet_contracts.jobs import GetJob
 from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, identities, wait_for
 from gpufleet_devstack.cluster import NatsCluster
 from gpufleet_devstack.up import NODE_NAME, SERVICES, ServiceSpec
@@ -129,14 +135,45 @@ class System:
         self._spawn(spec, name, extra)
 
     def _ready(self) -> bool:
-        health = self.cli("health", "--json", check=False)
-        if health.returncode != 0:
+        """Every service healthy and the node active: asked in this process while it starts,
+        then once through the CLI."""
+        healthy = all((self.ask(HEALTH[svc], b"{}") or {}).get("status") == "ok" for svc in HEALTH)
+        nodes = self.ask(subjects.rpc("provisioner", "list_nodes"), b"{}") if healthy else None
+        if nodes is None or not any(
+            n["minion_id"] == NODE_NAME and n["state"] == "active" for n in nodes["nodes"]
+        ):
             return False
-        nodes = self.cli("node", "list", "--json", check=False)
-        return nodes.returncode == 0 and any(
-            n["minion_id"] == NODE_NAME and n["state"] == "active"
-            for n in json.loads(nodes.stdout)["nodes"]
-        )
+        return self.cli("health", "--json", check=False).returncode == 0
+
+    def ask(self, base: str, payload: bytes, timeout: float = 5) -> dict[str, Any] | None:
+        """An account request as the CLI makes it, from this process (the user's credential,
+        its account's subject); None when nobody answers or it is refused. For polling: a CLI
+        process per poll costs seconds of CPU, which a 2-core machine takes from the system
+        under test."""
+        creds, account = identities.user_creds(self.nats), identities.LOCAL_ACCOUNT
+
+        async def asked() -> bytes:
+            nc = await nats.connect(
+                self.nats_url,
+                **connect_options(creds, acting_for=account),
+                connect_timeout=timeout,
+                allow_reconnect=False,
+            )
+            try:
+                subject = subjects.as_account(base, account)
+                msg = await nc.request(
+                    subject, payload, timeout=timeout, headers=request_headers(base)
+                )
+                return bytes(msg.data)
+            finally:
+                await nc.close()
+
+        try:
+            data = asyncio.run(asked())
+        except (nats.errors.Error, TimeoutError, OSError):
+            return None  # a server or service restarting (the fault tests): asked again
+        reply = json.loads(data) if data else None
+        return reply if isinstance(reply, dict) and reply.get("ok") is not False else None
 
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
@@ -204,12 +241,16 @@ class System:
         (the CLI exits 1: nobody answered) is waited for too."""
         deadline = time.monotonic() + timeout
         job: dict[str, Any] = {"state": None}
+        get = GetJob(job_id=job_id)
         while True:
-            shown = self.cli("job", "show", job_id, "--json", check=False)
-            if shown.returncode == 0:
-                job = json.loads(shown.stdout)
-                if job["state"] in states:
-                    return job
+            # polled from this process (`ask`); shown through the CLI once it is there
+            job = self.ask(get.SUBJECT, get.to_bytes()) or job
+            if job["state"] in states:
+                shown = self.cli("job", "show", job_id, "--json", check=False)
+                if shown.returncode == 0:
+                    job = json.loads(shown.stdout)
+                    if job["state"] in states:
+                        return job
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {job_id} is {job['state']}, wanted {states}: {job}")
             time.sleep(0.2)

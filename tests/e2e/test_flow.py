@@ -66,7 +66,7 @@ def test_one_job_from_submission_to_bill(system: System) -> None:
 def test_second_job_waits_for_gpus_with_a_reason_and_then_starts(system: System) -> None:
     # Long enough that the small job is surely read while the big one still holds both GPUs
     # (each CLI call is a fresh process: about a second on a loaded 2-core machine).
-    big = system.submit("--", "sleep", "10", name="big", gpus=2)
+    big = system.submit("--", "sleep", "20", name="big", gpus=2)
     system.wait_state(big, "running")
     small = system.submit("--", "true", name="small")
     waiting = system.job(small)
@@ -74,7 +74,7 @@ def test_second_job_waits_for_gpus_with_a_reason_and_then_starts(system: System)
     assert "busy (0 of 2 GPUs free, needs 1)" in waiting["queue_reason"]
     human = system.cli("job", "show", small).stdout
     assert "waiting for GPUs" in human
-    done = system.wait_state(small, "finished", timeout=40)
+    done = system.wait_state(small, "finished", timeout=60)
     big_done = system.job(big)
     started = datetime.fromisoformat(done["workers"][0]["started_at"])
     assert started >= datetime.fromisoformat(big_done["workers"][0]["ended_at"])
