@@ -366,6 +366,36 @@ async def test_git_over_http_pinned_to_a_commit_and_a_branch(
         await Git(AddressGuard()).fetch(GitSource(url=server.url("model.git")), head, transfer())
 
 
+async def test_git_through_the_cache_clones_a_commit_once_per_node(
+    git_server: tuple[GitHttp, str], tmp_path: Path
+) -> None:
+    """The version is the commit the ref names now (git ls-remote): a second worker of the
+    same commit is restaged without a clone; the pinned first commit is another entry."""
+    from gpufleet_node_agent.staging.cache import ContentCache
+
+    server, first = git_server
+    git, cache = Git(LOCAL), ContentCache(tmp_path / "cache", 64 * MIB)
+    fetch = cache.fetcher(git.fetch, git.version)
+    keys = {"git": {"token": "s3cret-t0ken"}}
+    head = GitSource(url=f"{server.url('model.git')}#main")
+    for name in ("a", "b"):
+        worker = tmp_path / name
+        dest = worker / "mnt/opt/ml/models"
+        dest.mkdir(parents=True)
+        await fetch(head, dest, transfer(keys, worker_dir=worker, mount="/opt/ml/models"))
+        assert (dest / "train.py").read_text() == "print('v2')\n"
+        staged = json.loads((worker / "staged.json").read_text())
+        assert staged["/opt/ml/models"]["ref"] == "main", staged
+    assert (cache.counts.misses, cache.counts.hits) == (1, 1)
+    pinned = tmp_path / "c" / "mnt/opt/ml/models"
+    pinned.mkdir(parents=True)
+    await fetch(GitSource(url=f"{server.url('model.git')}#{first}"), pinned, transfer(keys))
+    assert (pinned / "train.py").read_text() == "print('v1')\n"
+    assert (cache.counts.misses, cache.counts.hits) == (2, 1)
+    with pytest.raises(WorkerFailed, match="not found"):
+        await fetch(GitSource(url=server.url("none.git")), pinned, transfer())
+
+
 # --- the inputs step, with the node's fetchers -----------------------------------------
 
 

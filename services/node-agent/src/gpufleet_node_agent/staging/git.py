@@ -2,7 +2,9 @@
 worker's `git` key (its token in an Authorization header given through GIT_CONFIG_*
 variables: never on a command line, in a URL or in the clone's config), or ssh with its
 `ssh` key. `url#ref` pins a branch, tag or commit; the commit cloned is recorded in
-`<worker_dir>/staged.json`.
+`<worker_dir>/staged.json`. Its version for the node's content cache (`version`) is the
+commit the ref names now, asked with `git ls-remote` and the worker's keys: the same commit
+is cloned once per node.
 
 The connection goes to the address the guard checked (http: curl's resolve list; ssh: its
 HostName, the host key still checked under the name), redirects are not followed, and only
@@ -32,6 +34,7 @@ from .registry import Keys, Transfer
 STAGED_FILE = "staged.json"
 POLL_S = 0.5
 TIMEOUT_S = 1800.0
+LS_REMOTE_TIMEOUT_S = 60.0
 # `user@host:path`, ssh's short form; never `helper::address` (git's remote helpers)
 _SCP = re.compile(r"^(?:(?P<user>[\w.-]+)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*):(?P<path>[^/:].*)$")
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
@@ -102,6 +105,26 @@ def _failure(what: str, stderr: str) -> WorkerFailed:
     return WorkerFailed(f"{what}: git could not fetch it")
 
 
+def _listed(out: str, asked: str) -> str | None:
+    """The commit of the first line `git ls-remote` printed (a branch before a tag of the
+    same name: refs/heads sorts first), or None."""
+    for line in out.splitlines():
+        commit, _, ref = line.partition("\t")
+        if _COMMIT.fullmatch(commit) and len(commit) == 40 and ref:
+            return commit
+    return None
+
+
+def _record(t: Transfer, key: str, r: Remote, commit: str) -> None:
+    """The commit a worker's mount got, in `<worker_dir>/staged.json`."""
+    if t.worker_dir is None:
+        return
+    record = t.worker_dir / STAGED_FILE
+    staged = json.loads(record.read_text()) if record.exists() else {}
+    staged[key] = {"url": shown(r.url), "ref": r.ref, "commit": commit}
+    write_json_atomic(record, staged)
+
+
 @dataclass(frozen=True)
 class Git:
     guard: AddressGuard
@@ -148,6 +171,39 @@ class Git:
             env["GIT_CONFIG_VALUE_0"] = f"Authorization: Basic {base64.b64encode(pair).decode()}"
         return options, env
 
+    async def version(self, source: Source, t: Transfer) -> str | None:
+        """The commit `url#ref` names now (a pinned commit: itself, once the remote answered
+        the worker's keys), or None when the remote does not list the ref (the clone then
+        says why)."""
+        assert isinstance(source, GitSource)
+        r = remote(source.url)
+        what = shown(source.url)
+        options, env = await self._env(r, t.keys, t)
+        pinned = r.ref is not None and len(r.ref) == 40 and _COMMIT.fullmatch(r.ref)
+        asked = "HEAD" if pinned or r.ref is None else r.ref
+        argv = ["git", *(a for o in options for a in ("-c", o)), "ls-remote", r.url, asked]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), LS_REMOTE_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise WorkerFailed(f"{what}: git took more than {LS_REMOTE_TIMEOUT_S:.0f} s") from None
+        if proc.returncode != 0:
+            raise _failure(what, err.decode(errors="replace"))
+        commit = _listed(out.decode(errors="replace"), asked)
+        if pinned:
+            commit = r.ref
+        if commit is not None:
+            _record(t, t.mount or what, r, commit)
+        return commit
+
     async def fetch(self, source: Source, dest: Path, t: Transfer) -> None:
         assert isinstance(source, GitSource)
         r = remote(source.url)
@@ -173,15 +229,12 @@ class Git:
         commit = (await self._run(what, [*git, "rev-parse", "HEAD"], env, dest, meter)).strip()
         meter.finish()
         if t.worker_dir is not None:
-            record = t.worker_dir / STAGED_FILE
-            staged = json.loads(record.read_text()) if record.exists() else {}
             rel = (
                 str(dest.relative_to(t.worker_dir))
                 if dest.is_relative_to(t.worker_dir)
                 else str(dest)
             )
-            staged[rel] = {"url": what.partition("#")[0], "ref": r.ref, "commit": commit}
-            write_json_atomic(record, staged)
+            _record(t, t.mount or rel, r, commit)
 
     async def _run(
         self, what: str, argv: list[str], env: dict[str, str], dest: Path, meter: Meter

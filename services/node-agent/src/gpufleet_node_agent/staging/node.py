@@ -1,6 +1,6 @@
 """The node's fetchers and uploaders, built from its settings: one per kind of location it
-can reach (s3, gcs, azure, web, git), all behind one address guard, the object stores' and
-the web's through the node's content cache (cache.py) unless its budget is 0; `platform`
+can reach (s3, gcs, azure, web, git), all behind one address guard, the object stores', the
+web's and git's through the node's content cache (cache.py) unless its budget is 0; `platform`
 (platform.py) and `local` (local.py: relayed through the platform's store) when the agent
 gives it a way to ask the scheduler (`request`: always in production; unit tests may build
 the registries without a bus). `datastore` (datastores.py), in and out: under the root the
@@ -28,7 +28,7 @@ def node_staging(
     guard = AddressGuard.of(settings.staging_allow.split(","))
     ca = settings.staging_ca_file
     s3, gcs, azure = S3(guard, ca), Gcs(guard, settings.staging_gcs_endpoint), Azure(guard, ca)
-    web = Web(guard, ca)
+    web, git = Web(guard, ca), Git(guard, ca)
     datastores = Datastores(parse_roots(settings.regional_datastores), settings.region)
     budget = settings.staging_cache_bytes
     cache = ContentCache(settings.agent_state_dir / "staging-cache", budget) if budget else None
@@ -42,7 +42,7 @@ def node_staging(
             "gcs": cached(gcs.fetch, gcs.version),
             "azure": cached(azure.fetch, azure.version),
             "web": cached(web.fetch, web.version),
-            "git": Git(guard, ca).fetch,
+            "git": cached(git.fetch, git.version),
             "datastore": datastores.fetch,
         }
     )
