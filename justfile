@@ -41,7 +41,8 @@ docs-check: setup
 
 # Install what the project needs: uv (from PyPI), the workspace, nats-server, and podman, runc
 # and mmdebstrap for the node agent's container runtime, docker-registry for images (Debian),
-# git's servers (Debian) and Azurite (npm, into devtools/devstack/node) for the storage servers.
+# git's servers (Debian's git and openssh-server: git daemon, git http-backend, sshd) and
+# Azurite (npm, into devtools/devstack/node) for the storage servers.
 setup:
     #!/usr/bin/env bash
     set -euo pipefail

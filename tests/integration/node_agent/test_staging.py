@@ -1,7 +1,7 @@
 """The node's staging (staging/) against the real servers of gpufleet_devstack.storage, each
 spoken to by the client a node fetches with: S3 (moto), GCS (the emulator), Azure Blob
-(Azurite over https with its CA), files over https and FTP, git over http. One server of
-each per module."""
+(Azurite over https with its CA), files over https, FTP and FTPS, git over http and over ssh
+(sshd, with the worker's key). One server of each per module."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from gpufleet_devstack.storage import (
     FtpServer,
     GcsServer,
     GitHttp,
+    GitSsh,
     LocalTls,
     S3Server,
     WebServer,
@@ -35,6 +36,7 @@ from gpufleet_devstack.storage import (
     running_ftp,
     running_gcs,
     running_git_http,
+    running_git_ssh,
     running_s3,
     running_web,
 )
@@ -46,7 +48,9 @@ from gpufleet_node_agent.staging.guard import AddressGuard
 from gpufleet_node_agent.staging.registry import Moved, Transfer
 from gpufleet_node_agent.staging.s3 import S3
 from gpufleet_node_agent.staging.web import Web
+from gpufleet_node_agent.steps import keys as keyfiles
 from gpufleet_node_agent.steps.base import WorkerFailed
+from gpufleet_node_agent.worker.files import write_json_atomic
 
 LOCAL = AddressGuard.of(["127.0.0.0/8"])  # what `just up --data` allows, as a network
 MIB = 1024 * 1024
@@ -302,6 +306,36 @@ async def test_web_refusals(web_server: WebServer, ftp_server: FtpServer, dest: 
     assert not any(os.scandir(dest))
 
 
+@pytest.fixture(scope="module")
+def ftps_server(www: Path, tls: LocalTls) -> Iterator[FtpServer]:
+    with running_ftp(www, tls=tls) as server:
+        yield server
+
+
+async def test_web_over_ftps_with_the_ca(
+    ftps_server: FtpServer, dest: Path, tmp_path: Path
+) -> None:
+    """Explicit FTPS (AUTH TLS): the server refuses a login or a transfer in the clear, so
+    the fetch shows both connections protected."""
+    url = ftps_server.endpoint.url("data/w.bin")
+    assert url.startswith("ftps://")
+    await Web(LOCAL, ftps_server.ca_file).fetch(WebSource(url=url), dest, transfer())
+    assert files(dest) == {"w.bin": b"weights"}
+    with pytest.raises(WorkerFailed, match=r"data/none\.bin not found$"):
+        await Web(LOCAL, ftps_server.ca_file).fetch(
+            WebSource(url=ftps_server.endpoint.url("data/none.bin")), dest, transfer()
+        )
+    other = local_tls(tmp_path / "other-ca")  # a CA that did not sign the server's certificate
+    with pytest.raises(
+        WorkerFailed,
+        match=r"w\.bin: its TLS certificate is not trusted \(unable to get local issuer",
+    ):
+        await Web(LOCAL, other.ca).fetch(WebSource(url=url), dest, transfer())
+    with pytest.raises(WorkerFailed, match=r"refused address 127\.0\.0\.1: loopback"):
+        await Web(AddressGuard(), ftps_server.ca_file).fetch(WebSource(url=url), dest, transfer())
+    assert files(dest) == {"w.bin": b"weights"}
+
+
 async def test_web_follows_a_redirect_checking_each_hop(web_server: WebServer, dest: Path) -> None:
     """The file server answers a directory without its slash with a redirect to it."""
     web = Web(LOCAL, web_server.ca_file)
@@ -321,7 +355,8 @@ def _git(*args: str, cwd: Path | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def git_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GitHttp, str]]:
+def git_repos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """model.git with two commits on main, and the first one's id."""
     root = tmp_path_factory.mktemp("git")
     repo = bare_repo(root, "model.git", {"train.py": "print('v1')\n"})
     first = _git("rev-parse", "main", cwd=repo)
@@ -330,6 +365,12 @@ def git_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GitHt
     (work / "train.py").write_text("print('v2')\n")
     _git("commit", "--quiet", "-am", "v2", cwd=work)
     _git("push", "--quiet", "origin", "main", cwd=work)
+    return root, first
+
+
+@pytest.fixture(scope="module")
+def git_server(git_repos: tuple[Path, str]) -> Iterator[tuple[GitHttp, str]]:
+    root, first = git_repos
     with running_git_http(root) as server:
         yield server, first
 
@@ -394,6 +435,80 @@ async def test_git_through_the_cache_clones_a_commit_once_per_node(
     assert (cache.counts.misses, cache.counts.hits) == (2, 1)
     with pytest.raises(WorkerFailed, match="not found"):
         await fetch(GitSource(url=server.url("none.git")), pinned, transfer())
+
+
+@pytest.fixture(scope="module")
+def git_ssh(git_repos: tuple[Path, str]) -> Iterator[tuple[GitSsh, str]]:
+    root, first = git_repos
+    with running_git_ssh(root) as server:
+        yield server, first
+
+
+def _ssh_worker(
+    d: Path, server: GitSsh, known_hosts: str | None, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """A worker directory holding the server's client key as its attached `ssh` key, in the
+    files the keys step leaves (secrets/ssh/private_key, known_hosts); its keys."""
+    monkeypatch.setattr(keyfiles.os, "geteuid", lambda: 1000)  # no tmpfs, no chown
+    fields = {"private_key": server.client_key.read_text()}
+    if known_hosts is not None:
+        fields["known_hosts"] = known_hosts
+    d.mkdir()
+    write_json_atomic(d / keyfiles.KEYS_FILE, {"ssh": fields})
+    assert keyfiles.materialize(d, os.getuid()) is None
+    return {"ssh": fields}
+
+
+def _known(server: GitSsh, key: str | None = None) -> str:
+    """A known_hosts line for the server: its host key (or `key`) under `[host]:port`, as
+    `ssh-keyscan -p` writes it."""
+    line = server.known_hosts()
+    if key is None:
+        return line
+    names, kind, _ = line.split()
+    return f"{names} {kind} {key}\n"
+
+
+async def test_git_over_ssh_with_the_workers_key_and_known_hosts(
+    git_ssh: tuple[GitSsh, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, first = git_ssh
+    worker = tmp_path / "w"
+    keys = _ssh_worker(worker, server, _known(server), monkeypatch)
+    assert (worker / "secrets/ssh/private_key").is_file()
+    pinned = worker / "mnt/opt/ml/models"
+    pinned.mkdir(parents=True)
+    git = Git(LOCAL)
+    url = server.url("model.git")
+    await git.fetch(GitSource(url=f"{url}#{first}"), pinned, transfer(keys, worker_dir=worker))
+    assert (pinned / "train.py").read_text() == "print('v1')\n"
+    staged = json.loads((worker / "staged.json").read_text())
+    assert staged["mnt/opt/ml/models"]["commit"] == first
+    head = await git.version(GitSource(url=f"{url}#main"), transfer(keys, worker_dir=worker))
+    assert head is not None and len(head) == 40 and head != first
+    with pytest.raises(WorkerFailed, match=r"none\.git not found"):
+        await git.fetch(
+            GitSource(url=server.url("none.git")), pinned, transfer(keys, worker_dir=worker)
+        )
+
+
+async def test_git_over_ssh_refuses_another_host_key_and_a_job_without_a_key(
+    git_ssh: tuple[GitSsh, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, first = git_ssh
+    not_the_host = server.client_key.with_suffix(".pub").read_text().split()[1]
+    worker = tmp_path / "w"
+    keys = _ssh_worker(worker, server, _known(server, not_the_host), monkeypatch)
+    dest = worker / "mnt/opt/ml/models"
+    dest.mkdir(parents=True)
+    source = GitSource(url=f"{server.url('model.git')}#{first}")
+    with pytest.raises(WorkerFailed, match="its ssh host key is not the known one"):
+        await Git(LOCAL).fetch(source, dest, transfer(keys, worker_dir=worker))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with pytest.raises(WorkerFailed, match="is forbidden: the job attached no ssh key"):
+        await Git(LOCAL).fetch(source, dest, transfer(worker_dir=bare))
+    assert not (dest / "train.py").exists()
 
 
 # --- the inputs step, with the node's fetchers -----------------------------------------

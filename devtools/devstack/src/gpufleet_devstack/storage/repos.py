@@ -1,9 +1,8 @@
-"""Bare git repositories for the git servers (git_daemon.py, git_http.py), which serve
-every repository under one root: a repository made here is cloned from both."""
+"""Bare git repositories for the git servers (git_daemon.py, git_http.py, git_ssh.py), which
+serve every repository under one root: a repository made here is cloned from each."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -40,26 +39,42 @@ def git_program(name: str) -> str:
     return str(program)
 
 
-def ensure_git(log: Callable[[str], None] = print) -> bool:
-    """Install Debian's git when it is missing and we are root; else say how. Never fatal:
-    only the git servers need it (and a clone of this repository has it)."""
-    with contextlib.suppress(FileNotFoundError):
-        git_program("git-daemon")
-        git_program("git-http-backend")
-        return True
-    if os.geteuid() != 0:
-        log(f"the git servers need git-daemon and git-http-backend: {INSTALL_HINT}")
-        return False
-    cmd = ["apt-get", "install", "-y", "git"]
-    log(f"git's servers not found; running: {' '.join(cmd)}")
-    if subprocess.run(cmd, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update"], check=False)
-        subprocess.run(cmd, check=False)
+def _missing_packages() -> list[str]:
+    """Debian's packages of the git servers' programs that are not installed: git (git-daemon,
+    git-http-backend), openssh-server (sshd, for git over ssh)."""
+    from gpufleet_devstack.storage.git_ssh import sshd_program
+
+    missing = []
     try:
         git_program("git-daemon")
         git_program("git-http-backend")
-    except FileNotFoundError as exc:
-        log(str(exc))
+    except FileNotFoundError:
+        missing.append("git")
+    try:
+        sshd_program()
+    except FileNotFoundError:
+        missing.append("openssh-server")
+    return missing
+
+
+def ensure_git(log: Callable[[str], None] = print) -> bool:
+    """Install Debian's git and openssh-server when missing and we are root; else say how.
+    Never fatal: only the git servers need them (and a clone of this repository has git)."""
+    missing = _missing_packages()
+    if not missing:
+        return True
+    if os.geteuid() != 0:
+        packages = " ".join(missing)
+        log(f"the git servers need {packages}: `sudo apt-get install -y {packages}`")
+        return False
+    cmd = ["apt-get", "install", "-y", *missing]
+    log(f"{', '.join(missing)} not found; running: {' '.join(cmd)}")
+    if subprocess.run(cmd, check=False).returncode != 0:
+        subprocess.run(["apt-get", "update"], check=False)
+        subprocess.run(cmd, check=False)
+    missing = _missing_packages()
+    if missing:
+        log(f"still missing after apt-get: {', '.join(missing)}")
         return False
     return True
 

@@ -156,7 +156,9 @@ class Git:
                 else ["-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no"]
             )
             ssh = ["ssh", "-i", str(key_file), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"]
-            ssh += ["-o", f"HostName={ip}", "-o", f"HostKeyAlias={r.host}", *checking]
+            # known_hosts names a host on another port than 22 `[host]:port` (ssh-keyscan -p)
+            alias = r.host if r.port == 22 else f"[{r.host}]:{r.port}"
+            ssh += ["-o", f"HostName={ip}", "-o", f"HostKeyAlias={alias}", *checking]
             env["GIT_SSH_COMMAND"] = shlex.join(ssh)
             env["GIT_SSH_VARIANT"] = "ssh"
             return options, env

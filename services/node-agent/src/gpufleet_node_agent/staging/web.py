@@ -198,6 +198,12 @@ class Web:
             if code in ("530", "532"):
                 raise WorkerFailed(f"{meter.what} is forbidden (FTP {code})") from None
             raise WorkerFailed(f"{meter.what}: FTP {code}") from None
+        except ssl.SSLCertVerificationError as exc:  # ftps: a server the CAs did not vouch for
+            part.unlink(missing_ok=True)
+            why = exc.verify_message or "not verified"
+            raise WorkerFailed(
+                f"{meter.what}: its TLS certificate is not trusted ({why})"
+            ) from None
         except (OSError, EOFError, ftplib.Error) as exc:
             part.unlink(missing_ok=True)
             raise WorkerFailed(f"{meter.what}: cannot reach it ({type(exc).__name__})") from None
