@@ -15,8 +15,7 @@ import typer
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListAllJobs, ListJobs, WorkerState
 
-from . import client, logs, render, spec, views
-from . import connect as connecting
+from . import client, endpoints, logs, render, spec, views
 from .client import CliError, StreamRecord
 from .common import JsonFlag
 
@@ -194,6 +193,15 @@ def submit(
         list[str] | None,
         typer.Option("--pip", metavar="PACKAGE", help="Install a pip package (repeatable)."),
     ] = None,
+    server_command: Annotated[
+        str | None,
+        typer.Option(
+            "--server-command",
+            metavar="COMMAND",
+            help="An endpoint's own server, listening on port 80 in the foreground, e.g. "
+            "'python3 -m http.server 80' (split as a shell would). Routes come from --file.",
+        ),
+    ] = None,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -236,6 +244,7 @@ def submit(
             "output_data": spec.location(output, "type"),
             "allow_burst": allow_burst,
             "environment": spec.environment(base.get("environment"), image, key, pip),
+            "endpoint": spec.endpoint(base.get("endpoint"), server_command),
         }
         job_spec = spec.build(base, flags, env or [])
         msg = spec.submission(job_spec, request_id or uuid.uuid4().hex)
@@ -355,11 +364,32 @@ def connect(
     """Send a job's local data from this machine, and receive its local output. The job
     waits for it in `starting` ("waiting for you to connect"); its output, once put, is kept
     for a week: run this again to receive it."""
+    from . import connect as connecting  # httpx and rich's progress: for this command only
+
     with render.reported(False):
         try:
             connecting.connect(job_id, into)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+
+
+@app.command("open")
+def open_(job_id: JobId, as_json: JsonFlag = False) -> None:
+    """Print an endpoint's URL and a request that reaches it (exit 1 while it has none)."""
+    with render.reported(as_json):
+        job = get_job(job_id)
+        url = job.get("url")
+        if not url:
+            raise CliError(endpoints.no_url(job), "no_url")
+    curl = endpoints.example(job, str(url))
+    if as_json:
+        render.emit_json({"id": job.get("id"), "url": url, "example": curl})
+        return
+    sys.stdout.write(f"{url}\n")
+    render.err().print(
+        f"call it with a key (gpufleet endpoint key create {render.text(job_id)}):\n"
+        f"  {render.text(curl)}"
+    )
 
 
 @app.command()

@@ -5,7 +5,19 @@ from __future__ import annotations
 import typer
 from gpufleet_contracts.locations import PlatformAsset
 
-from . import billing, identity, jobs, keys, nodes, ops, platform, projects, provider, region
+from . import (
+    billing,
+    endpoints,
+    identity,
+    jobs,
+    keys,
+    nodes,
+    ops,
+    platform,
+    projects,
+    provider,
+    region,
+)
 
 app = typer.Typer(
     name="gpufleet",
@@ -25,6 +37,7 @@ app = typer.Typer(
 app.add_typer(jobs.app, name="job")
 app.add_typer(projects.app, name="project")
 app.add_typer(keys.app, name="key")
+app.add_typer(endpoints.app, name="endpoint")
 for _asset in PlatformAsset:
     app.add_typer(platform.asset_app(_asset), name=_asset.value)
 app.add_typer(nodes.app, name="node")

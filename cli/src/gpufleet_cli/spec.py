@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, error, invalid
 from gpufleet_contracts.jobs import JobSpec, SubmitJob
 from pydantic import ValidationError
@@ -38,6 +38,7 @@ FLAGS = {
     "environment.image": "--image",
     "environment.keys": "--key",
     "environment.packages.pip": "--pip",
+    "endpoint": "--server-command, or endpoint: in --file",
     "request_id": "--request-id",
 }
 
@@ -74,6 +75,8 @@ def load_file(path: Path) -> dict[str, Any]:
         raw = path.read_text()
     except OSError as exc:
         raise _refused(error("invalid", f"cannot read {path}: {exc.strerror}")) from exc
+    import yaml  # only a command given a spec file reads one
+
     try:
         data = json.loads(raw) if path.suffix.lower() == ".json" else yaml.safe_load(raw)
     except (ValueError, yaml.YAMLError) as exc:
@@ -119,6 +122,19 @@ def environment(
     if pip:
         packages = out.get("packages")
         out["packages"] = {**(packages if isinstance(packages, dict) else {}), "pip": list(pip)}
+    return out
+
+
+def endpoint(base: Any, server_command: str | None) -> dict[str, Any] | None:
+    """The file's `endpoint` with `--server-command` in place of its way of serving (its
+    routes), split as a shell would (None: no change)."""
+    if server_command is None:
+        return None
+    out = {k: v for k, v in (base if isinstance(base, dict) else {}).items() if k != "routes"}
+    try:
+        out["server_command"] = shlex.split(server_command)
+    except ValueError as exc:
+        raise _refused(error("invalid", f"--server-command: {exc}")) from exc
     return out
 
 

@@ -213,6 +213,40 @@ def _worker_gpus(w: dict[str, Any]) -> str:
     return f"{count}{TIMES}{w.get('gpu_model') or '?'} [{','.join(indices)}]"
 
 
+def _bytes(n: Any) -> str:
+    if not isinstance(n, int):
+        return "-"
+    if n < 1000:
+        return f"{n} B"
+    size = n / 1000
+    for unit in ("kB", "MB"):
+        if size < 1000:
+            return f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
+def endpoint_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """An endpoint's URL, cold start (each phase's seconds after placement) and requests,
+    as far as the job has them."""
+    rows = []
+    if job.get("url"):
+        rows.append(("url", text(job.get("url"))))
+    cold = job.get("cold_start")
+    if isinstance(cold, dict) and cold:
+        phases = ", ".join(f"{k} {duration(v)}" for k, v in cold.items() if k != "placed")
+        rows.append(("cold start", escape(phases)))
+    if job.get("requests") is not None:
+        rows.append(
+            (
+                "requests",
+                f"{job.get('requests')} ({job.get('errors') or 0} errors), "
+                f"{_bytes(job.get('bytes_in'))} in, {_bytes(job.get('bytes_out'))} out",
+            )
+        )
+    return rows
+
+
 def job_detail(job: dict[str, Any]) -> None:
     """Header, state history and log tail of `job show`."""
     cost = job.get("cost")
@@ -241,6 +275,8 @@ def job_detail(job: dict[str, Any]) -> None:
     head.add_row("rate", f"{text(rate)} credits/{unit}" if rate else "-")
     head.add_row("run time", duration(run_seconds(job)))
     head.add_row("cost", escape(cost_text))
+    for label, value in endpoint_rows(job):
+        head.add_row(label, value)
     console = out()
     console.print(head)
 

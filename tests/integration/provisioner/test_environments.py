@@ -1,5 +1,6 @@
-"""A node's base environments (R-JOB-7): what its agent announces in RegisterNode is kept
-with the node, shown by `node show`, and carried to the scheduler in NodeRegistered."""
+"""A node's base environments (R-JOB-7), and where its proxy serves endpoints (R-JOB-6):
+what its agent announces in RegisterNode is kept with the node, shown by `node show`, and
+carried to the scheduler in NodeRegistered."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ async def test_a_nodes_environments_reach_the_scheduler(
         await bus.ask("enable_provider", {"provider": "physical"})
         await bus.ask("create_region", {"name": "lab"})
         new, old = f"new-{uuid.uuid4().hex[:6]}", f"old-{uuid.uuid4().hex[:6]}"
-        await bus.send(registration(new, bus.account, "lab", environments=OFFER))
+        proxy = "http://{job}.lab.example:8480"
+        await bus.send(registration(new, bus.account, "lab", environments=OFFER, proxy_url=proxy))
         await bus.send(registration(old, bus.account, "lab"))  # an agent older than that
 
         async def announced() -> bool:
@@ -33,5 +35,7 @@ async def test_a_nodes_environments_reach_the_scheduler(
         await wait_for_async(announced, timeout=10)
         told = {e["minion_id"]: e["environments"] for e in bus.events if "gpus" in e}
         assert told == {new: OFFER.model_dump(mode="json"), old: None}
+        proxies = {e["minion_id"]: e.get("proxy_url") for e in bus.events if "gpus" in e}
+        assert proxies == {new: proxy, old: None}
         assert (await node(bus, new))["environments"] == OFFER.model_dump(mode="json")
         assert "environments" not in await node(bus, old)

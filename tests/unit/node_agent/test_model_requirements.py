@@ -70,7 +70,7 @@ def test_the_image_step_runs_after_the_inputs_step_and_the_disk_before_them() ->
     runtime = PodmanRuntime(PodmanConfig(image="localhost/none"), "m1")
     names = [s.name for s in runtime.steps]
     assert names.index(StepName.disk) < names.index(StepName.inputs) < names.index(StepName.image)
-    assert names[0] == StepName.keys and names[-1] == StepName.outputs
+    assert names[0] == StepName.keys and names[-2:] == [StepName.outputs, StepName.serve]
 
 
 def test_the_staged_file_is_read_and_checked(tmp_path: Path) -> None:

@@ -230,6 +230,9 @@ NODE = Grant(
         f"{S}.evt.worker.uploading.{{minion_id}}",
         f"{S}.evt.worker.staging.{{minion_id}}",
         f"{S}.evt.worker.finished.{{minion_id}}",
+        # the endpoints it serves: answering through its proxy, and their requests counted
+        f"{S}.evt.worker.endpoint_ready.{{minion_id}}",
+        f"{S}.evt.worker.endpoint_metered.{{minion_id}}",
         f"{S}.evt.node.gpu_checked.{{minion_id}}",  # its answer to a GPU check
         f"{S}.hb.{{minion_id}}",
         f"{S}.log.{{minion_id}}.>",
@@ -240,6 +243,8 @@ NODE = Grant(
         # its placements' `local` data, relayed from and to the user's machine
         f"{S}.nrpc.scheduler.stage_local_data.{{minion_id}}",
         f"{S}.nrpc.scheduler.complete_local_upload.{{minion_id}}",
+        # whether a key a caller presented opens an endpoint it serves
+        f"{S}.nrpc.scheduler.verify_endpoint_key.{{minion_id}}",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
         f"$JS.ACK.{COMMANDS}.node-{{minion_id}}.>",

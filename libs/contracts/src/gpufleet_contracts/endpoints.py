@@ -215,6 +215,14 @@ class EndpointSpec(BaseModel):
     routes: Annotated[list[Route], Cap(limits.ROUTES, "routes", "routes")] = Field(
         default_factory=list, json_schema_extra=rule("R-JOB-6")
     )
+    # What the node's proxy probes before requests go through (a manual server only: the
+    # route server has its own health route); None: `/`.
+    health_path: str | None = Field(
+        default=None,
+        pattern=r"^/[A-Za-z0-9_\-./]*$",
+        max_length=256,
+        json_schema_extra=rule("R-JOB-6", **{"x-valid": "a URL path starting with /"}),
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> EndpointSpec:
@@ -224,6 +232,13 @@ class EndpointSpec(BaseModel):
                 "an endpoint has either a manual server_command or routes (exactly one)",
                 "R-JOB-6",
                 "server_command: [...] (listening on port 80) or routes: [...]",
+            )
+        if self.health_path is not None and not self.server_command:
+            raise bad(
+                "health_path_server",
+                "health_path is for a manual server_command; routes have their own",
+                "R-JOB-6",
+                "no health_path with routes",
             )
         dup = _dups(f"{r.verb} {r.path}" for r in self.routes)
         if dup:

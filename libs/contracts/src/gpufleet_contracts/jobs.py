@@ -31,6 +31,7 @@ from .jobviews import LogChunk as LogChunk
 from .jobviews import SchedulerSync as SchedulerSync
 from .jobviews import WorkerView as WorkerView
 from .locations import OutputTarget, Source, legacy_source, legacy_target
+from .serving import Serving
 from .spec import MAX_PINNED as MAX_PINNED
 from .spec import JobSpec as JobSpec
 from .states import JobState as JobState
@@ -189,6 +190,9 @@ class StartWorker(Command):
     # agent opens them in memory (services/node-agent/README.md, "Secrets for the node
     # alone"); the clear fields are read only from a scheduler older than this field.
     sealed_secrets: SealedSecrets | None = Field(default=None, repr=False)
+    # An endpoint's worker: how its container serves and what the node's proxy probes
+    # (serving.py); None for every other job type.
+    serving: Serving | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -57,6 +57,15 @@ class WorkerView(BaseModel):
     log_tail: str = ""
     # how far its sources are fetched, or its output put (the latest WorkerStaging's items)
     staging: list[dict[str, Any]] = Field(default_factory=list)
+    # An endpoint's worker (serving.py): its URL while it holds its placement, its cold
+    # start (phase -> seconds after it was placed) and what its node's proxy let through
+    # (totals over its placements); None / empty for other job types.
+    url: str | None = None
+    cold_start: dict[str, float] = Field(default_factory=dict)
+    requests: int | None = None
+    errors: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
 
 
 class JobView(BaseModel):
@@ -79,6 +88,14 @@ class JobView(BaseModel):
     notes: list[JobNote]
     workers: list[WorkerView]
     queued_at: str | None = None
+    # An endpoint (R-JOB-6): the URL of its first worker that holds a placement on a node
+    # with a proxy, that worker's cold start, and the requests and bytes of all its workers.
+    url: str | None = None
+    cold_start: dict[str, float] = Field(default_factory=dict)
+    requests: int | None = None
+    errors: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
 
 
 class JobList(BaseModel):

@@ -107,6 +107,9 @@ class RegisterNode(Command):
     # builds, its operator's mapped images by tag); None (an older agent): what every
     # gpufleet node builds (environments.BUILT_IN).
     environments: EnvironmentOffer | None = None
+    # Where its proxy serves the endpoints it runs: a URL template with `{job}` (one origin
+    # per job, e.g. `http://{job}.localhost:8480`); None: it serves none (an older agent).
+    proxy_url: str | None = Field(default=None, max_length=256, pattern=r"^https?://.*\{job\}")
 
 
 class NodeRegistered(Event):
@@ -133,6 +136,7 @@ class NodeRegistered(Event):
     verification_rev: Int = 0
     sealing_key: SealingKey | None = None  # its RegisterNode's: what its secrets are sealed to
     environments: EnvironmentOffer | None = None  # its RegisterNode's (R-JOB-7)
+    proxy_url: str | None = None  # its RegisterNode's: where its endpoints are served
 
 
 class NodeStateChanged(Event):

@@ -203,10 +203,11 @@ def wildcard(template: str) -> str:
 # Every worker fact (placed, started, finished) on one subject tree: each service reads them
 # with one consumer, in stream order, dispatched by type (gpufleet_bus.runtime).
 WORKER_EVENTS = f"{EVENTS}.worker.>"
-# What nodes report of their workers (started, uploading, staging, finished:
-# `<fact>.<minion_id>`), in the REPORTS stream: the scheduler's one consumer of them. The
-# facts it takes go on `kept.<fact>.<minion_id>` (EVENTS), which billing reads with the
-# scheduler's `placed`; staging (progress) is shown, never kept.
+# What nodes report of their workers (started, uploading, staging, finished, endpoint_ready,
+# endpoint_metered: `<fact>.<minion_id>`), in the REPORTS stream: the scheduler's one
+# consumer of them. The facts it takes go on `kept.<fact>.<minion_id>` (EVENTS), which
+# billing reads with the scheduler's `placed`; staging (progress) and an endpoint's
+# readiness and requests are shown, never kept.
 WORKER_REPORTS = f"{EVENTS}.worker.*.*"
 WORKER_KEPT = f"{EVENTS}.worker.kept"
 # Core NATS between scheduler instances: "these jobs/nodes changed" from one that does not lead.

@@ -25,6 +25,11 @@ from .host.gpu_access import GpuAccess, host_access
 from .host.gpuchecks import GpuChecks, gpus_in_use
 from .host.inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
 from .host.mps import Mps, find_control
+from .proxy.app import ProxyApp
+from .proxy.auth import Verdicts
+from .proxy.hosts import UrlTemplate
+from .proxy.served import Endpoints
+from .proxy.server import ProxyServer
 from .runtimes.podman import PodmanRuntime
 from .runtimes.podman_args import PodmanConfig
 from .runtimes.policy import OWN_JOBS, RuntimePolicy, container_problem
@@ -101,6 +106,35 @@ def runtime_policy(settings: AgentSettings) -> RuntimePolicy:
     )
 
 
+def endpoint_proxy(
+    settings: AgentSettings,
+    workers: WorkerManager,
+    request: Requester,
+    publisher: Publisher,
+    clock: Clock,
+) -> tuple[Endpoints, ProxyServer] | None:
+    """The proxy to the endpoints this node serves (proxy/), None with
+    GPUFLEET_PROXY_LISTEN=off: its endpoint workers as the manager has them, their keys
+    checked by the scheduler over `request`."""
+    if settings.proxy_listen.strip().lower() == "off":
+        return None
+    template = UrlTemplate.parse(settings.proxy_template())
+    endpoints = Endpoints(
+        lambda: workers.active.values(),
+        minion_id=settings.minion_id,
+        publisher=publisher,
+        template=template,
+        uid=settings.worker_uid,
+        clock=clock,
+    )
+    verdicts = Verdicts(settings.minion_id, request)
+    app = ProxyApp(endpoints, verdicts, template, hold_s=settings.proxy_hold_s)
+    server = ProxyServer(
+        app, settings.proxy_listen, cert=settings.proxy_cert, key=settings.proxy_key
+    )
+    return endpoints, server
+
+
 def bus_requester(broker: NatsBroker, timeout_s: float = 10.0) -> Requester:
     """A request on the broker's connection, which takes the node credential's inbox
     prefix: the answer reaches this node alone."""
@@ -167,6 +201,12 @@ class Agent:
             in_use=lambda: gpus_in_use(self.workers),
             clock=clock,
         )
+        # Its endpoints' URLs (proxy/): the proxy, and the template registered once it
+        # listens (None: no proxy, or its port was taken).
+        self.proxy = endpoint_proxy(
+            settings, self.workers, bus_requester(broker, 5.0), self.publisher, clock
+        )
+        self.proxy_url: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -232,7 +272,9 @@ class Agent:
             )
 
     async def start(self) -> None:
-        """After the broker connected: register, then heartbeat and watch workers."""
+        """After the broker connected: the proxy listening, register, then heartbeat and
+        watch workers."""
+        await self._start_proxy()
         self._spawn(self._register(), "register")
         self._spawn(self._heartbeats(), "heartbeat")
         s = self.settings
@@ -252,10 +294,30 @@ class Agent:
             else:
                 log.info("stopped and reported %d worker(s)", count)
         await self.checks.stop()
+        if self.proxy is not None:
+            await self.proxy[1].stop()
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _start_proxy(self) -> None:
+        if self.proxy is None:
+            return
+        endpoints, server = self.proxy
+        try:
+            await server.start()
+        except OSError as exc:
+            log.error(
+                "the endpoint proxy cannot listen on %s (%s): this node serves no endpoint "
+                "URL (GPUFLEET_PROXY_LISTEN)",
+                self.settings.proxy_listen,
+                exc,
+            )
+            return
+        self.proxy_url = endpoints.template.template
+        self._spawn(endpoints.run(), "endpoints")
+        log.info("endpoint proxy on %s: %s", self.settings.proxy_listen, self.proxy_url)
 
     async def _prune_kept_outputs(self) -> None:
         """The output archives kept after a failed upload, removed past their time, now
@@ -295,6 +357,7 @@ class Agent:
             sealing_key=None if self.sealing_key is None else self.sealing_key.public_key,
             sealing_key_signature=None if self.sealing_key is None else self.sealing_key.signature,
             environments=offer(parse_env_map(s.base_environments)),  # R-JOB-7
+            proxy_url=self.proxy_url,  # its endpoints' URLs (proxy/)
         )
 
     async def _register(self) -> None:

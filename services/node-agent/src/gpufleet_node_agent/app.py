@@ -15,6 +15,7 @@ from gpufleet_contracts.jobs import (
     WorkerUploading,
 )
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
+from gpufleet_contracts.serving import EndpointMetered, EndpointReady
 from gpufleet_contracts.verification import GpuCheckReported, VerifyGpus
 
 from . import sealing
@@ -70,6 +71,8 @@ def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Ag
             WorkerFinished,
             NodeHeartbeat,
             GpuCheckReported,
+            EndpointReady,  # its endpoints' proxy (proxy/served.py)
+            EndpointMetered,
         ],
         # Before the broker consumes: the GPUs and the workers a previous run left.
         prepare=[agent.prepare],

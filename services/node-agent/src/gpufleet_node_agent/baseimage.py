@@ -23,9 +23,20 @@ from pathlib import Path
 SUITE = "bookworm"
 # What a job's command names first: `python` as well as `python3` (python-is-python3); ps,
 # top, free and kill (procps) for a command that looks at itself or its children; the CA
-# certificates for a job given a network. Compilers, git and pip are a job's packages
-# (R-JOB-7), so that every job does not pay for them.
-PACKAGES = ("python3", "python-is-python3", "procps", "ca-certificates")
+# certificates for a job given a network; what an endpoint serves with (R-JOB-7: fastapi,
+# pydantic, uvicorn, python-multipart; gpufleet_endpoint's route server runs on them).
+# Compilers, git and pip are a job's packages (R-JOB-7), so that every job does not pay for
+# them.
+PACKAGES = (
+    "python3",
+    "python-is-python3",
+    "procps",
+    "ca-certificates",
+    "python3-fastapi",
+    "python3-uvicorn",
+    "python3-pydantic",
+    "python3-multipart",
+)
 INSTALL_HINT = "apt-get install -y podman runc mmdebstrap"
 
 

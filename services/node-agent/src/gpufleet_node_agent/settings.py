@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .baseimage import BASE_IMAGE
 from .buildnet import parse_allow
 from .environments import parse_env_map
+from .proxy.hosts import UrlTemplate, parse_listen
 from .staging.datastores import parse_roots
 
 # A minion id becomes one NATS subject token and part of a durable consumer name.
@@ -168,6 +169,24 @@ class AgentSettings(BaseSettings):
     # one's root directory here (the NFS or SMB share the operator mounted), as
     # `name=/abs/root,name2=/root2`; a job's `regional_datastore` path is copied from under it.
     regional_datastores: str = ""
+    # Endpoints (README "Endpoints: the proxy and its trust model"): where the node's proxy
+    # listens (`host:port`; 0.0.0.0 for a node others reach; `off`: no proxy, the node
+    # serves no endpoint URL), the URL template it registers (one origin per job; empty:
+    # `http://{job}.localhost:<port>`, https with a certificate), the certificate and key
+    # it serves https with, and how long a request to an endpoint still starting is held.
+    proxy_listen: str = "127.0.0.1:8480"
+    proxy_url: str = ""
+    proxy_cert: Path | None = None
+    proxy_key: Path | None = None
+    proxy_hold_s: float = Field(default=60.0, ge=0, le=600)
+
+    def proxy_template(self) -> str:
+        """The URL template the proxy registers (GPUFLEET_PROXY_URL, else the default)."""
+        if self.proxy_url:
+            return self.proxy_url
+        port = self.proxy_listen.rpartition(":")[2]
+        scheme = "https" if self.proxy_cert else "http"
+        return f"{scheme}://{{job}}.localhost:{port}"
 
     def token(self) -> str | None:
         if self.join_token:
@@ -190,6 +209,16 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @model_validator(mode="after")
+    def _proxy(self) -> AgentSettings:
+        if self.proxy_listen.strip().lower() == "off":
+            return self
+        parse_listen(self.proxy_listen)
+        UrlTemplate.parse(self.proxy_template())
+        if (self.proxy_cert is None) != (self.proxy_key is None):
+            raise ValueError("GPUFLEET_PROXY_CERT and GPUFLEET_PROXY_KEY go together")
+        return self
 
     @field_validator("worker_runtime", mode="before")
     @classmethod

@@ -137,6 +137,7 @@ class Registration:
                 "environments": None
                 if cmd.environments is None
                 else cmd.environments.model_dump(mode="json"),
+                "proxy_url": cmd.proxy_url,  # where its endpoints are served (None: none)
                 "registered_at_ms": now_ms(now),
                 "agent_started_at": cmd.agent_started_at.isoformat(),
                 "last_seen_ms": now_ms(now),
@@ -179,6 +180,7 @@ class Registration:
                     verification_rev=verification.rev,
                     sealing_key=cmd.sealing_key,
                     environments=cmd.environments,
+                    proxy_url=cmd.proxy_url,
                     at=now,
                 ),
                 # The same RegisterNode delivered twice yields one NodeRegistered.

@@ -69,11 +69,24 @@ from gpufleet_contracts.projects import (
     ProjectView,
     RemoveProjectMember,
 )
+from gpufleet_contracts.serving import (
+    CreateEndpointKey,
+    EndpointKeyCreated,
+    EndpointKeyList,
+    EndpointKeyVerdict,
+    EndpointKeyView,
+    EndpointMetered,
+    EndpointReady,
+    ListEndpointKeys,
+    RevokeEndpointKey,
+    VerifyEndpointKey,
+)
 from gpufleet_contracts.verification import NodeVerified
 from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 
-from . import keystore, projects
+from . import endpointkeys, keystore, projects
+from .endpointkeys import EndpointKeys
 from .leadership import Lease
 from .localdata import LocalRelay
 from .platform import PlatformStaging
@@ -103,6 +116,7 @@ INDEXES = {
     ],
     **projects.INDEXES,
     **keystore.INDEXES,
+    **endpointkeys.INDEXES,
 }
 
 
@@ -117,12 +131,14 @@ class Handlers:
         source: str,
         platform: PlatformStaging,
         local: LocalRelay,
+        endpoint_keys: EndpointKeys,
     ) -> None:
         self.sched = sched
         self.broker = broker
         self.source = source
         self.platform = platform
         self.local = local
+        self.endpoint_keys = endpoint_keys
 
     # --- requests (core NATS, an account's) ---
 
@@ -192,7 +208,26 @@ class Handlers:
     async def remove_key(self, body: RemoveKey, account: str) -> KeyView:
         return KeyView.model_validate(await self.sched.keys.remove(account, body.type))
 
+    # --- endpoints' API keys (R-JOB-6): the acting account's endpoints only ---
+
+    async def create_endpoint_key(
+        self, body: CreateEndpointKey, account: str
+    ) -> EndpointKeyCreated:
+        return await self.endpoint_keys.create(body, account)
+
+    async def list_endpoint_keys(self, body: ListEndpointKeys, account: str) -> EndpointKeyList:
+        return await self.endpoint_keys.list(body, account)
+
+    async def revoke_endpoint_key(self, body: RevokeEndpointKey, account: str) -> EndpointKeyView:
+        return await self.endpoint_keys.revoke(body, account)
+
     # --- a node's requests (nrpc.scheduler.<verb>.<minion_id>: that node's only) ---
+
+    async def verify_endpoint_key(
+        self, body: VerifyEndpointKey, subject: str
+    ) -> EndpointKeyVerdict:
+        """Whether a key opens an endpoint one of whose workers the asking node holds."""
+        return await self.endpoint_keys.verify(body, subjects.node_rpc_node(subject) or "")
 
     async def stage_platform_object(self, body: StagePlatformObject, subject: str) -> PlatformGrant:
         """A presigned URL of a platform object one of the asking node's placements uses."""
@@ -274,7 +309,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
     )
     platform = PlatformStaging(sched.state, Asker(broker))
     local = LocalRelay(sched.state, Asker(broker), platform.held)
-    on = Handlers(sched, broker, rt.source, platform, local)
+    on = Handlers(sched, broker, rt.source, platform, local, EndpointKeys(sched.state))
 
     rt.wire(
         requests={
@@ -296,6 +331,15 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "attach_key": Request(on.attach_key, description=AttachKey.__doc__),
             "list_keys": Request(on.list_keys, description=ListKeys.__doc__),
             "remove_key": Request(on.remove_key, description=RemoveKey.__doc__),
+            "create_endpoint_key": Request(
+                on.create_endpoint_key, description=CreateEndpointKey.__doc__
+            ),
+            "list_endpoint_keys": Request(
+                on.list_endpoint_keys, description=ListEndpointKeys.__doc__
+            ),
+            "revoke_endpoint_key": Request(
+                on.revoke_endpoint_key, description=RevokeEndpointKey.__doc__
+            ),
             "connect_job": Request(on.connect_job, description=ConnectJob.__doc__),
             "local_data_sent": Request(on.local_data_sent, description=LocalDataSent.__doc__),
         },
@@ -303,6 +347,9 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "list_all_jobs": Request(on.list_all_jobs, description=ListAllJobs.__doc__),
         },
         direct={
+            subjects.as_node(VerifyEndpointKey.SUBJECT, "*"): Request(
+                on.verify_endpoint_key, description=VerifyEndpointKey.__doc__
+            ),
             subjects.as_node(StagePlatformObject.SUBJECT, "*"): Request(
                 on.stage_platform_object, description=StagePlatformObject.__doc__
             ),
@@ -325,7 +372,14 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             # One consumer of what nodes report of their workers (stream REPORTS), in order:
             # a start is seen before its finish; applied a batch (one transaction) at a time.
             "worker-events": Batched(
-                [WorkerStarted, WorkerUploading, WorkerStaging, WorkerFinished],
+                [
+                    WorkerStarted,
+                    WorkerUploading,
+                    WorkerStaging,
+                    WorkerFinished,
+                    EndpointReady,
+                    EndpointMetered,
+                ],
                 on.on_worker_reports,
                 subject=subjects.WORKER_REPORTS,
                 max_batch=REPORTS_BATCH,

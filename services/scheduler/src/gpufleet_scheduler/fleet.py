@@ -59,6 +59,7 @@ def node_view(doc: Doc) -> NodeView:
         price_per_cpu_hour=Decimal(cpu_price) if cpu_price is not None else None,
         sealing_key=doc.get("sealing_key"),  # absent before nodes had one: none
         environments=environments.offer_of(doc.get("environments")),  # absent: BUILT_IN
+        proxy_url=doc.get("proxy_url"),  # absent before nodes served endpoints: none
     )
 
 
@@ -207,4 +208,5 @@ def node_doc(node: NodeView) -> Doc:
         else str(node.price_per_cpu_hour),
         "sealing_key": node.sealing_key,
         "environments": environments.stored(node.environments),
+        "proxy_url": node.proxy_url,
     }

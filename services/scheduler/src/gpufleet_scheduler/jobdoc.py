@@ -15,10 +15,10 @@ from decimal import Decimal
 from typing import Any, cast
 
 from gpufleet_contracts.catalog import catalog
-from gpufleet_contracts.jobs import JobSpec, JobState, WorkerState
+from gpufleet_contracts.jobs import JobSpec, JobState, JobType, WorkerState
 from gpufleet_store import Doc, SecretBox, now_ms
 
-from . import jobrequest, progress
+from . import jobrequest, progress, serving
 from .jobstate import job_state
 
 log = logging.getLogger("gpufleet.scheduler")
@@ -126,6 +126,8 @@ PLACEMENT_KEYS = (
     "placed_at",
     "started_at",
     "epoch",
+    "url",  # an endpoint's, on its node's proxy (serving.py)
+    "endpoint_phases",
 )
 
 
@@ -133,13 +135,17 @@ def view(job: Doc) -> Doc:
     """A job as requests answer it (`gpufleet job show`, contracts' JobView): no internal
     fields."""
     rates = {w.get("rate") for w in job["workers"] if w.get("rate")}
+    state, progress = job["state"], job_progress(job)
+    endpoint = (job.get("req") or job.get("spec") or {}).get("type") == JobType.endpoint.value
+    if state == JobState.running.value and endpoint and serving.awaiting_answer(job["workers"]):
+        state, progress = JobState.starting.value, serving.AWAITING  # not answering yet
     return {
         "id": job["_id"],
         "name": job["name"],
         "project": job["project"],
         "owner": job["owner"],
         "creator": job["creator"],
-        "state": job["state"],
+        "state": state,
         "queue_reason": job.get("queue_reason"),
         "queue_detail": job.get("queue_detail") or [],
         "rate": rates.pop() if len(rates) == 1 else (sorted(rates) or None),
@@ -170,11 +176,13 @@ def view(job: Doc) -> Doc:
                 "attempts": len(w.get("attempts") or []),
                 "log_tail": w.get("log_tail", ""),
                 "staging": w.get("staging") or [],
+                **serving.worker_view(w),
             }
             for w in job["workers"]
         ],
-        "progress": job_progress(job),
+        "progress": progress,
         "queued_at": iso(job["queued_at"]),
+        **serving.job_view(job["workers"]),
     }
 
 

@@ -279,6 +279,8 @@ def _node_fields(evt: NodeRegistered) -> Doc:
         "sealing_key": sealing.accepted(evt.sealing_key),
         # the base environments it runs (R-JOB-7); None: its agent announced none
         "environments": environments.stored(evt.environments),
+        # where its proxy serves endpoints (a URL template); None: it serves none
+        "proxy_url": evt.proxy_url,
         # the provisioner's verdict on its hardware, as of this registration
         "verified": evt.verified,
         "verification_rev": evt.verification_rev,

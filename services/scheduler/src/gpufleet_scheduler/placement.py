@@ -86,6 +86,9 @@ class NodeView:
     # The base environments it runs (R-JOB-7), as its agent announced them; an agent that
     # announced none: what every gpufleet node builds.
     environments: EnvironmentOffer = BUILT_IN
+    # Where its proxy serves endpoints: a URL template with `{job}` (RegisterNode); None:
+    # its agent serves none.
+    proxy_url: str | None = None
 
     def share_slots(self) -> list[tuple[int, int]]:
         """(free shares, GPU) of every GPU with some room, ascending."""

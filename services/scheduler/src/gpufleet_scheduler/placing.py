@@ -13,7 +13,7 @@ from gpufleet_bus import emit
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
 from gpufleet_store import Doc, Transaction
 
-from . import jobdoc, mounts, sealing
+from . import jobdoc, mounts, sealing, serving
 from .keyuse import WorkerSecrets
 from .placement import Placement
 
@@ -55,6 +55,8 @@ def place_worker(
         charge=d.charge,
         placed_at=now,
         epoch=epoch,
+        # an endpoint's URL on that node's proxy (None: not an endpoint, or a node without one)
+        url=serving.url_of(node.proxy_url, job["_id"]) if spec.endpoint is not None else None,
         # every node this worker was placed on: its log is read from those nodes' subjects
         ran_on=[*[m for m in w.get("ran_on") or () if m != node.minion_id], node.minion_id],
     )
@@ -110,6 +112,7 @@ def place_worker(
             packages=spec.environment.packages,
             owner=job["owner"],
             creator=job["creator"],
+            serving=serving.serving_for(spec),
         ),
         # its box opens only on the node; its outbox row is sealed with the scheduler's key
         # besides, as every secret it stores, until the relay sends it

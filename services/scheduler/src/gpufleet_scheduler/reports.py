@@ -49,12 +49,13 @@ from gpufleet_contracts.jobs import (
     WorkerState,
     WorkerUploading,
 )
+from gpufleet_contracts.serving import EndpointMetered, EndpointReady
 from gpufleet_store import Doc, Transaction
 from gpufleet_telemetry.instruments import METRICS
 from nats.js import JetStreamContext
 from pymongo import ReplaceOne
 
-from . import jobdoc
+from . import jobdoc, serving
 from .passes import Passes
 from .state import StaleJob, State
 
@@ -64,7 +65,17 @@ REPORTS_BATCH = 256  # reports fetched and applied at once (app.py)
 # After a batch that was not full, the next fetch waits this long: under load the reports
 # come in fewer transactions (and placement passes); a quiet node's report goes at once.
 REPORTS_LINGER_S = 0.2
-Report = WorkerStarted | WorkerUploading | WorkerStaging | WorkerFinished
+Report = (
+    WorkerStarted
+    | WorkerUploading
+    | WorkerStaging
+    | WorkerFinished
+    | EndpointReady
+    | EndpointMetered
+)
+# What is shown on the job and never kept in the history: progress, an endpoint's readiness
+# and its requests.
+Shown = WorkerStaging | EndpointReady | EndpointMetered
 JetStream = Callable[[], Awaitable[JetStreamContext]]
 IGNORED = "ignored"  # the reason of a dead letter of a report not kept
 NOT_PLACED = "worker:not-placed-on-node"
@@ -151,8 +162,8 @@ class Reports:
                     received = d.received_at or st.clock()
                     version = int(job["version"])
                     start_unseen = unseen_start(job, evt)
-                    if isinstance(evt, WorkerStaging):
-                        if staging(job, evt):  # shown on the job, never kept
+                    if isinstance(evt, Shown):
+                        if shown(job, evt):  # shown on the job, never kept
                             out.versions.setdefault(job["_id"], version)
                             out.jobs[job["_id"]] = job
                             job["version"] = version + 1
@@ -363,6 +374,33 @@ def staging(job: Doc, evt: WorkerStaging) -> bool:
     w["staging"] = [item.model_dump(mode="json") for item in evt.items]
     w["staging_at"] = evt.at
     return True
+
+
+def endpoint_ready(job: Doc, evt: EndpointReady) -> bool:
+    """An endpoint's worker answers through its node's proxy (serving.py): only while it
+    holds this placement. False: nothing to do."""
+    w = jobdoc.find_worker(job, evt.worker, evt.placement_id)
+    if w is None or WorkerState(w["state"]).terminal:
+        return False
+    if not jobdoc.reported_by_its_node(w, evt.minion_id):
+        return False
+    return serving.ready(w, evt)
+
+
+def endpoint_metered(job: Doc, evt: EndpointMetered) -> bool:
+    """The requests a placement's proxy let through (serving.py), also after the worker
+    ended or lost that placement (its last count comes then): `placed_on` has checked that
+    the placement was this node's. False: nothing to do."""
+    w = next((w for w in job["workers"] if w["index"] == evt.worker), None)
+    return w is not None and serving.metered(w, evt)
+
+
+def shown(job: Doc, evt: Shown) -> bool:
+    if isinstance(evt, WorkerStaging):
+        return staging(job, evt)
+    if isinstance(evt, EndpointReady):
+        return endpoint_ready(job, evt)
+    return endpoint_metered(job, evt)
 
 
 def finished(

@@ -217,6 +217,8 @@ def oci_config(
     }
     if seccomp_profile is not None:
         linux["seccomp"] = dict(seccomp_profile)
+    if c.sysctls:
+        linux["sysctl"] = dict(c.sysctls)
     return {
         "ociVersion": "1.0.2",
         "process": {

@@ -54,6 +54,7 @@ from ..steps.image import ImageStep
 from ..steps.inputs import InputsStep
 from ..steps.keys import KeysStep
 from ..steps.outputs import OutputsStep
+from ..steps.serve import ServeStep
 from ..steps.share import ShareStep
 from ..worker import logcap
 from ..worker.files import read_int, read_json, write_json_atomic, write_text_atomic
@@ -171,6 +172,8 @@ class PodmanRuntime:
                 uid=config.uid,
                 quota=True,  # an earlier agent's worker may have one, whatever the setting now
             ),
+            ServeStep(config.uid),  # an endpoint's socket directory and server code; last, so
+            # that its socket is the first thing gone at the end
         )
         # runc.py: new containers started by runc where it can; a restarted agent still
         # finds the runc containers of an earlier one whatever it is set to now

@@ -13,7 +13,11 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
 - the network the operator chose (`none` by default: no route to the control plane);
 - its own GPUs, when they are real (gpu_access.py: their device nodes and the driver's
   libraries, or CDI), and for a fractional share its own MPS pipes (steps/share.py);
-- its attached keys' files (steps/keys.py), read-only at /run/secrets.
+- its attached keys' files (steps/keys.py), read-only at /run/secrets;
+- an endpoint's worker (steps/serve.py): its serve directory read-write at /run/gpufleet
+  (the proxy's unix socket) and gpufleet's route server or relay read-only at
+  /opt/gpufleet, still with no network; it may bind port 80 as its non-root user
+  (`net.ipv4.ip_unprivileged_port_start=0`, in its own network namespace).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from ..builds import BuildConfig
 from ..host import mps
 from ..host.gpu_access import GpuAccess
 from ..images import qualified
-from ..steps import disk, keys
+from ..steps import disk, keys, serve
 from ..worker.layout import MOUNTS_DIR, OUTPUT_DIR
 from ..worker.spec import WorkerSpec
 from .supervise import GPUFLEET_VARS, no_gpu_env, share_env
@@ -142,6 +146,7 @@ class ContainerSpec:
     read_only: bool = False  # the image's root filesystem (--read-only)
     by_name: list[str] = field(default_factory=list)  # job env names passed by name
     in_file: list[str] = field(default_factory=list)  # job env names passed in the env file
+    sysctls: dict[str, str] = field(default_factory=dict)  # its own network namespace's
 
 
 def ml_binds(worker_dir: Path) -> list[Bind]:
@@ -200,6 +205,22 @@ def key_binds(spec: WorkerSpec, worker_dir: Path) -> list[Bind]:
     if not spec.key_types:
         return []
     return [Bind(keys.host_path(worker_dir), keys.CONTAINER_PATH, True)]
+
+
+def serve_binds(spec: WorkerSpec, worker_dir: Path) -> list[Bind]:
+    """An endpoint's serve directory (read-write: its socket) and gpufleet's server code
+    with its routes (read-only); none for another job."""
+    if spec.serving is None:
+        return []
+    return [
+        Bind(worker_dir / serve.SERVE_DIR, serve.IN_SERVE, False),
+        Bind(worker_dir / serve.ENDPOINT_DIR, serve.IN_ENDPOINT, True),
+    ]
+
+
+# An endpoint's own server listens on port 80 as the worker's non-root user; the sysctl is
+# per network namespace, and the container has its own.
+SERVE_SYSCTLS = {"net.ipv4.ip_unprivileged_port_start": "0"}
 
 
 @dataclass(frozen=True)
@@ -261,6 +282,7 @@ def container_spec(
     ours.update(gpu.env(indices))
     binds = quota_binds(worker_dir) if config.disk_quota else ml_binds(worker_dir)
     binds += key_binds(spec, worker_dir)
+    binds += serve_binds(spec, worker_dir)
     binds += [Bind(b.host, b.target, True) for b in gpu.library_binds(indices)]
     if mps_pipe is not None:
         binds.append(Bind(mps_pipe, mps.MPS_TARGET, False))
@@ -282,7 +304,7 @@ def container_spec(
     return ContainerSpec(
         name=container_name(spec.job_id, spec.worker, placement),
         image=image or (qualified(spec.image) if spec.image else config.image),
-        command=list(spec.command),
+        command=serve.command(spec),
         labels=labels,
         env=env,
         binds=binds,
@@ -296,6 +318,7 @@ def container_spec(
         read_only=config.disk_quota,
         by_name=by_name,
         in_file=in_file,
+        sysctls=dict(SERVE_SYSCTLS) if spec.serving is not None else {},
     )
 
 
@@ -346,6 +369,8 @@ def run_argv(
         argv += ["--volume", b.arg()]
     for d in c.devices:
         argv += ["--device", d]
+    for k, v in c.sysctls.items():
+        argv += ["--sysctl", f"{k}={v}"]
     if env_file is not None and c.in_file:
         argv += ["--env-file", str(env_file)]
     for name in c.by_name:

@@ -9,6 +9,8 @@ node's owner; a StartWorker that does not say (from an older scheduler) is anoth
 
 A worker that must run in a container on a node without a working container runtime is
 refused: it is reported `failed` with the reason, and never falls back to a bare process.
+An endpoint's worker always runs in a container, the owner's own too: the node's proxy
+reaches it only through its container's socket (steps/serve.py).
 """
 
 from __future__ import annotations
@@ -55,10 +57,16 @@ class RuntimePolicy:
 
     def choose(self, cmd: StartWorker) -> Decision:
         own = self.own_job(cmd)
-        if own and self.allow_bare:
+        if own and self.allow_bare and cmd.serving is None:
             return Decision(PROCESS)
         if self.container_error is None:
             return Decision(self.container)
+        if cmd.serving is not None:
+            why = (
+                "endpoints are served from containers only, and this node has no working "
+                f"container runtime: {self.container_error}"
+            )
+            return Decision(None, why)
         if own:
             why = (
                 f"this node has no working container runtime: {self.container_error}; "

@@ -48,6 +48,9 @@ def _output_dirs(w: Worker) -> list[Path]:
     return [w.file(OUTPUT_DIR)]
 
 
+ENDPOINTS_IN_CONTAINERS = "endpoints are served from containers only, not bare processes"
+
+
 class ProcessRuntime:
     """Its workers need their attached keys as files (the agent's user owns them), their
     mounts' directories and their output directory: the keys, inputs and outputs steps."""
@@ -74,6 +77,8 @@ class ProcessRuntime:
         )
 
     async def launch(self, w: Worker) -> None:
+        if w.spec.serving is not None:  # the proxy reaches a worker by its container's socket
+            raise WorkerFailed(ENDPOINTS_IN_CONTAINERS)
         env_path = w.file(ENV_FILE)
         secrets = read_json(env_path) or {}
         env_path.unlink(missing_ok=True)  # the values live on only in the worker's env

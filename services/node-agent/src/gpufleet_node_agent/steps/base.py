@@ -34,6 +34,7 @@ class StepName(StrEnum):
     share = "share"
     inputs = "inputs"
     outputs = "outputs"
+    serve = "serve"
 
 
 class WorkerFailed(Exception):

@@ -24,6 +24,8 @@ agent keeps:
     upload_failed       why it could not be: the worker is reported failed (the archive
                         kept under <state_dir>/kept-outputs/<placement>/)
     reported_finished   WorkerFinished was acknowledged; the placement is done
+    serve/, endpoint/   an endpoint's socket directory and server code (steps/serve.py)
+    endpoint.json       what the proxy published of an endpoint's worker (proxy/served.py)
 
 A worker goes through its runtime's steps and is launched (pipeline.py), is watched by the
 rounds of `run` until it has ended, has its steps torn down, and is reported. Because the

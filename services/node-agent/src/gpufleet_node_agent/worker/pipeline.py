@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ..steps.base import WorkerFailed
 from .files import write_json_atomic
+from .workdir import LAUNCHED
 
 if TYPE_CHECKING:
     from ..runtimes.port import WorkerRuntime
@@ -60,6 +61,7 @@ class Pipeline:
                     self._stopped(w)
                     return
                 await step.setup(w)
+                w.done_at[step.name] = self.clock()
                 if step.marked:
                     if markers is None:
                         markers = w.file(MARKERS).open("a", buffering=1)
@@ -69,6 +71,7 @@ class Pipeline:
                 self._stopped(w)
                 return
             await rt.launch(w)
+            w.done_at[LAUNCHED] = self.clock()
             log.info(
                 "started worker %s (placement %s, GPUs %s, runtime %s)",
                 w.key,

@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 from gpufleet_contracts.jobs import Mount, StartWorker
 from gpufleet_contracts.jobspec import BaseEnvironment, Packages
 from gpufleet_contracts.locations import OutputTarget, legacy_target
+from gpufleet_contracts.serving import Serving
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 log = logging.getLogger("gpufleet.node_agent.workers")
@@ -63,6 +64,7 @@ class WorkerSpec(BaseModel):
     runtime: str = ""  # the runtime that runs it ("": the manager's default)
     key_types: tuple[str, ...] = ()  # R-JOB-7: its attached keys' types; the values in keys.json
     stop_grace_s: float = STOP_GRACE_S
+    serving: Serving | None = None  # an endpoint's worker: how it serves (steps/serve.py)
 
     @classmethod
     def of(cls, cmd: StartWorker, runtime: str, received_at: datetime) -> WorkerSpec:
@@ -91,6 +93,7 @@ class WorkerSpec(BaseModel):
             creator=cmd.creator,
             runtime=runtime,
             key_types=tuple(sorted(cmd.attached_keys)),
+            serving=cmd.serving,
         )
 
 

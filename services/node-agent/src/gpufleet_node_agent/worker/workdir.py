@@ -18,6 +18,7 @@ from gpufleet_contracts.jobs import StagingItem
 from ..runtimes.supervise import is_supervisor
 from .spec import WorkerSpec
 
+LAUNCHED = "launch"  # done_at's key of the launch
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 # Supervisors this process spawned, until they are reaped. Module-wide, so that one that
@@ -111,6 +112,9 @@ class Worker:
     stop_asked: bool = field(default=False, init=False, repr=False)
     made: dict[str, str] = field(default_factory=dict, init=False, repr=False)
     torn_down: bool = field(default=False, init=False, repr=False)
+    # When each of its steps' setups ended, and its launch (LAUNCHED), as this agent saw
+    # them: an endpoint's cold start phases (proxy/served.py). Not kept across a restart.
+    done_at: dict[str, datetime] = field(default_factory=dict, init=False, repr=False)
     # Its teardown's own task (pipeline.py); how far its staging is, by item (progress.py),
     # and when its upload began (the outputs step): what the watch rounds report of it.
     tearing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
