@@ -108,8 +108,7 @@ class Azure:
                 if (rel := relative(shown, path, b.name)) is not None
             ]
             meter.expect(sum(b.size or 0 for b, _ in blobs))
-            for blob, rel in blobs:
-                self._get(container, blob.name, target_file(dest, rel), meter)
+            each(lambda b: self._get(container, b[0].name, target_file(dest, b[1]), meter), blobs)
             return
         meter.expect(container.get_blob_client(path).get_blob_properties().size)
         part = part_file(dest, path)

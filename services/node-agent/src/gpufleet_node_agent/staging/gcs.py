@@ -47,6 +47,11 @@ def _failed(shown: str, exc: Exception) -> WorkerFailed:
     return WorkerFailed(f"{shown}: cannot reach GCS ({type(exc).__name__})")
 
 
+def _download(blob: Any, path: Path, meter: Meter) -> None:
+    with path.open("wb") as f:
+        blob.download_to_file(Counted(f, meter))
+
+
 @dataclass(frozen=True)
 class Gcs:
     guard: AddressGuard
@@ -117,9 +122,7 @@ class Gcs:
                 if (rel := relative(shown, key, b.name)) is not None
             ]
             meter.expect(sum(b.size or 0 for b, _ in blobs))
-            for blob, rel in blobs:
-                with target_file(dest, rel).open("wb") as f:
-                    blob.download_to_file(Counted(f, meter))
+            each(lambda b: _download(b[0], target_file(dest, b[1]), meter), blobs)
             return
         blob = client.bucket(bucket).get_blob(key)
         if blob is None:

@@ -19,7 +19,7 @@ from .meter import Meter
 
 T = TypeVar("T")
 R = TypeVar("R")
-ASKED_AT_ONCE = 16  # a prefix's objects asked for their versions in parallel
+ASKED_AT_ONCE = 16  # a prefix's objects asked for (versions) and fetched in parallel
 
 
 async def in_thread(

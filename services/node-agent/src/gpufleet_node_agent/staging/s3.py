@@ -19,6 +19,7 @@ from .archives import place
 from .guard import AddressGuard
 from .meter import Meter
 from .objects import (
+    ASKED_AT_ONCE,
     Counted,
     bucket_key,
     digest,
@@ -80,7 +81,11 @@ class S3:
             await self.guard.resolve(parts.hostname, port)
         own, other = ("wasabi", "aws") if source.endpoint else ("aws", "wasabi")
         key = keys.get(own) or keys.get(other) or {}
-        config = Config(retries={"max_attempts": 3}, signature_version=None if key else UNSIGNED)
+        config = Config(
+            retries={"max_attempts": 3},
+            signature_version=None if key else UNSIGNED,
+            max_pool_connections=ASKED_AT_ONCE,  # a prefix's objects, that many at once
+        )
         return await asyncio.to_thread(
             boto3.session.Session().client,
             "s3",
@@ -131,8 +136,7 @@ class S3:
                         objects.append((o["Key"], rel))
                         total += o["Size"]
             meter.expect(total)
-            for name, rel in objects:
-                self._get(client, bucket, name, target_file(dest, rel), meter)
+            each(lambda o: self._get(client, bucket, o[0], target_file(dest, o[1]), meter), objects)
             return
         meter.expect(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
         part = part_file(dest, key)
