@@ -154,7 +154,7 @@ class System:
 
         async def asked() -> bytes:
             nc = await nats.connect(
-                self.nats_url,
+                servers=self.nats_url.split(","),  # a cluster's members, as the CLI takes them
                 **connect_options(creds, acting_for=account),
                 connect_timeout=timeout,
                 allow_reconnect=False,

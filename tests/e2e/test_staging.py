@@ -20,6 +20,7 @@ import asyncio
 import io
 import json
 import shutil
+import struct
 import tarfile
 import time
 import zipfile
@@ -205,11 +206,27 @@ def _escaping_archive() -> bytes:
     return out.getvalue()
 
 
+def _oversize_archive() -> bytes:
+    """A zip whose three entries say they unpack to 4 GiB each, more than the worker's disk
+    (a zip bomb's directory): refused from what it declares, before a byte is unpacked."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name in ("a.bin", "b.bin", "c.bin"):
+            archive.writestr(name, b"x")
+    data = bytearray(out.getvalue())
+    at = data.find(b"PK\x01\x02")  # each central directory record: its uncompressed size
+    while at != -1:
+        struct.pack_into("<I", data, at + 24, 0xFFFFFFF0)
+        at = data.find(b"PK\x01\x02", at + 4)
+    return bytes(data)
+
+
 @pytest.mark.parametrize(
     ("case", "says"),
     [
         ("missing", "not found"),
         ("escaping", "unsafe archive"),
+        ("oversize", "is too large"),
         ("loopback", "refused address"),
         ("metadata", "refused address"),
     ],
@@ -219,9 +236,12 @@ def test_a_bad_source_fails_the_job_with_its_reason(staged: Staged, case: str, s
     s3_input = {"type": "wasabi", "endpoint": endpoint}
     if case == "escaping":
         staged.s3().put_object(Bucket="demo", Key="escaping.tar.gz", Body=_escaping_archive())
+    if case == "oversize":
+        staged.s3().put_object(Bucket="demo", Key="oversize.zip", Body=_oversize_archive())
     source = {
         "missing": {**s3_input, "path": "s3://demo/nope.tar.gz"},
         "escaping": {**s3_input, "path": "s3://demo/escaping.tar.gz"},
+        "oversize": {**s3_input, "path": "s3://demo/oversize.zip"},
         # NATS's own port: on this machine, but not among the operator's allowed addresses
         "loopback": {"type": "web", "path": f"{staged.system.nats_url.replace('nats', 'http')}/x"},
         "metadata": {"type": "web", "path": "http://169.254.169.254/latest/meta-data/"},
@@ -239,6 +259,7 @@ def test_a_bad_source_fails_the_job_with_its_reason(staged: Staged, case: str, s
     done = staged.system.wait_state(job_id, "finished", "failed", timeout=180)
     assert done["state"] == "failed" and says in staged.reason(done), staged.reason(done)
     assert not list(staged.system.root.parent.rglob("escaped-by-staging.txt"))
+    assert not list(staged.system.root.rglob("c.bin"))
 
 
 def test_a_platform_model_output_is_a_later_jobs_model(staged: Staged) -> None:
