@@ -38,6 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, marker))
 
 
+@pytest.fixture(autouse=True)
+def _no_user_cli_context(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the developer's own CLI contexts (`just up` leaves one current
+    in ~/.config/gpufleet: a test would then act as its account): each test starts with an
+    empty config directory and none of the CLI's identity variables; a test sets its own."""
+    monkeypatch.setenv("GPUFLEET_CONFIG_DIR", str(tmp_path_factory.mktemp("cli-config")))
+    for name in ("GPUFLEET_CONTEXT", "GPUFLEET_NATS_CREDS", "GPUFLEET_NATS_URL", "GPUFLEET_ACCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _serving(server: NatsServer | EmbeddedMongo) -> Iterator[Any]:
     server.start()
     try:
