@@ -18,6 +18,8 @@ import pytest
 from gpufleet_devstack import EmbeddedMongo, NatsServer
 
 TESTS_DIR = Path(__file__).parent
+# What the CLI reads of who it is and where (gpufleet_cli.settings), besides its config dir.
+CLI_IDENTITY = ("GPUFLEET_CONTEXT", "GPUFLEET_NATS_CREDS", "GPUFLEET_NATS_URL", "GPUFLEET_ACCOUNT")
 FOLDER_MARKERS = {
     "unit": "unit",
     "integration": "integration",
@@ -39,12 +41,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _no_user_cli_context(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_user_cli_context(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No test reads or writes the developer's own CLI contexts (`just up` leaves one current
     in ~/.config/gpufleet: a test would then act as its account): each test starts with an
     empty config directory and none of the CLI's identity variables; a test sets its own."""
     monkeypatch.setenv("GPUFLEET_CONFIG_DIR", str(tmp_path_factory.mktemp("cli-config")))
-    for name in ("GPUFLEET_CONTEXT", "GPUFLEET_NATS_CREDS", "GPUFLEET_NATS_URL", "GPUFLEET_ACCOUNT"):
+    for name in CLI_IDENTITY:
         monkeypatch.delenv(name, raising=False)
 
 
