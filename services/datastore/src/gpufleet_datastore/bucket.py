@@ -7,9 +7,18 @@ import asyncio
 import base64
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Literal
 
+from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.errors import Refused
 from pydantic import SecretStr
+from pymongo.asynchronous.database import AsyncDatabase
+
+NOT_CONFIGURED = (
+    "platform objects are not configured on this installation: its operator sets the "
+    "datastore's GPUFLEET_PLATFORM_BUCKET (and its endpoint and keys)"
+)
 
 
 @dataclass(frozen=True)
@@ -102,3 +111,29 @@ class Bucket:
                 self._client.create_bucket(Bucket=self.name)
 
         await asyncio.to_thread(make)
+
+
+class Granted:
+    """A collection of objects in the platform bucket that this service hands presigned URLs
+    to (objects.py, relay.py): its documents, the bucket (None: not configured, every grant
+    refused saying so) and how long a URL lasts."""
+
+    COLLECTION: ClassVar[str]
+
+    def __init__(
+        self, db: AsyncDatabase[dict[str, Any]], bucket: Bucket | None, clock: Clock, ttl_s: int
+    ) -> None:
+        self.coll = db[self.COLLECTION]
+        self.bucket = bucket
+        self.clock = clock
+        self.ttl_s = ttl_s
+
+    def _bucket(self) -> Bucket:
+        if self.bucket is None:
+            raise Refused("unavailable", NOT_CONFIGURED)
+        return self.bucket
+
+    def presigned(self, key: str, method: Literal["GET", "PUT"]) -> tuple[str, datetime]:
+        """A URL for `method` on `key`, and when it expires."""
+        url = self._bucket().presigned(key, method, self.ttl_s)
+        return url, self.clock() + timedelta(seconds=self.ttl_s)

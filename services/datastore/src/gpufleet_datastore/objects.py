@@ -6,10 +6,9 @@ read, never removed or written."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
-from gpufleet_contracts.clock import Clock
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.locations import PlatformAsset
 from gpufleet_contracts.platform import (
@@ -19,10 +18,9 @@ from gpufleet_contracts.platform import (
     PlatformObjectView,
 )
 from pymongo import ASCENDING, DESCENDING, IndexModel
-from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from .bucket import Bucket
+from .bucket import Granted
 from .naming import addressed, checked, object_key, output_name
 
 COLLECTION = "platform_objects"
@@ -35,10 +33,6 @@ INDEXES = {
         IndexModel([("job_id", ASCENDING), ("worker", ASCENDING), ("asset", ASCENDING)]),
     ]
 }
-NOT_CONFIGURED = (
-    "platform objects are not configured on this installation: its operator sets the "
-    "datastore's GPUFLEET_PLATFORM_BUCKET (and its endpoint and keys)"
-)
 NAME_TRIES = 20  # another writer took the name chosen: choose again
 
 
@@ -46,14 +40,8 @@ def view(doc: dict[str, Any]) -> PlatformObjectView:
     return PlatformObjectView.model_validate(doc)
 
 
-class PlatformObjects:
-    def __init__(
-        self, db: AsyncDatabase[dict[str, Any]], bucket: Bucket | None, clock: Clock, ttl_s: int
-    ) -> None:
-        self.coll = db[COLLECTION]
-        self.bucket = bucket
-        self.clock = clock
-        self.ttl_s = ttl_s
+class PlatformObjects(Granted):
+    COLLECTION = COLLECTION
 
     # --- an account's reads and removals ------------------------------------------------
 
@@ -94,13 +82,8 @@ class PlatformObjects:
 
     # --- the scheduler's, for a placement of `account`'s job -------------------------------
 
-    def _bucket(self) -> Bucket:
-        if self.bucket is None:
-            raise Refused("unavailable", NOT_CONFIGURED)
-        return self.bucket
-
     async def grant(self, body: GrantPlatformObject) -> PlatformGrant:
-        bucket = self._bucket()
+        self._bucket()
         method: Literal["GET", "PUT"]
         if body.mode == "read":
             doc = await self.readable(body.account, body.asset, body.name)
@@ -110,14 +93,14 @@ class PlatformObjects:
         else:
             doc = await self._new(body)
             method = "PUT"
-        now = self.clock()
+        url, expires_at = self.presigned(doc["key"], method)
         return PlatformGrant(
             account=doc["account"],
             asset=body.asset,
             name=doc["name"],
             method=method,
-            url=bucket.presigned(doc["key"], method, self.ttl_s),
-            expires_at=now + timedelta(seconds=self.ttl_s),
+            url=url,
+            expires_at=expires_at,
         )
 
     async def _new(self, body: GrantPlatformObject) -> dict[str, Any]:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
-from gpufleet_contracts.clock import Clock
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.localdata import (
     RELAY_DAYS,
@@ -21,11 +20,9 @@ from gpufleet_contracts.localdata import (
     RelayGrant,
 )
 from pymongo import ASCENDING, IndexModel
-from pymongo.asynchronous.database import AsyncDatabase
 
-from .bucket import Bucket
+from .bucket import Granted
 from .naming import checked
-from .objects import NOT_CONFIGURED
 
 COLLECTION = "relayed"
 INDEXES = {COLLECTION: [IndexModel([("expires_at", ASCENDING)])]}
@@ -48,28 +45,17 @@ def view(doc: dict[str, Any]) -> RelayedView:
     return RelayedView.model_validate(doc)
 
 
-class Relay:
-    def __init__(
-        self, db: AsyncDatabase[dict[str, Any]], bucket: Bucket | None, clock: Clock, ttl_s: int
-    ) -> None:
-        self.coll = db[COLLECTION]
-        self.bucket = bucket
-        self.clock = clock
-        self.ttl_s = ttl_s
+class Relay(Granted):
+    COLLECTION = COLLECTION
 
-    def _bucket(self) -> Bucket:
-        if self.bucket is None:
-            raise Refused("unavailable", NOT_CONFIGURED)
-        return self.bucket
-
-    def _grant(self, doc: dict[str, Any], method: str) -> RelayGrant:
-        url = self._bucket().presigned(doc["key"], method, self.ttl_s)
+    def _grant(self, doc: dict[str, Any], method: Literal["GET", "PUT"]) -> RelayGrant:
+        url, expires_at = self.presigned(doc["key"], method)
         return RelayGrant(
             mount=doc["mount"],
             name=doc["name"],
-            method="GET" if method == "GET" else "PUT",
+            method=method,
             url=url,
-            expires_at=self.clock() + timedelta(seconds=self.ttl_s),
+            expires_at=expires_at,
             size=doc.get("size"),
             sha256=doc.get("sha256"),
         )
