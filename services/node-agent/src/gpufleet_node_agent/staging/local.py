@@ -26,10 +26,9 @@ from gpufleet_contracts.localdata import (
     StageLocalData,
 )
 from gpufleet_contracts.locations import LocalSource, OutputTarget, Source
-from pydantic import ValidationError
 
 from ..steps.base import WorkerFailed
-from .platform import Platform, verified
+from .platform import Platform, placement_of, verified
 from .registry import Moved, Transfer
 
 POLL_S = 5.0
@@ -41,20 +40,15 @@ class LocalRelay:
     poll_s: float = POLL_S
 
     async def _stage(self, t: Transfer, mount: str, mode: str, what: str) -> LocalStage:
-        if t.job_id is None or t.placement_id is None:
-            raise WorkerFailed(f"{what}: no placement to ask for it")
+        job_id, placement_id = placement_of(t, what)
         asked = StageLocalData(
-            job_id=t.job_id,
-            placement_id=t.placement_id,
+            job_id=job_id,
+            placement_id=placement_id,
             worker=t.worker,
             mount=mount,
             mode="read" if mode == "read" else "write",
         )
-        data = await self.platform.ask(asked, what, "refused")
-        try:
-            return LocalStage.model_validate(data)
-        except ValidationError:
-            raise WorkerFailed(f"{what}: the control plane's answer is unreadable") from None
+        return await self.platform.answer(asked, LocalStage, what, "refused")
 
     @staticmethod
     def _granted(staged: LocalStage, method: str, what: str) -> RelayGrant:
@@ -84,9 +78,5 @@ class LocalRelay:
         done = CompleteLocalUpload(
             job_id=t.job_id or "", placement_id=t.placement_id or "", worker=t.worker
         )
-        data = await self.platform.ask(done, what, "upload not verified")
-        try:
-            view = RelayedView.model_validate(data)
-        except ValidationError:
-            raise WorkerFailed(f"{what}: upload not verified (unreadable answer)") from None
+        view = await self.platform.answer(done, RelayedView, what, "upload not verified")
         verified(what, view.state, view.size, view.sha256, size, sha)

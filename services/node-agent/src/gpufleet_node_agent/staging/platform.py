@@ -28,7 +28,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import nats.errors
 from gpufleet_contracts import Message, subjects
@@ -39,7 +39,7 @@ from gpufleet_contracts.platform import (
     PlatformObjectView,
     StagePlatformObject,
 )
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..steps.base import WorkerFailed
 from .archives import CHUNK, SUFFIXES, is_archive, place
@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 # the answer's bytes (agent.py builds it on the broker; nats' timeout or no-responders
 # errors when nobody answers).
 Requester = Callable[[str, bytes], Awaitable[bytes]]
+
+M = TypeVar("M", bound=BaseModel)
 
 TIMEOUT_S = 30.0
 # Never reached, whatever the control plane says: the cloud's metadata services.
@@ -87,6 +89,13 @@ class StoreGuard(AddressGuard):
             if ip in METADATA or bare in METADATA or why in NEVER:
                 raise WorkerFailed(f"refused address {host}: {why or 'metadata'} ({ip})")
         return super().check(host, port, ips)
+
+
+def placement_of(t: Transfer, what: str) -> tuple[str, str]:
+    """The job and placement a transfer is for: what the scheduler is asked about."""
+    if t.job_id is None or t.placement_id is None:
+        raise WorkerFailed(f"{what}: no placement to ask for it")
+    return t.job_id, t.placement_id
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,14 @@ class Platform:
             raise WorkerFailed(f"{what}: {refused} ({code}: {said})")
         return data
 
+    async def answer(self, message: Message, reply: type[M], what: str, refused: str) -> M:
+        """`ask`, its answer read as `reply`."""
+        data = await self.ask(message, what, refused)
+        try:
+            return reply.model_validate(data)
+        except ValidationError:
+            raise WorkerFailed(f"{what}: the control plane's answer is unreadable") from None
+
     async def _grant(
         self,
         t: Transfer,
@@ -129,21 +146,16 @@ class Platform:
         mode: Literal["read", "write"],
         what: str,
     ) -> PlatformGrant:
-        if t.job_id is None or t.placement_id is None:
-            raise WorkerFailed(f"{what}: no placement to ask for it")
+        job_id, placement_id = placement_of(t, what)
         asked = StagePlatformObject(
-            job_id=t.job_id,
-            placement_id=t.placement_id,
+            job_id=job_id,
+            placement_id=placement_id,
             worker=t.worker,
             asset=asset,
             name=name,
             mode=mode,
         )
-        data = await self.ask(asked, what, "refused")
-        try:
-            grant = PlatformGrant.model_validate(data)
-        except ValidationError:
-            raise WorkerFailed(f"{what}: the control plane's answer is unreadable") from None
+        grant = await self.answer(asked, PlatformGrant, what, "refused")
         if grant.method != ("GET" if mode == "read" else "PUT"):
             raise WorkerFailed(f"{what}: the control plane granted {grant.method}")
         return grant
@@ -251,11 +263,7 @@ class Platform:
             asset=target.asset,
             name=grant.name,
         )
-        data = await self.ask(done, what, "upload not verified")
-        try:
-            view = PlatformObjectView.model_validate(data)
-        except ValidationError:
-            raise WorkerFailed(f"{what}: upload not verified (unreadable answer)") from None
+        view = await self.answer(done, PlatformObjectView, what, "upload not verified")
         verified(what, view.state, view.size, view.sha256, size, sha)
 
     async def upload(self, path: Path, url: str, t: Transfer, what: str) -> tuple[int, str]:
