@@ -167,6 +167,14 @@ class Refused(Exception):
             )
         )
 
+    @classmethod
+    def of_field(
+        cls, code: str, message: str, *, field: str, rule: str, says: str, valid: str | None = None
+    ) -> Refused:
+        """A refusal because of one field: `message`, and that field's error (`says`, under
+        `rule`, and what would be `valid`)."""
+        return cls(code, message, [FieldError(field=field, rule=rule, message=says, valid=valid)])
+
     @property
     def code(self) -> str:
         return self.reply.error.code

@@ -152,9 +152,11 @@ def _created_by(job: Doc, account: str) -> Doc:
     """`job`, the one a request id of `account` names: a job of another account with the
     same derived id (a hash collision, 48 bits) is refused, never shown (R-TEN-2)."""
     if job.get("creator") != account:
-        raise Refused(
+        raise Refused.of_field(
             "conflict",
             "this request id cannot be used (its job id is taken): send another",
-            [FieldError(field="request_id", rule="R-TEN-2", message="choose another request id")],
+            field="request_id",
+            rule="R-TEN-2",
+            says="choose another request id",
         )
     return job

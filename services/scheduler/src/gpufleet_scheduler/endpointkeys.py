@@ -21,7 +21,6 @@ import logging
 import secrets
 from datetime import UTC, datetime
 
-from gpufleet_contracts import FieldError
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import JobState, JobType
 from gpufleet_contracts.serving import (
@@ -79,32 +78,24 @@ def verdict(doc: Doc | None, job_id: str, digest: str) -> EndpointKeyVerdict:
 
 
 def _not_endpoint(job_id: str) -> Refused:
-    return Refused(
+    return Refused.of_field(
         "invalid",
         f"job {job_id} is not an endpoint: it has no keys",
-        [
-            FieldError(
-                field="job_id",
-                rule="R-JOB-6",
-                message=f"job {job_id} is not an endpoint",
-                valid="the id of one of your endpoint jobs (type: endpoint)",
-            )
-        ],
+        field="job_id",
+        rule="R-JOB-6",
+        says=f"job {job_id} is not an endpoint",
+        valid="the id of one of your endpoint jobs (type: endpoint)",
     )
 
 
 def _too_many(job_id: str) -> Refused:
-    return Refused(
+    return Refused.of_field(
         "conflict",
         f"endpoint {job_id} has {KEYS_PER_ENDPOINT} live keys, the most it may have",
-        [
-            FieldError(
-                field="job_id",
-                rule="R-JOB-6",
-                message=f"at most {KEYS_PER_ENDPOINT} live keys per endpoint",
-                valid="revoke one first (gpufleet endpoint key revoke)",
-            )
-        ],
+        field="job_id",
+        rule="R-JOB-6",
+        says=f"at most {KEYS_PER_ENDPOINT} live keys per endpoint",
+        valid="revoke one first (gpufleet endpoint key revoke)",
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpufleet_contracts import FieldError
 from gpufleet_contracts.environments import (
     BUILT_IN,
     EnvironmentOffer,
@@ -90,15 +89,11 @@ def refusal(
         "framework_version": f"{base.framework.value} {base.framework_version or '(no version)'}"
         f" with Python {base.python_version} ({tag_of(base)})",
     }[field]
-    return Refused(
+    return Refused.of_field(
         "invalid",
         f"no node {where}offers a base environment for {what}: the job would never start",
-        [
-            FieldError(
-                field=f"spec.environment.{field}",
-                rule="R-JOB-7",
-                message=f"no node {where}offers a base environment for {what}",
-                valid=describe(offers),
-            )
-        ],
+        field=f"spec.environment.{field}",
+        rule="R-JOB-7",
+        says=f"no node {where}offers a base environment for {what}",
+        valid=describe(offers),
     )

@@ -19,7 +19,6 @@ import json
 import logging
 from collections.abc import Collection
 
-from gpufleet_contracts import FieldError
 from gpufleet_contracts.errors import Refused
 from gpufleet_contracts.keys import AttachKey
 from gpufleet_store import Doc, SecretBox, SecretError, Store, Transaction, from_ms, now_ms
@@ -48,17 +47,13 @@ def view(doc: Doc) -> Doc:
 
 
 def _not_found(key_type: str) -> Refused:
-    return Refused(
+    return Refused.of_field(
         "not_found",
         f"no {key_type} key attached",
-        [
-            FieldError(
-                field="type",
-                rule="R-TEN-2",
-                message=f"your account has no {key_type} key attached",
-                valid="a type `gpufleet key list` shows",
-            )
-        ],
+        field="type",
+        rule="R-TEN-2",
+        says=f"your account has no {key_type} key attached",
+        valid="a type `gpufleet key list` shows",
     )
 
 
