@@ -112,14 +112,20 @@ SAMPLES: dict[str, Any] = {
 }
 
 
+def job_type(job: dict[str, Any]) -> str | None:
+    """The job's type, as its spec in `job show` says it."""
+    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    value = (spec or {}).get("type")
+    return None if value is None else str(value)
+
+
 def no_url(job: dict[str, Any]) -> str:
     """Why a job has no URL (yet)."""
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
-    job_type = (spec or {}).get("type")
+    kind = job_type(job)
     state = str(job.get("state"))
     name = job.get("id")
-    if job_type != "endpoint":
-        return f"job {name} is a {job_type} job: only endpoints have a URL"
+    if kind != "endpoint":
+        return f"job {name} is a {kind} job: only endpoints and notebooks have a URL"
     if state in ("finished", "failed", "stopped"):
         return f"endpoint {name} has ended ({state}): its URL is closed"
     if any(isinstance(w, dict) and w.get("node") for w in job.get("workers") or []):

@@ -13,7 +13,16 @@ from typing import Annotated, Any
 
 import typer
 from gpufleet_contracts import subjects
-from gpufleet_contracts.jobs import CancelJob, GetJob, JobState, ListAllJobs, ListJobs, WorkerState
+from gpufleet_contracts.jobs import (
+    CancelJob,
+    GetJob,
+    JobState,
+    JobType,
+    ListAllJobs,
+    ListJobs,
+    WorkerState,
+)
+from gpufleet_contracts.serving import OpenNotebook
 
 from . import client, endpoints, logs, render, spec, views
 from .client import CliError, StreamRecord
@@ -375,9 +384,15 @@ def connect(
 
 @app.command("open")
 def open_(job_id: JobId, as_json: JsonFlag = False) -> None:
-    """Print an endpoint's URL and a request that reaches it (exit 1 while it has none)."""
+    """Print an endpoint's URL and a request that reaches it, or a notebook's URL with its
+    token (exit 1 while it has none)."""
     with render.reported(as_json):
         job = get_job(job_id)
+        if endpoints.job_type(job) == JobType.notebook:
+            msg = OpenNotebook(job_id=job_id)
+            access = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+            _opened_notebook(access, as_json)
+            return
         url = job.get("url")
         if not url:
             raise CliError(endpoints.no_url(job), "no_url")
@@ -389,6 +404,22 @@ def open_(job_id: JobId, as_json: JsonFlag = False) -> None:
     render.err().print(
         f"call it with a key (gpufleet endpoint key create {render.text(job_id)}):\n"
         f"  {render.text(curl)}"
+    )
+
+
+def _opened_notebook(access: dict[str, Any], as_json: bool) -> None:
+    """A notebook's URL with its token, alone on stdout (for a browser or `$(...)`); on
+    stderr, that the token is a secret."""
+    if as_json:
+        render.emit_json(access)
+        return
+    url = str(access.get("url") or "").rstrip("/")
+    sys.stdout.write(f"{url}/lab?token={access.get('token')}\n")
+    sys.stdout.flush()
+    waiting = "" if access.get("ready") else " (JupyterLab is still starting: it answers soon)"
+    render.err().print(
+        f"open it in a browser{waiting}. [bold]The token in this URL opens notebook "
+        f"{render.text(access.get('job_id'))} as you: keep it secret[/] (only you can get it)"
     )
 
 

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from gpufleet_auth.sealing import SealingKey
 from gpufleet_bus import Ports, publish
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import (
@@ -53,6 +54,7 @@ def registered(
     state: NodeState = NodeState.active,
     simulated: bool = False,
     verified: bool = True,
+    sealing: bool = False,
 ) -> NodeRegistered:
     return NodeRegistered(
         node_id="n-" + minion,
@@ -71,6 +73,9 @@ def registered(
         gpu_shares=shares,
         # as the provisioner says of a node whose GPU check passed (simulated: never)
         verified=verified and not simulated,
+        # a key to seal its workers' secrets to: only such a node takes a job that has any
+        # (env values, attached keys, a notebook's token)
+        sealing_key=SealingKey.generate().public_key if sealing else None,
         at=datetime.now(UTC),
     )
 
@@ -176,7 +181,7 @@ async def known(s: Sys, *minions: str) -> None:
 
 async def test_a_lost_node_requeues_training_and_fails_notebooks(system: Sys) -> None:
     s = system
-    await s.node(registered("a", gpus=2))
+    await s.node(registered("a", gpus=2, sealing=True))  # a notebook's token is sealed to it
     await known(s, "a")
     train = await s.submit("train")
     note = await s.submit("nb", type="notebook")

@@ -53,6 +53,20 @@ def parse_key(presented: str) -> tuple[str, str] | None:
 class ServingKind(StrEnum):
     routes = "routes"  # gpufleet's route server (gpufleet_endpoint) serves the job's routes
     server = "server"  # the job's own command listens on port 80
+    # A notebook (R-JOB-1): JupyterLab in /opt/ml on the worker's socket, or the job's own
+    # command on port 80; opened with the job's token, not an endpoint key.
+    notebook = "notebook"
+
+
+# A notebook's token: made by the scheduler at submission (random, NOTEBOOK_TOKEN_BYTES) and
+# kept as the job's env value NOTEBOOK_TOKEN_ENV, so it is sealed at rest and to the node like
+# every env value; JupyterLab reads it from there. Only the job's creator gets it back
+# (OpenNotebook). The node's proxy keeps only its SHA-256.
+NOTEBOOK_TOKEN_ENV = "JUPYTER_TOKEN"
+NOTEBOOK_TOKEN_BYTES = 32
+NOTEBOOK_HEALTH_PATH = "/api"  # Jupyter Server's version: answered without a token
+NOTEBOOK_COOKIE = "gpufleet-notebook"  # set by the proxy once a request showed the token
+NOTEBOOK_COMMAND = ("jupyter", "lab")  # what a notebook runs when it gives no command
 
 
 class Serving(BaseModel):
@@ -111,6 +125,26 @@ class EndpointKeyCreated(BaseModel):
 
 class EndpointKeyList(BaseModel):
     keys: list[EndpointKeyView]
+
+
+# --- a notebook's way in (rpc.scheduler.open_notebook.<account>) -----------------------------
+
+
+class OpenNotebook(Command):
+    """The URL and token of one of the acting account's notebooks (its creator's only)."""
+
+    TYPE = "gpufleet.scheduler.open_notebook.v1"
+    SUBJECT = subjects.rpc("scheduler", "open_notebook")
+    job_id: str = Field(min_length=1, max_length=64)
+
+
+class NotebookAccess(BaseModel):
+    """`url` opens JupyterLab with `token` (`<url>lab?token=<token>`); `ready`: it answers."""
+
+    job_id: str
+    url: str
+    token: str = Field(repr=False)
+    ready: bool = False
 
 
 # --- a node's proxy (nrpc.scheduler.verify_endpoint_key.<minion_id>) -------------------------

@@ -36,6 +36,7 @@ from .jobspec import (
 )
 from .projects import PROJECT_REF_VALID, ProjectRefStr
 from .secrets import REDACTED, redact_env
+from .serving import NOTEBOOK_COMMAND
 from .states import JobState as JobState
 from .states import JobType as JobType
 from .states import Money as Money
@@ -432,11 +433,12 @@ class JobSpec(BaseModel):
                 "R-JOB-5",
                 "command or worker_commands",
             )
-        served = isinstance(endpoint, EndpointSpec)
+        served = isinstance(endpoint, EndpointSpec) or _info_type(info) is JobType.notebook
         if not value and not per_worker and not served and "worker_commands" in info.data:
             raise bad(
                 "command_required",
-                "a job needs a command (or worker_commands, or an endpoint)",
+                "a job needs a command (or worker_commands, or an endpoint; a notebook runs "
+                "JupyterLab)",
                 "R-JOB-5",
                 "a command (after --)",
             )
@@ -518,4 +520,6 @@ class JobSpec(BaseModel):
             return self.command
         if self.endpoint is not None and self.endpoint.server_command:
             return self.endpoint.server_command
+        if self.type is JobType.notebook:
+            return list(NOTEBOOK_COMMAND)  # the node adds where it listens (its socket)
         return ["python", "-m", "gpufleet_endpoint", "--port", "80"]

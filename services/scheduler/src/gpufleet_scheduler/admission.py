@@ -1,7 +1,8 @@
 """Admission: a submitted job checked against the rules that need the fleet and the store
 (its project R-TEN-1, its owner's plan R-TEN-3, its region R-RES-1, its base environment and
-its creator's attached keys R-JOB-7), then handed to the next placement pass, which stores
-it with its placement or its reason to wait (passes.py)."""
+its creator's attached keys R-JOB-7), given its token if it is a notebook (R-JOB-1), then
+handed to the next placement pass, which stores it with its placement or its reason to wait
+(passes.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import JobSpec
 from gpufleet_store import Doc
 
-from . import environments, jobdoc, keyuse, projects, tenancy
+from . import environments, jobdoc, keyuse, notebooks, projects, tenancy
 from .keystore import KeyStore
 from .passes import Passes
 from .state import State
@@ -54,6 +55,7 @@ class Admission:
             existing = await st.db.jobs.find_one({"_id": job_id})
             if existing is not None:
                 return jobdoc.view(_created_by(existing, account))
+        spec = notebooks.with_token(spec)  # a notebook's, sealed with its env from here on
         owner, project = await self.projects.resolve(spec.project, account)
         await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
         await self._check_region(spec)

@@ -78,6 +78,8 @@ from gpufleet_contracts.serving import (
     EndpointMetered,
     EndpointReady,
     ListEndpointKeys,
+    NotebookAccess,
+    OpenNotebook,
     RevokeEndpointKey,
     VerifyEndpointKey,
 )
@@ -89,6 +91,7 @@ from . import endpointkeys, keystore, projects
 from .endpointkeys import EndpointKeys
 from .leadership import Lease
 from .localdata import LocalRelay
+from .notebooks import Notebooks
 from .platform import PlatformStaging
 from .reports import REPORTS_BATCH, REPORTS_LINGER_S, Report
 from .scheduler import Scheduler
@@ -132,6 +135,7 @@ class Handlers:
         platform: PlatformStaging,
         local: LocalRelay,
         endpoint_keys: EndpointKeys,
+        notebooks: Notebooks,
     ) -> None:
         self.sched = sched
         self.broker = broker
@@ -139,6 +143,7 @@ class Handlers:
         self.platform = platform
         self.local = local
         self.endpoint_keys = endpoint_keys
+        self.notebooks = notebooks
 
     # --- requests (core NATS, an account's) ---
 
@@ -220,6 +225,11 @@ class Handlers:
 
     async def revoke_endpoint_key(self, body: RevokeEndpointKey, account: str) -> EndpointKeyView:
         return await self.endpoint_keys.revoke(body, account)
+
+    # --- notebooks (R-JOB-1): their creator's only ---
+
+    async def open_notebook(self, body: OpenNotebook, account: str) -> NotebookAccess:
+        return await self.notebooks.open(body, account)
 
     # --- a node's requests (nrpc.scheduler.<verb>.<minion_id>: that node's only) ---
 
@@ -309,7 +319,15 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
     )
     platform = PlatformStaging(sched.state, Asker(broker))
     local = LocalRelay(sched.state, Asker(broker), platform.held)
-    on = Handlers(sched, broker, rt.source, platform, local, EndpointKeys(sched.state))
+    on = Handlers(
+        sched,
+        broker,
+        rt.source,
+        platform,
+        local,
+        EndpointKeys(sched.state),
+        Notebooks(sched.state),
+    )
 
     rt.wire(
         requests={
@@ -340,6 +358,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             "revoke_endpoint_key": Request(
                 on.revoke_endpoint_key, description=RevokeEndpointKey.__doc__
             ),
+            "open_notebook": Request(on.open_notebook, description=OpenNotebook.__doc__),
             "connect_job": Request(on.connect_job, description=ConnectJob.__doc__),
             "local_data_sent": Request(on.local_data_sent, description=LocalDataSent.__doc__),
         },

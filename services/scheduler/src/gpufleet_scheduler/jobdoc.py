@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any, cast
 
 from gpufleet_contracts.catalog import catalog
-from gpufleet_contracts.jobs import JobSpec, JobState, JobType, WorkerState
+from gpufleet_contracts.jobs import JobSpec, JobState, WorkerState
 from gpufleet_store import Doc, SecretBox, now_ms
 
 from . import jobrequest, progress, serving
@@ -126,7 +126,7 @@ PLACEMENT_KEYS = (
     "placed_at",
     "started_at",
     "epoch",
-    "url",  # an endpoint's, on its node's proxy (serving.py)
+    "url",  # an endpoint's or notebook's, on its node's proxy (serving.py)
     "endpoint_phases",
 )
 
@@ -136,8 +136,8 @@ def view(job: Doc) -> Doc:
     fields."""
     rates = {w.get("rate") for w in job["workers"] if w.get("rate")}
     state, progress = job["state"], job_progress(job)
-    endpoint = (job.get("req") or job.get("spec") or {}).get("type") == JobType.endpoint.value
-    if state == JobState.running.value and endpoint and serving.awaiting_answer(job["workers"]):
+    served = (job.get("req") or job.get("spec") or {}).get("type") in serving.SERVED
+    if state == JobState.running.value and served and serving.awaiting_answer(job["workers"]):
         state, progress = JobState.starting.value, serving.AWAITING  # not answering yet
     return {
         "id": job["_id"],

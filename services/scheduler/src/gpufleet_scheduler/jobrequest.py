@@ -180,10 +180,16 @@ def spec_of(job: Doc, box: SecretBox) -> JobSpec:
     """A stored job's spec with its secrets opened (SecretError: this key cannot open them).
     A job stored before secrets were sealed has its env in `spec` itself."""
     stored = job["spec"]
-    sealed = job.get("env_sealed")
-    if sealed:
-        stored = {**stored, "env": box.open_json(sealed)}
+    if job.get("env_sealed"):
+        stored = {**stored, "env": env_of(job, box)}
     return JobSpec.model_validate(stored)
+
+
+def env_of(job: Doc, box: SecretBox) -> dict[str, str]:
+    """A stored job's env values, opened (SecretError: this key cannot open them); empty for
+    a job without any, or stored before they were sealed."""
+    sealed = job.get("env_sealed")
+    return dict(box.open_json(sealed)) if sealed else {}
 
 
 def shown_spec(stored: Doc) -> Doc:

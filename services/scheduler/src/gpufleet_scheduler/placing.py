@@ -39,6 +39,7 @@ def place_worker(
     fraction = d.fraction
     # A CPU-only worker (R-JOB-2) holds CPUs, no GPU: its rate is per CPU-hour.
     gpu_model = None if d.cpus else node.gpu_model
+    served = serving.serving_for(spec)
     w.update(
         state=WorkerState.placed.value,
         placement_id=placement_id,
@@ -55,8 +56,9 @@ def place_worker(
         charge=d.charge,
         placed_at=now,
         epoch=epoch,
-        # an endpoint's URL on that node's proxy (None: not an endpoint, or a node without one)
-        url=serving.url_of(node.proxy_url, job["_id"]) if spec.endpoint is not None else None,
+        # an endpoint's or notebook's URL on that node's proxy (None: neither, or a node
+        # without one)
+        url=serving.url_of(node.proxy_url, job["_id"]) if served is not None else None,
         # every node this worker was placed on: its log is read from those nodes' subjects
         ran_on=[*[m for m in w.get("ran_on") or () if m != node.minion_id], node.minion_id],
     )
@@ -112,7 +114,7 @@ def place_worker(
             packages=spec.environment.packages,
             owner=job["owner"],
             creator=job["creator"],
-            serving=serving.serving_for(spec),
+            serving=served,
         ),
         # its box opens only on the node; its outbox row is sealed with the scheduler's key
         # besides, as every secret it stores, until the relay sends it

@@ -1,6 +1,6 @@
-"""Endpoints (R-JOB-6) as the scheduler sees them: how a worker serves (StartWorker's
-`Serving`), its URL on its node's proxy, and what its node says of it (EndpointReady,
-EndpointMetered), kept on the worker's document and shown on the job.
+"""Endpoints (R-JOB-6) and notebooks (R-JOB-1) as the scheduler sees them: how a worker
+serves (StartWorker's `Serving`), its URL on its node's proxy, and what its node says of it
+(EndpointReady, EndpointMetered), kept on the worker's document and shown on the job.
 
 Pure functions on a worker's document (jobdoc.py): `url` (from the node's proxy at
 placement; the node's EndpointReady may restate it), `endpoint_phases` (phase -> when, as
@@ -15,6 +15,7 @@ from typing import Any
 from gpufleet_contracts.clock import aware
 from gpufleet_contracts.jobs import JobSpec, JobType, WorkerState
 from gpufleet_contracts.serving import (
+    NOTEBOOK_HEALTH_PATH,
     ROUTES_HEALTH_PATH,
     ColdStartPhase,
     EndpointMetered,
@@ -27,11 +28,15 @@ from gpufleet_store import Doc
 # A worker's URL is shown while it holds its placement (a finished one's is closed).
 SERVES = (WorkerState.placed.value, WorkerState.running.value)
 COUNTERS = ("requests", "errors", "bytes_in", "bytes_out")
+# The job types whose workers are served at a URL on their node's proxy.
+SERVED = frozenset({JobType.endpoint.value, JobType.notebook.value})
 
 
 def serving_for(spec: JobSpec) -> Serving | None:
-    """What an endpoint's worker serves and what its node's proxy probes; None for any
-    other job type."""
+    """What an endpoint's or a notebook's worker serves and what its node's proxy probes;
+    None for any other job type."""
+    if spec.type is JobType.notebook:
+        return Serving(kind=ServingKind.notebook, health_path=NOTEBOOK_HEALTH_PATH)
     endpoint = spec.endpoint
     if spec.type is not JobType.endpoint or endpoint is None:
         return None
@@ -118,9 +123,10 @@ def job_view(workers: list[Doc]) -> Doc:
 
 
 def awaiting_answer(workers: list[Doc]) -> bool:
-    """An endpoint whose running workers are served at a URL, none of which has answered
-    through its node's proxy yet (no first_answer): users see it `starting` (issue 28:
-    `running` only once its health route answers), while requests to its URL are held."""
+    """An endpoint (or a notebook) whose running workers are served at a URL, none of which
+    has answered through its node's proxy yet (no first_answer): users see it `starting`
+    (issue 28: `running` only once its health route answers), while requests to its URL are
+    held."""
     running = [w for w in workers if w.get("state") == WorkerState.running.value]
     return bool(running) and all(
         w.get("url") and ColdStartPhase.first_answer.value not in (w.get("endpoint_phases") or {})
