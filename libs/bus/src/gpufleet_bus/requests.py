@@ -11,7 +11,8 @@ A handler is `async def verb(body: Model, account: str) -> Reply` (an operator's
 request: `async def verb(body: Model) -> Reply`, or `(body: Model, subject: str)` when the
 subject is a wildcard whose token says who asks, as a node's enrolment on
 `gpufleet.v1.enroll.<minion_id>`); the body's model is read from the handler's annotation,
-the reply is a pydantic model or a dict. One error mapping:
+the reply is the model the body's `REPLY` names (tests/unit/bus/test_replies.py holds every
+service's wiring to it). One error mapping:
 
 - a body that is not JSON, not a JSON object, or does not validate: an `invalid` ErrorReply
   naming each field and rule, and a redacted record on the acting account's dead-letter

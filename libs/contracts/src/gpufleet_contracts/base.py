@@ -57,6 +57,10 @@ class Event(Message):
 class Command(Message):
     """Something a service is asked to do (imperative)."""
 
+    # A request's reply: the model its handler returns (or it raises Refused). None for a
+    # command that no one answers (a durable command on a stream).
+    REPLY: ClassVar[type[BaseModel] | None] = None
+
 
 @dataclass(frozen=True)
 class Envelope:

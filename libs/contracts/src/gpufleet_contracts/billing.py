@@ -89,11 +89,21 @@ class PayoutMade(LedgerEntryEvent):
 # --- requests and replies of billing (rpc.billing.<verb>.<account>) --------------------------
 
 
+class Balance(BaseModel):
+    account: str
+    balance: str  # Decimal credits, exact
+    balance_micro: int
+    entries: int
+    earnings_unpaid: str
+    earnings_unpaid_micro: int
+
+
 class GetBalance(Command):
     """The acting account's balance and unpaid earnings (no fields)."""
 
     TYPE = "gpufleet.billing.balance.v1"
     SUBJECT = subjects.rpc("billing", "balance")
+    REPLY = Balance
 
 
 class Range(Command):
@@ -103,11 +113,26 @@ class Range(Command):
     to: str | None = Field(default=None, description="ISO date or date-time (exclusive)")
 
 
+class Earnings(BaseModel):
+    account: str
+    earned: str
+    earned_micro: int
+    paid_out: str
+    paid_out_micro: int
+    by_node: list[NodeEarnings]
+    by_region: list[RegionEarnings]
+
+
 class EarningsQuery(Range):
     """The acting account's earnings per node and region, and its payouts, in a range."""
 
     TYPE = "gpufleet.billing.earnings.v1"
     SUBJECT = subjects.rpc("billing", "earnings")
+    REPLY = Earnings
+
+
+class Entries(BaseModel):
+    entries: list[Entry]
 
 
 class EntriesQuery(Range):
@@ -115,7 +140,16 @@ class EntriesQuery(Range):
 
     TYPE = "gpufleet.billing.entries.v1"
     SUBJECT = subjects.rpc("billing", "entries")
+    REPLY = Entries
     limit: Int = Field(default=50, ge=1, le=1000)
+
+
+class JobCost(BaseModel):
+    job_id: str
+    cost: str
+    cost_micro: int
+    by_kind: dict[str, KindCost]
+    entries: list[Entry]
 
 
 class JobCostQuery(Command):
@@ -123,16 +157,8 @@ class JobCostQuery(Command):
 
     TYPE = "gpufleet.billing.job_cost.v1"
     SUBJECT = subjects.rpc("billing", "job_cost")
+    REPLY = JobCost
     job_id: str
-
-
-class Balance(BaseModel):
-    account: str
-    balance: str  # Decimal credits, exact
-    balance_micro: int
-    entries: int
-    earnings_unpaid: str
-    earnings_unpaid_micro: int
 
 
 class Entry(BaseModel):
@@ -150,21 +176,9 @@ class Entry(BaseModel):
     memo: str | None = None
 
 
-class Entries(BaseModel):
-    entries: list[Entry]
-
-
 class KindCost(BaseModel):
     cost: str
     cost_micro: int
-
-
-class JobCost(BaseModel):
-    job_id: str
-    cost: str
-    cost_micro: int
-    by_kind: dict[str, KindCost]
-    entries: list[Entry]
 
 
 class NodeEarnings(BaseModel):
@@ -178,13 +192,3 @@ class RegionEarnings(BaseModel):
     region: str
     earned: str
     earned_micro: int
-
-
-class Earnings(BaseModel):
-    account: str
-    earned: str
-    earned_micro: int
-    paid_out: str
-    paid_out_micro: int
-    by_node: list[NodeEarnings]
-    by_region: list[RegionEarnings]

@@ -25,15 +25,16 @@ from .base import Command
 VERB = "dead_letters"
 
 
-class ListDeadLetters(Command):
-    """The newest `limit` dead letters of one service (see the module's docstring)."""
-
-    TYPE = "gpufleet.dead_letters.list.v1"
-    limit: int = Field(default=50, ge=1, le=1000)
-
-
 class DeadLetters(BaseModel):
     """The reply to ListDeadLetters: one service's records, newest first."""
 
     service: str
     dead_letters: list[dict[str, Any]]
+
+
+class ListDeadLetters(Command):
+    """The newest `limit` dead letters of one service (see the module's docstring)."""
+
+    TYPE = "gpufleet.dead_letters.list.v1"
+    REPLY = DeadLetters
+    limit: int = Field(default=50, ge=1, le=1000)

@@ -17,6 +17,7 @@ class HealthCheck(Command):
     """Ask a service (or a node agent) whether it is up: it answers Health."""
 
     TYPE = "gpufleet.health.check.v1"
+    REPLY = Health
 
 
 class NodeHealth(Health):

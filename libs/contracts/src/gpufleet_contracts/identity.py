@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from . import subjects
 from .base import Command, Event, Message
 from .errors import rule
+from .nodes import NodeView
 
 NAME = subjects.ACCOUNT_RE.pattern  # a name is one subject token
 
@@ -64,47 +65,6 @@ def plan_allows_regional(plan: Plan | str) -> bool:
     return Plan(plan) in {Plan.team, Plan.enterprise}
 
 
-class CreateAccount(Command):
-    """Operator request: a tenant account with its plan."""
-
-    TYPE = "gpufleet.account.create.v1"
-    SUBJECT = subjects.admin("provisioner", "create_account")
-    account: AccountName
-    plan: Plan = Plan.free
-
-
-class SetPlan(Command):
-    TYPE = "gpufleet.account.set_plan.v1"
-    SUBJECT = subjects.admin("provisioner", "set_plan")
-    account: AccountName
-    plan: Plan
-
-
-class AddUser(Command):
-    """Operator request: a user of an account; the reply holds the user's credential once."""
-
-    TYPE = "gpufleet.account.add_user.v1"
-    SUBJECT = subjects.admin("provisioner", "add_user")
-    account: AccountName
-    user: str = Field(pattern=NAME)
-
-
-class RevokeUser(Command):
-    """Operator request: revoke a user's credential at once (its connections are closed)."""
-
-    TYPE = "gpufleet.account.revoke_user.v1"
-    SUBJECT = subjects.admin("provisioner", "revoke_user")
-    account: AccountName
-    user: str = Field(pattern=NAME)
-
-
-class ListAccounts(Command):
-    """Operator request: every account, its plan and its users."""
-
-    TYPE = "gpufleet.account.list.v1"
-    SUBJECT = subjects.admin("provisioner", "list_accounts")
-
-
 class AccountView(Message):
     """An account as operators see it (the reply to CreateAccount and SetPlan)."""
 
@@ -113,10 +73,22 @@ class AccountView(Message):
     users: list[str] = Field(default_factory=list)
 
 
-class Accounts(Message):
-    """The reply to ListAccounts."""
+class CreateAccount(Command):
+    """Operator request: a tenant account with its plan."""
 
-    accounts: list[AccountView]
+    TYPE = "gpufleet.account.create.v1"
+    SUBJECT = subjects.admin("provisioner", "create_account")
+    REPLY = AccountView
+    account: AccountName
+    plan: Plan = Plan.free
+
+
+class SetPlan(Command):
+    TYPE = "gpufleet.account.set_plan.v1"
+    SUBJECT = subjects.admin("provisioner", "set_plan")
+    REPLY = AccountView
+    account: AccountName
+    plan: Plan
 
 
 class UserAdded(Message):
@@ -127,12 +99,46 @@ class UserAdded(Message):
     creds: str = Field(repr=False)
 
 
+class AddUser(Command):
+    """Operator request: a user of an account; the reply holds the user's credential once."""
+
+    TYPE = "gpufleet.account.add_user.v1"
+    SUBJECT = subjects.admin("provisioner", "add_user")
+    REPLY = UserAdded
+    account: AccountName
+    user: str = Field(pattern=NAME)
+
+
 class UserRevoked(Message):
     """The reply to RevokeUser."""
 
     account: str
     user: str
     revoked: bool = True
+
+
+class RevokeUser(Command):
+    """Operator request: revoke a user's credential at once (its connections are closed)."""
+
+    TYPE = "gpufleet.account.revoke_user.v1"
+    SUBJECT = subjects.admin("provisioner", "revoke_user")
+    REPLY = UserRevoked
+    account: AccountName
+    user: str = Field(pattern=NAME)
+
+
+class Accounts(Message):
+    """The reply to ListAccounts."""
+
+    accounts: list[AccountView]
+
+
+class ListAccounts(Command):
+    """Operator request: every account, its plan and its users."""
+
+    TYPE = "gpufleet.account.list.v1"
+    SUBJECT = subjects.admin("provisioner", "list_accounts")
+    REPLY = Accounts
 
 
 class AccountChanged(Event):
@@ -145,17 +151,6 @@ class AccountChanged(Event):
     at: datetime
 
 
-class IssueJoinToken(Command):
-    """An account's request (or an operator's for any account): a one-time join token for
-    one node. The token is shown once; only its hash is stored."""
-
-    TYPE = "gpufleet.node.issue_join_token.v1"
-    SUBJECT = subjects.rpc("provisioner", "issue_join_token")
-    minion_id: str = Field(pattern=NAME)
-    region: str = Field(pattern=NAME)
-    ttl_s: int = Field(default=24 * 3600, ge=60, le=30 * 24 * 3600, strict=True)
-
-
 class JoinTokenIssued(Message):
     """The reply to IssueJoinToken: the token, shown once (only its secret's hash is kept)."""
 
@@ -165,22 +160,22 @@ class JoinTokenIssued(Message):
     token: str = Field(repr=False)
 
 
+class IssueJoinToken(Command):
+    """An account's request (or an operator's for any account): a one-time join token for
+    one node. The token is shown once; only its hash is stored."""
+
+    TYPE = "gpufleet.node.issue_join_token.v1"
+    SUBJECT = subjects.rpc("provisioner", "issue_join_token")
+    REPLY = JoinTokenIssued
+    minion_id: str = Field(pattern=NAME)
+    region: str = Field(pattern=NAME)
+    ttl_s: int = Field(default=24 * 3600, ge=60, le=30 * 24 * 3600, strict=True)
+
+
 class AdminIssueJoinToken(IssueJoinToken):
     TYPE = "gpufleet.node.admin_issue_join_token.v1"
     SUBJECT = subjects.admin("provisioner", "issue_join_token")
     account: AccountName
-
-
-class EnrollNode(Command):
-    """A node exchanging its join token (sent with the token's enrolment-only credential, on
-    `gpufleet.v1.enroll.<minion_id>`). Only the node's public key travels: its seed never
-    leaves the node."""
-
-    TYPE = "gpufleet.node.enroll.v1"
-    SUBJECT = subjects.ENROLL + ".{minion_id}"
-    minion_id: str = Field(pattern=NAME)
-    secret: str = Field(min_length=16, max_length=256, repr=False)
-    public_key: str = Field(pattern=r"^U[A-Z2-7]{55}$")
 
 
 class NodeEnrolled(Message):
@@ -192,10 +187,24 @@ class NodeEnrolled(Message):
     minion_id: str
 
 
+class EnrollNode(Command):
+    """A node exchanging its join token (sent with the token's enrolment-only credential, on
+    `gpufleet.v1.enroll.<minion_id>`). Only the node's public key travels: its seed never
+    leaves the node."""
+
+    TYPE = "gpufleet.node.enroll.v1"
+    SUBJECT = subjects.ENROLL + ".{minion_id}"
+    REPLY = NodeEnrolled
+    minion_id: str = Field(pattern=NAME)
+    secret: str = Field(min_length=16, max_length=256, repr=False)
+    public_key: str = Field(pattern=r"^U[A-Z2-7]{55}$")
+
+
 class RevokeNode(Command):
     """Cut a node off at once: its credential is revoked on the server, its command consumer
     deleted, and it is removed (its workers are lost: R-NODE-5)."""
 
     TYPE = "gpufleet.node.revoke.v1"
     SUBJECT = subjects.rpc("provisioner", "revoke_node")
+    REPLY = NodeView
     node: str = Field(min_length=1, max_length=128)

@@ -53,6 +53,7 @@ class SubmitJob(Command):
 
     TYPE = "gpufleet.job.submit.v1"
     SUBJECT = subjects.rpc("scheduler", "submit_job")
+    REPLY = JobAccepted
     spec: JobSpec
     request_id: Name | None = Field(default=None, min_length=1, max_length=128)
 
@@ -84,6 +85,7 @@ class EnqueueJob(Command):
 class CancelJob(Command):
     TYPE = "gpufleet.job.cancel.v1"
     SUBJECT = subjects.rpc("scheduler", "cancel_job")
+    REPLY = JobView
     job_id: str
 
 
@@ -364,6 +366,7 @@ def spec_from_mapping(data: dict[str, Any]) -> JobSpec:
 class GetJob(Command):
     TYPE = "gpufleet.job.get.v1"
     SUBJECT = subjects.rpc("scheduler", "get_job")
+    REPLY = JobView
     job_id: str
 
 
@@ -374,6 +377,7 @@ class GetJobLogs(Command):
 
     TYPE = "gpufleet.job.logs.v1"
     SUBJECT = subjects.rpc("scheduler", "job_logs")
+    REPLY = JobLogs
     job_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     after: int = Field(default=0, ge=0, strict=True)
     limit: int = Field(default=256, ge=1, le=1000, strict=True)
@@ -386,6 +390,7 @@ class GetJobLogs(Command):
 class ListJobs(Command):
     TYPE = "gpufleet.job.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_jobs")
+    REPLY = JobList
     limit: Int = Field(default=100, ge=1, le=1000)
 
 
@@ -395,6 +400,7 @@ class ListAllJobs(Command):
 
     TYPE = "gpufleet.job.list_all.v1"
     SUBJECT = subjects.admin("scheduler", "list_all_jobs")
+    REPLY = JobList
     limit: Int = Field(default=100, ge=1, le=1000)
     account: str | None = Field(default=None, pattern=subjects.ACCOUNT_RE.pattern)
     state: JobState | None = None

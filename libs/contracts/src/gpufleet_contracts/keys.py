@@ -80,12 +80,23 @@ def _check_type(v: str) -> str:
     return v
 
 
+class KeyView(BaseModel):
+    """One attached key, as its account sees it (no value, ever)."""
+
+    type: str
+    fields: list[str]
+    fingerprint: str
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
 class AttachKey(Command):
     """Attach (or replace) the acting account's key of one type: its fields' values, e.g.
     `{type: huggingface, secret: {token: ...}}`. The reply shows the key without its values."""
 
     TYPE = "gpufleet.key.attach.v1"
     SUBJECT = subjects.rpc("scheduler", "attach_key")
+    REPLY = KeyView
     type: str = Field(json_schema_extra=rule("R-JOB-7", **{"x-valid": KEY_TYPES_VALID}))
     # `secret`: a name the dead-letter redaction drops whole (gpufleet_bus.redact)
     secret: dict[str, str] = Field(repr=False, json_schema_extra=rule("R-JOB-7"))
@@ -127,11 +138,16 @@ class AttachKey(Command):
         return {k: val for k, val in v.items() if val != "" or k in kind.required}
 
 
+class KeyList(BaseModel):
+    keys: list[KeyView]
+
+
 class ListKeys(Command):
     """The acting account's attached keys: types, field names, fingerprints; never values."""
 
     TYPE = "gpufleet.key.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_keys")
+    REPLY = KeyList
 
 
 class RemoveKey(Command):
@@ -140,23 +156,10 @@ class RemoveKey(Command):
 
     TYPE = "gpufleet.key.remove.v1"
     SUBJECT = subjects.rpc("scheduler", "remove_key")
+    REPLY = KeyView
     type: str = Field(json_schema_extra=rule("R-JOB-7", **{"x-valid": KEY_TYPES_VALID}))
 
     @field_validator("type")
     @classmethod
     def _type(cls, v: str) -> str:
         return _check_type(v)
-
-
-class KeyView(BaseModel):
-    """One attached key, as its account sees it (no value, ever)."""
-
-    type: str
-    fields: list[str]
-    fingerprint: str
-    created_at: str | None = None
-    updated_at: str | None = None
-
-
-class KeyList(BaseModel):
-    keys: list[KeyView]

@@ -42,24 +42,28 @@ class LocalFile(BaseModel):
 # --- the user's requests (rpc.scheduler.<verb>.<account>) ------------------------------------
 
 
+class LocalConnection(BaseModel):
+    """A job's `local` data as `job connect` reads it: `outputs_expected` of its workers'
+    outputs come down (0: it has no `local` output), `downloads` those sent so far."""
+
+    job_id: str
+    job_name: str
+    state: str
+    mounts: list[LocalMountView]
+    uploads: list[RelayGrant] = Field(default_factory=list)
+    downloads: list[RelayGrant] = Field(default_factory=list)
+    outputs_expected: int = 0
+
+
 class ConnectJob(Command):
     """Connect to one of your jobs: its `local` mounts and where they stand, a PUT URL for each
     file named in `sending`, and a GET URL for each of its `local` outputs already sent."""
 
     TYPE = "gpufleet.scheduler.connect_job.v1"
     SUBJECT = subjects.rpc("scheduler", "connect_job")
+    REPLY = LocalConnection
     job_id: str = Field(min_length=1, max_length=64)
     sending: Annotated[list[LocalFile], Field(max_length=16)] = Field(default_factory=list)
-
-
-class LocalDataSent(Command):
-    """You put the file of one of your job's `local` mounts: the datastore reads its size and
-    checksum from the store, and the job's workers get it."""
-
-    TYPE = "gpufleet.scheduler.local_data_sent.v1"
-    SUBJECT = subjects.rpc("scheduler", "local_data_sent")
-    job_id: str = Field(min_length=1, max_length=64)
-    mount: MountName
 
 
 class LocalMountView(BaseModel):
@@ -71,6 +75,17 @@ class LocalMountView(BaseModel):
     direction: Literal["input", "output"]
     state: RelayState = "waiting"
     size: int | None = None
+
+
+class LocalDataSent(Command):
+    """You put the file of one of your job's `local` mounts: the datastore reads its size and
+    checksum from the store, and the job's workers get it."""
+
+    TYPE = "gpufleet.scheduler.local_data_sent.v1"
+    SUBJECT = subjects.rpc("scheduler", "local_data_sent")
+    REPLY = LocalMountView
+    job_id: str = Field(min_length=1, max_length=64)
+    mount: MountName
 
 
 class RelayGrant(BaseModel):
@@ -86,33 +101,7 @@ class RelayGrant(BaseModel):
     sha256: str | None = None
 
 
-class LocalConnection(BaseModel):
-    """A job's `local` data as `job connect` reads it: `outputs_expected` of its workers'
-    outputs come down (0: it has no `local` output), `downloads` those sent so far."""
-
-    job_id: str
-    job_name: str
-    state: str
-    mounts: list[LocalMountView]
-    uploads: list[RelayGrant] = Field(default_factory=list)
-    downloads: list[RelayGrant] = Field(default_factory=list)
-    outputs_expected: int = 0
-
-
 # --- a node's requests (nrpc.scheduler.<verb>.<minion_id>) ------------------------------------
-
-
-class StageLocalData(Command):
-    """A node asks for a `local` mount of a placement it holds: `read` its input (answered
-    `waiting` until the user sent it), or `write` its output (`mount` OUTPUT)."""
-
-    TYPE = "gpufleet.scheduler.stage_local_data.v1"
-    SUBJECT = subjects.node_request("scheduler", "stage_local_data")
-    job_id: str
-    placement_id: str
-    worker: Int
-    mount: MountName
-    mode: Literal["read", "write"]
 
 
 class LocalStage(BaseModel):
@@ -122,17 +111,18 @@ class LocalStage(BaseModel):
     grant: RelayGrant | None = None
 
 
-class CompleteLocalUpload(Command):
-    """A node put its placement's `local` output: the datastore reads its size and checksum."""
+class StageLocalData(Command):
+    """A node asks for a `local` mount of a placement it holds: `read` its input (answered
+    `waiting` until the user sent it), or `write` its output (`mount` OUTPUT)."""
 
-    TYPE = "gpufleet.scheduler.complete_local_upload.v1"
-    SUBJECT = subjects.node_request("scheduler", "complete_local_upload")
+    TYPE = "gpufleet.scheduler.stage_local_data.v1"
+    SUBJECT = subjects.node_request("scheduler", "stage_local_data")
+    REPLY = LocalStage
     job_id: str
     placement_id: str
     worker: Int
-
-
-# --- between the services (svc.datastore.<verb>: the scheduler's only) -----------------------
+    mount: MountName
+    mode: Literal["read", "write"]
 
 
 class RelayedView(BaseModel):
@@ -150,6 +140,20 @@ class RelayedView(BaseModel):
     expires_at: datetime
 
 
+class CompleteLocalUpload(Command):
+    """A node put its placement's `local` output: the datastore reads its size and checksum."""
+
+    TYPE = "gpufleet.scheduler.complete_local_upload.v1"
+    SUBJECT = subjects.node_request("scheduler", "complete_local_upload")
+    REPLY = RelayedView
+    job_id: str
+    placement_id: str
+    worker: Int
+
+
+# --- between the services (svc.datastore.<verb>: the scheduler's only) -----------------------
+
+
 class RelayedList(BaseModel):
     relayed: list[RelayedView]
 
@@ -161,6 +165,7 @@ class GrantRelay(Command):
 
     TYPE = "gpufleet.datastore.grant_relay.v1"
     SUBJECT = subjects.service_call("datastore", "grant_relay")
+    REPLY = LocalStage
     account: str
     job_id: str
     mount: MountName
@@ -175,6 +180,7 @@ class CompleteRelay(Command):
 
     TYPE = "gpufleet.datastore.complete_relay.v1"
     SUBJECT = subjects.service_call("datastore", "complete_relay")
+    REPLY = RelayedView
     account: str
     job_id: str
     mount: MountName
@@ -186,5 +192,6 @@ class ListRelayed(Command):
 
     TYPE = "gpufleet.datastore.list_relayed.v1"
     SUBJECT = subjects.service_call("datastore", "list_relayed")
+    REPLY = RelayedList
     account: str
     job_id: str

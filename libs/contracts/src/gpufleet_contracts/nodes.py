@@ -206,18 +206,120 @@ class NodeHeartbeat(Event):
 NodeName = Annotated[Name, Field(min_length=1, max_length=limits.NAME_CHARS)]
 
 
+def _none(value: Any) -> bool:
+    """A reply leaves out a key it has no value for (the CLI shows every key it gets)."""
+    return value is None
+
+
+class PendingCheck(BaseModel):
+    """A GPU check on its way: when it was asked, by when the node must answer, and why."""
+
+    sent_at: str | None
+    deadline: str | None
+    why: str | None
+
+
+class VerificationView(BaseModel):
+    """Whether a compute node is verified (it may take other accounts' jobs) or why not, when
+    it was checked, and a check on its way. Never the check's nonce."""
+
+    verified: bool
+    reason: str | None
+    checked_at: str | None  # ISO 8601
+    pending: PendingCheck | None = Field(default=None, exclude_if=_none)
+
+
+class VerificationDetail(VerificationView):
+    """A node's verification shown alone: also what was checked and when it is next."""
+
+    checks: list[str]  # "ok: ..." / "failed: ..."
+    next_check: str | None
+
+
+class CloudView(BaseModel):
+    """A cloud node's instance (R-NODE-5); shown alone, the lifecycle entries it went
+    through. Not the provisioner's own bookkeeping of those entries (their rank)."""
+
+    project_id: str | None = None
+    zone: str | None = None
+    gpu_type: str | None = None
+    gpu_count: Int | None = None
+    state: str | None = None  # requested | provisioning | running | failed | deleted ...
+    demand: str | None = None  # the worker it was asked for, `<job_id>/<index>`
+    created_ms: Int | None = None
+    instance_id: str | None = Field(default=None, exclude_if=_none)
+    operation: str | None = Field(default=None, exclude_if=_none)
+    error: str | None = Field(default=None, exclude_if=_none)
+    delete_requested: bool | None = Field(default=None, exclude_if=_none)
+    delete_reason: str | None = Field(default=None, exclude_if=_none)
+    history: list[dict[str, Any]] | None = Field(default=None, exclude_if=_none)
+
+
+class NodeView(BaseModel):
+    """A node as listed (`list_nodes`, `add_node`): never its credential, its sealing key's
+    public half or a GPU check's nonce."""
+
+    node_id: str
+    minion_id: str
+    name: str
+    region: str
+    owner: str
+    state: NodeState
+    kind: str  # compute | storage
+    provider: str  # physical | gcp
+    gpus: list[GpuInfo]
+    simulated: bool
+    inventory_source: str | None  # "nvml", "nvml: <why no GPUs>", a simulated inventory
+    failed_rules: list[str]  # the hardware rules it fails (R-NODE-4)
+    last_seen: str | None  # its last heartbeat, ISO 8601
+    telemetry: dict[str, Any] | None  # that heartbeat (NodeHeartbeat's fields)
+    # a compute node asked for a GPU check; None (left out) for one never asked
+    verified: bool | None = Field(default=None, exclude_if=_none)
+    verification: VerificationView | None = Field(default=None, exclude_if=_none)
+    cloud: CloudView | None = Field(default=None, exclude_if=_none)
+
+
+class NodeHistoryEntry(BaseModel):
+    """One state a node went through, when (ms since the epoch) and why."""
+
+    state: str
+    at_ms: Int | None = None
+    reason: str | None = None
+
+
+class NodeDetail(NodeView):
+    """A node shown alone (`show_node`, and `remove_node` when it removes it): also its
+    hardware, history and idleness, and which key its workers' secrets are sealed to."""
+
+    verification: VerificationDetail | None = Field(default=None, exclude_if=_none)
+    sealing_key: str | None  # its key's id; None: its agent is too old for jobs with secrets
+    hardware: HardwareInventory | None
+    environments: EnvironmentOffer | None = Field(default=None, exclude_if=_none)  # R-JOB-7
+    history: list[NodeHistoryEntry]
+    busy: bool
+    idle_since: str | None
+
+
+class MaintenanceSet(NodeDetail):
+    """The reply to SetMaintenance: the node as it is now; `changed: false` when it already
+    was in the state asked for (and nothing was published)."""
+
+    changed: bool
+
+
+class NodeList(Message):
+    """The reply to ListNodes: each node as listed (without its history)."""
+
+    nodes: list[NodeView]
+
+
 class ListNodes(Command):
     """An account's request: its nodes; removed ones only with `include_removed`."""
 
     TYPE = "gpufleet.node.list.v1"
     SUBJECT = subjects.rpc("provisioner", "list_nodes")
+    REPLY = NodeList
     include_removed: bool = False
-
-
-class NodeList(Message):
-    """The reply to ListNodes: each node as `show_node` shows it, without its history."""
-
-    nodes: list[dict[str, Any]]
 
 
 class AddNode(Command):
@@ -227,6 +329,7 @@ class AddNode(Command):
 
     TYPE = "gpufleet.node.add.v1"
     SUBJECT = subjects.rpc("provisioner", "add_node")
+    REPLY = NodeView
     region: NodeName
     name: NodeName
     minion_id: str = Field(min_length=1)
@@ -247,6 +350,7 @@ class ShowNode(NodeRequest):
 
     TYPE = "gpufleet.node.show.v1"
     SUBJECT = subjects.rpc("provisioner", "show_node")
+    REPLY = NodeDetail
 
 
 class SetMaintenance(NodeRequest):
@@ -256,6 +360,7 @@ class SetMaintenance(NodeRequest):
 
     TYPE = "gpufleet.node.set_maintenance.v1"
     SUBJECT = subjects.rpc("provisioner", "set_maintenance")
+    REPLY = MaintenanceSet
     maintenance: bool
 
 
@@ -264,3 +369,4 @@ class RemoveNode(NodeRequest):
 
     TYPE = "gpufleet.node.remove.v1"
     SUBJECT = subjects.rpc("provisioner", "remove_node")
+    REPLY = NodeView

@@ -25,33 +25,20 @@ OBJECT_NAME_CHARS = 200
 ObjectName = str  # `<name>`, or `<owner>/<name>` for another account's public object
 
 
+class PlatformObjectList(BaseModel):
+    objects: list[PlatformObjectView]
+
+
 class ListPlatformObjects(Command):
     """The acting account's objects of one asset kind (or, `public`, every account's public
     ones), newest first."""
 
     TYPE = "gpufleet.datastore.list_platform_objects.v1"
     SUBJECT = subjects.rpc("datastore", "list_platform_objects")
+    REPLY = PlatformObjectList
     asset: PlatformAsset
     public: bool = False
     limit: Int = Field(default=100, ge=1, le=1000)
-
-
-class GetPlatformObject(Command):
-    """One object: the acting account's `name`, or another account's public `<owner>/<name>`."""
-
-    TYPE = "gpufleet.datastore.get_platform_object.v1"
-    SUBJECT = subjects.rpc("datastore", "get_platform_object")
-    asset: PlatformAsset
-    name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS * 2)
-
-
-class RemovePlatformObject(Command):
-    """Remove one of the acting account's objects, and its bytes from the store."""
-
-    TYPE = "gpufleet.datastore.remove_platform_object.v1"
-    SUBJECT = subjects.rpc("datastore", "remove_platform_object")
-    asset: PlatformAsset
-    name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS)
 
 
 class PlatformObjectView(BaseModel):
@@ -69,27 +56,27 @@ class PlatformObjectView(BaseModel):
     ready_at: datetime | None = None
 
 
-class PlatformObjectList(BaseModel):
-    objects: list[PlatformObjectView]
+class GetPlatformObject(Command):
+    """One object: the acting account's `name`, or another account's public `<owner>/<name>`."""
+
+    TYPE = "gpufleet.datastore.get_platform_object.v1"
+    SUBJECT = subjects.rpc("datastore", "get_platform_object")
+    REPLY = PlatformObjectView
+    asset: PlatformAsset
+    name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS * 2)
+
+
+class RemovePlatformObject(Command):
+    """Remove one of the acting account's objects, and its bytes from the store."""
+
+    TYPE = "gpufleet.datastore.remove_platform_object.v1"
+    SUBJECT = subjects.rpc("datastore", "remove_platform_object")
+    REPLY = PlatformObjectView
+    asset: PlatformAsset
+    name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS)
 
 
 # --- between the services (svc.datastore.<verb>: the scheduler's only) -----------------------
-
-
-class GrantPlatformObject(Command):
-    """A presigned URL of `account`'s object: `read` a ready object it owns (or a public
-    `<owner>/<name>`), `write` a new one named after the job (`name`: the job's name; taken:
-    `<name>-<n>`), which stays `uploading` until CompletePlatformObject."""
-
-    TYPE = "gpufleet.datastore.grant_platform_object.v1"
-    SUBJECT = subjects.service_call("datastore", "grant_platform_object")
-    account: str
-    asset: PlatformAsset
-    name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS * 2)
-    mode: Literal["read", "write"]
-    job_id: str
-    worker: Int = 0
-    public: bool = False  # write: the new object is readable by every account
 
 
 class PlatformGrant(BaseModel):
@@ -103,12 +90,30 @@ class PlatformGrant(BaseModel):
     expires_at: datetime
 
 
+class GrantPlatformObject(Command):
+    """A presigned URL of `account`'s object: `read` a ready object it owns (or a public
+    `<owner>/<name>`), `write` a new one named after the job (`name`: the job's name; taken:
+    `<name>-<n>`), which stays `uploading` until CompletePlatformObject."""
+
+    TYPE = "gpufleet.datastore.grant_platform_object.v1"
+    SUBJECT = subjects.service_call("datastore", "grant_platform_object")
+    REPLY = PlatformGrant
+    account: str
+    asset: PlatformAsset
+    name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS * 2)
+    mode: Literal["read", "write"]
+    job_id: str
+    worker: Int = 0
+    public: bool = False  # write: the new object is readable by every account
+
+
 class CompletePlatformObject(Command):
     """The job's upload of `account`'s object `name` is done: the datastore reads its size and
     checksum from the store and marks it ready (or refuses: nothing was put)."""
 
     TYPE = "gpufleet.datastore.complete_platform_object.v1"
     SUBJECT = subjects.service_call("datastore", "complete_platform_object")
+    REPLY = PlatformObjectView
     account: str
     asset: PlatformAsset
     name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS)
@@ -124,6 +129,7 @@ class StagePlatformObject(Command):
 
     TYPE = "gpufleet.scheduler.stage_platform_object.v1"
     SUBJECT = subjects.node_request("scheduler", "stage_platform_object")
+    REPLY = PlatformGrant
     job_id: str
     placement_id: str
     worker: Int
@@ -137,6 +143,7 @@ class CompletePlatformUpload(Command):
 
     TYPE = "gpufleet.scheduler.complete_platform_upload.v1"
     SUBJECT = subjects.node_request("scheduler", "complete_platform_upload")
+    REPLY = PlatformObjectView
     job_id: str
     placement_id: str
     worker: Int

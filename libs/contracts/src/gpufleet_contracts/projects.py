@@ -123,44 +123,6 @@ ProjectName = Annotated[
 AccountName = Annotated[str, Field(pattern=ACCOUNT_RE.pattern)]
 
 
-class CreateProject(Command):
-    """A new project of the acting account, with no members yet. Using a plain project name
-    in a job creates it too; creating one that exists is a conflict."""
-
-    TYPE = "gpufleet.project.create.v1"
-    SUBJECT = subjects.rpc("scheduler", "create_project")
-    name: ProjectName
-
-
-class AddProjectMember(Command):
-    """Let another account submit jobs to one of the acting account's projects (as
-    `<owner>/<name>`): federated jobs, paid by the project's owner, the creator paying the
-    federated fee (R-BILL-2). Only the owner may add or remove members."""
-
-    TYPE = "gpufleet.project.add_member.v1"
-    SUBJECT = subjects.rpc("scheduler", "add_project_member")
-    project: ProjectRefStr
-    account: AccountName
-
-
-class RemoveProjectMember(Command):
-    """The account may no longer submit to the project; its jobs there stay (and stay visible
-    to it, their creator)."""
-
-    TYPE = "gpufleet.project.remove_member.v1"
-    SUBJECT = subjects.rpc("scheduler", "remove_project_member")
-    project: ProjectRefStr
-    account: AccountName
-
-
-class ListProjects(Command):
-    """The projects the acting account owns (with their members) or is a member of."""
-
-    TYPE = "gpufleet.project.list.v1"
-    SUBJECT = subjects.rpc("scheduler", "list_projects")
-    limit: Int = Field(default=100, ge=1, le=1000)
-
-
 class ProjectView(BaseModel):
     """A project as the acting account sees it: its owner sees the members (None for a member)."""
 
@@ -180,5 +142,47 @@ class ProjectView(BaseModel):
         return data
 
 
+class CreateProject(Command):
+    """A new project of the acting account, with no members yet. Using a plain project name
+    in a job creates it too; creating one that exists is a conflict."""
+
+    TYPE = "gpufleet.project.create.v1"
+    SUBJECT = subjects.rpc("scheduler", "create_project")
+    REPLY = ProjectView
+    name: ProjectName
+
+
+class AddProjectMember(Command):
+    """Let another account submit jobs to one of the acting account's projects (as
+    `<owner>/<name>`): federated jobs, paid by the project's owner, the creator paying the
+    federated fee (R-BILL-2). Only the owner may add or remove members."""
+
+    TYPE = "gpufleet.project.add_member.v1"
+    SUBJECT = subjects.rpc("scheduler", "add_project_member")
+    REPLY = ProjectView
+    project: ProjectRefStr
+    account: AccountName
+
+
+class RemoveProjectMember(Command):
+    """The account may no longer submit to the project; its jobs there stay (and stay visible
+    to it, their creator)."""
+
+    TYPE = "gpufleet.project.remove_member.v1"
+    SUBJECT = subjects.rpc("scheduler", "remove_project_member")
+    REPLY = ProjectView
+    project: ProjectRefStr
+    account: AccountName
+
+
 class ProjectList(BaseModel):
     projects: list[ProjectView]
+
+
+class ListProjects(Command):
+    """The projects the acting account owns (with their members) or is a member of."""
+
+    TYPE = "gpufleet.project.list.v1"
+    SUBJECT = subjects.rpc("scheduler", "list_projects")
+    REPLY = ProjectList
+    limit: Int = Field(default=100, ge=1, le=1000)

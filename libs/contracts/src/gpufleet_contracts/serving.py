@@ -81,14 +81,26 @@ class Serving(BaseModel):
 # --- an account's keys (rpc.scheduler.<verb>.<account>) --------------------------------------
 
 
+class EndpointKeyCreated(BaseModel):
+    """The new key: `key` is shown this once and kept nowhere."""
+
+    view: EndpointKeyView
+    key: str
+
+
 class CreateEndpointKey(Command):
     """A new key for one of the acting account's endpoint jobs; its secret is in the answer
     only."""
 
     TYPE = "gpufleet.scheduler.create_endpoint_key.v1"
     SUBJECT = subjects.rpc("scheduler", "create_endpoint_key")
+    REPLY = EndpointKeyCreated
     job_id: str = Field(min_length=1, max_length=64)
     name: str | None = Field(default=None, min_length=1, max_length=KEY_NAME_CHARS)
+
+
+class EndpointKeyList(BaseModel):
+    keys: list[EndpointKeyView]
 
 
 class ListEndpointKeys(Command):
@@ -96,16 +108,8 @@ class ListEndpointKeys(Command):
 
     TYPE = "gpufleet.scheduler.list_endpoint_keys.v1"
     SUBJECT = subjects.rpc("scheduler", "list_endpoint_keys")
+    REPLY = EndpointKeyList
     job_id: str = Field(min_length=1, max_length=64)
-
-
-class RevokeEndpointKey(Command):
-    """Revoke a key of one of the acting account's endpoints (idempotent)."""
-
-    TYPE = "gpufleet.scheduler.revoke_endpoint_key.v1"
-    SUBJECT = subjects.rpc("scheduler", "revoke_endpoint_key")
-    job_id: str = Field(min_length=1, max_length=64)
-    key_id: str = Field(pattern=r"^[0-9a-f]{12}$")
 
 
 class EndpointKeyView(BaseModel):
@@ -116,26 +120,17 @@ class EndpointKeyView(BaseModel):
     revoked_at: datetime | None = None
 
 
-class EndpointKeyCreated(BaseModel):
-    """The new key: `key` is shown this once and kept nowhere."""
+class RevokeEndpointKey(Command):
+    """Revoke a key of one of the acting account's endpoints (idempotent)."""
 
-    view: EndpointKeyView
-    key: str
-
-
-class EndpointKeyList(BaseModel):
-    keys: list[EndpointKeyView]
+    TYPE = "gpufleet.scheduler.revoke_endpoint_key.v1"
+    SUBJECT = subjects.rpc("scheduler", "revoke_endpoint_key")
+    REPLY = EndpointKeyView
+    job_id: str = Field(min_length=1, max_length=64)
+    key_id: str = Field(pattern=r"^[0-9a-f]{12}$")
 
 
 # --- a notebook's way in (rpc.scheduler.open_notebook.<account>) -----------------------------
-
-
-class OpenNotebook(Command):
-    """The URL and token of one of the acting account's notebooks (its creator's only)."""
-
-    TYPE = "gpufleet.scheduler.open_notebook.v1"
-    SUBJECT = subjects.rpc("scheduler", "open_notebook")
-    job_id: str = Field(min_length=1, max_length=64)
 
 
 class NotebookAccess(BaseModel):
@@ -147,18 +142,16 @@ class NotebookAccess(BaseModel):
     ready: bool = False
 
 
-# --- a node's proxy (nrpc.scheduler.verify_endpoint_key.<minion_id>) -------------------------
+class OpenNotebook(Command):
+    """The URL and token of one of the acting account's notebooks (its creator's only)."""
 
-
-class VerifyEndpointKey(Command):
-    """Does the key `key_id` (its secret's digest) open endpoint `job_id`, which the asking
-    node serves now?"""
-
-    TYPE = "gpufleet.scheduler.verify_endpoint_key.v1"
-    SUBJECT = subjects.node_request("scheduler", "verify_endpoint_key")
+    TYPE = "gpufleet.scheduler.open_notebook.v1"
+    SUBJECT = subjects.rpc("scheduler", "open_notebook")
+    REPLY = NotebookAccess
     job_id: str = Field(min_length=1, max_length=64)
-    key_id: str = Field(pattern=r"^[0-9a-f]{12}$")
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+# --- a node's proxy (nrpc.scheduler.verify_endpoint_key.<minion_id>) -------------------------
 
 
 class EndpointKeyVerdict(BaseModel):
@@ -168,6 +161,18 @@ class EndpointKeyVerdict(BaseModel):
 
     verdict: Literal["open", "elsewhere", "unknown"]
     cache_s: Int = Field(default=5, ge=0, le=60)
+
+
+class VerifyEndpointKey(Command):
+    """Does the key `key_id` (its secret's digest) open endpoint `job_id`, which the asking
+    node serves now?"""
+
+    TYPE = "gpufleet.scheduler.verify_endpoint_key.v1"
+    SUBJECT = subjects.node_request("scheduler", "verify_endpoint_key")
+    REPLY = EndpointKeyVerdict
+    job_id: str = Field(min_length=1, max_length=64)
+    key_id: str = Field(pattern=r"^[0-9a-f]{12}$")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 # --- what a node says of the endpoints it serves (evt.worker.<verb>.<minion_id>) -------------

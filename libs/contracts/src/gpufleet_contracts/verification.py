@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import limits, subjects
 from .base import Command, Event
 from .fields import Int, Name
-from .nodes import NodeRequest
+from .nodes import NodeDetail, NodeRequest
 
 # What a node may report: more GPUs than any machine has, texts long enough for any
 # NVML name, UUID or driver error, never a message that fills the stream.
@@ -109,6 +109,7 @@ class VerifyNode(NodeRequest):
 
     TYPE = "gpufleet.node.verify.v1"
     SUBJECT = subjects.rpc("provisioner", "verify_node")
+    REPLY = NodeDetail
 
 
 class AdminVerifyNode(Command):
@@ -116,5 +117,6 @@ class AdminVerifyNode(Command):
 
     TYPE = "gpufleet.node.admin_verify.v1"
     SUBJECT = subjects.admin("provisioner", "verify_node")
+    REPLY = NodeDetail
     account: str = Field(min_length=1, max_length=64)
     node: str = Field(min_length=1, max_length=limits.NAME_CHARS)

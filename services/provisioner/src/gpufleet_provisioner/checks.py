@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from gpufleet_bus import Delivery, emit, on_its_own_subject
 from gpufleet_contracts.errors import Refused
-from gpufleet_contracts.nodes import GpuInfo, HardwareInventory, NodeState
+from gpufleet_contracts.nodes import GpuInfo, HardwareInventory, NodeDetail, NodeState
 from gpufleet_contracts.verification import (
     AdminVerifyNode,
     GpuCheckReported,
@@ -37,7 +37,7 @@ from gpufleet_store import Doc, Transaction, from_ms, now_ms
 
 from .records import LIVE_STATES, Records, node_id_for
 from .verification import CheckPolicy, Claim, Verdict, changed, judge, late, unanswered
-from .views import node_view
+from .views import node_detail
 
 log = logging.getLogger("gpufleet.provisioner")
 
@@ -128,16 +128,16 @@ class NodeChecks:
             fields["next_check_ms"] = None
         return Registered(fields, bool(verification.get("verified")), rev)
 
-    async def verify_node(self, body: VerifyNode, account: str) -> Doc:
+    async def verify_node(self, body: VerifyNode, account: str) -> NodeDetail:
         """A GPU check of one of the account's nodes, now."""
         return await self._ask_now(await self.records.find_node(account, body.node), "owner")
 
-    async def admin_verify_node(self, body: AdminVerifyNode) -> Doc:
+    async def admin_verify_node(self, body: AdminVerifyNode) -> NodeDetail:
         """An operator's: a GPU check of a node of `account`, now."""
         node = await self.records.find_node(body.account, body.node)
         return await self._ask_now(node, "operator")
 
-    async def _ask_now(self, node: Doc, who: str) -> Doc:
+    async def _ask_now(self, node: Doc, who: str) -> NodeDetail:
         name = node["name"]
         if node.get("kind", "compute") != "compute" or node["state"] not in LIVE_STATES:
             raise Refused(
@@ -162,7 +162,7 @@ class NodeChecks:
                 "conflict", f"node {name!r} was asked for a GPU check meanwhile"
             ) from None
         fresh = await self.db.nodes.find_one({"_id": node["_id"]})
-        return node_view(fresh or node, full=True)
+        return node_detail(fresh or node)
 
     # --- answers ------------------------------------------------------------------------
 

@@ -20,7 +20,9 @@ from gpufleet_contracts.nodes import NodeState
 from gpufleet_contracts.providers import (
     BurstPolicy,
     ProviderKind,
+    ProviderView,
     RegionQuotas,
+    RegionView,
     SetBurstPolicy,
     ShowRegionQuotas,
 )
@@ -55,7 +57,7 @@ class CloudAccounts:
 
     # --- provider ---------------------------------------------------------------------------
 
-    async def enable_gcp(self, account: str, mode_name: str, key_json: str | None) -> Doc:
+    async def enable_gcp(self, account: str, mode_name: str, key_json: str | None) -> ProviderView:
         mode = payment_mode(mode_name)
         if not key_json:
             raise invalid("key", "R-PROV-2", "a service-account JSON key is required")
@@ -178,7 +180,9 @@ class CloudAccounts:
                 "account have Compute Admin?)",
             ) from None
 
-    async def create_region(self, account: str, name: str, storage_class: str = "standard") -> Doc:
+    async def create_region(
+        self, account: str, name: str, storage_class: str = "standard"
+    ) -> RegionView:
         self._supported(name)
         if storage_class not in STORAGE_CLASSES:
             raise invalid(

@@ -17,8 +17,11 @@ from gpufleet_contracts.identity import RevokeNode
 from gpufleet_contracts.nodes import (
     AddNode,
     ListNodes,
+    MaintenanceSet,
+    NodeDetail,
     NodeList,
     NodeState,
+    NodeView,
     RemoveNode,
     SetMaintenance,
     ShowNode,
@@ -26,7 +29,7 @@ from gpufleet_contracts.nodes import (
 from gpufleet_store import Doc, Transaction, now_ms
 
 from .records import Records, invalid, node_id_for
-from .views import node_view
+from .views import maintenance_set, node_detail, node_view
 
 MINION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -44,14 +47,11 @@ class NodeRequests:
         nodes = await self.db.nodes.find(query).sort("name", 1).to_list(None)
         return NodeList(nodes=[node_view(n) for n in nodes])
 
-    async def show_node(self, body: ShowNode, account: str) -> Doc:
+    async def show_node(self, body: ShowNode, account: str) -> NodeDetail:
         """One node: state, history, hardware check results."""
-        return await self._shown(account, body.node)
+        return node_detail(await self.records.find_node(account, body.node))
 
-    async def _shown(self, account: str, ref: str) -> Doc:
-        return node_view(await self.records.find_node(account, ref), full=True)
-
-    async def add_node(self, body: AddNode, account: str) -> Doc:
+    async def add_node(self, body: AddNode, account: str) -> NodeView:
         """Add a compute or storage node by minion id."""
         region = await self.records.region(account, body.region)
         kind, minion_id = body.kind, body.minion_id
@@ -127,7 +127,7 @@ class NodeRequests:
 
         return node_view(await self.records.transaction(tx_body))
 
-    async def set_maintenance(self, body: SetMaintenance, account: str) -> Doc:
+    async def set_maintenance(self, body: SetMaintenance, account: str) -> MaintenanceSet:
         """Maintenance on (active -> maintenance) or off (maintenance -> active: only active
         nodes receive work). A node already in the state asked for is shown as it is, with
         `changed: false`, and no event."""
@@ -135,7 +135,7 @@ class NodeRequests:
         new = NodeState.maintenance if body.maintenance else NodeState.active
         state = node["state"]
         if state == new.value:
-            return {**node_view(node, full=True), "changed": False}
+            return maintenance_set(node, changed=False)
         if state not in (NodeState.active.value, NodeState.maintenance.value):
             raise Refused(
                 "conflict",
@@ -150,17 +150,18 @@ class NodeRequests:
             )
         reason = "maintenance on" if body.maintenance else "maintenance off"
         await self.records.change_state(node, new, f"{reason} (operator)")
-        return {**await self._shown(account, body.node), "changed": True}
+        return maintenance_set(await self.records.find_node(account, body.node), changed=True)
 
-    async def remove_node(self, body: RemoveNode, account: str) -> Doc:
+    async def remove_node(self, body: RemoveNode, account: str) -> NodeView:
         """Remove a node; its credential is revoked first and its workers are requeued."""
         return await self._remove(account, body.node)
 
-    async def revoke_node(self, body: RevokeNode, account: str) -> Doc:
+    async def revoke_node(self, body: RevokeNode, account: str) -> NodeView:
         """Cut a node off at once: its credential is revoked and it is removed (R-NODE-5)."""
         return await self._remove(account, body.node)
 
-    async def _remove(self, account: str, ref: str) -> Doc:
+    async def _remove(self, account: str, ref: str) -> NodeView:
+        """The node as it is now: shown alone (a NodeDetail) unless it was removed before."""
         node = await self.records.find_node(account, ref)
         if self.records.identity is not None:
             # Only this account's enrolment: another account's node of the same minion id
@@ -173,4 +174,4 @@ class NodeRequests:
                 "conflict", "cloud nodes are removed by deleting their instance (idle policy)"
             )
         await self.records.change_state(node, NodeState.removed, "removed by operator")
-        return await self._shown(account, ref)
+        return node_detail(await self.records.find_node(account, ref))

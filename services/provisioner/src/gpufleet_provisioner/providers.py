@@ -17,9 +17,11 @@ from gpufleet_contracts.providers import (
     ListRegions,
     ProviderKind,
     Providers,
+    ProviderView,
     Regions,
+    RegionView,
 )
-from gpufleet_store import Doc, now_ms
+from gpufleet_store import now_ms
 
 from .cloud import CloudAccounts
 from .records import Records, invalid, payment_mode
@@ -34,7 +36,7 @@ class ProviderRequests:
         self.db = records.db
         self.cloud = cloud
 
-    async def enable_provider(self, body: EnableProvider, account: str) -> Doc:
+    async def enable_provider(self, body: EnableProvider, account: str) -> ProviderView:
         """Enable `physical` or `gcp` (with a service-account key) once (R-PROV-1/2)."""
         if body.provider == ProviderKind.physical:
             mode = payment_mode(body.payment_mode)
@@ -59,7 +61,7 @@ class ProviderRequests:
         docs = await self.db.providers.find({"account": account}).sort("provider", 1).to_list(None)
         return Providers(providers=[provider_view(d) for d in docs])
 
-    async def create_region(self, body: CreateRegion, account: str) -> Doc:
+    async def create_region(self, body: CreateRegion, account: str) -> RegionView:
         """A physical (R-REG-1) or GCP (R-REG-2) region."""
         if body.provider == ProviderKind.gcp:
             return await self.cloud.create_region(account, body.name, body.storage_class)
@@ -69,7 +71,7 @@ class ProviderRequests:
 
     async def create_physical_region(
         self, account: str, name: str, storage_mode: str, allow_public_jobs: bool
-    ) -> Doc:
+    ) -> RegionView:
         if await self.records.provider(account, "physical") is None:
             raise Refused(
                 "conflict",

@@ -16,7 +16,14 @@ from gpufleet_bus import emit
 from gpufleet_contracts.clock import Clock
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.nodes import NodeState, NodeStateChanged
-from gpufleet_contracts.providers import PaymentMode, ProviderEnabled, ProviderKind, RegionCreated
+from gpufleet_contracts.providers import (
+    PaymentMode,
+    ProviderEnabled,
+    ProviderKind,
+    ProviderView,
+    RegionCreated,
+    RegionView,
+)
 from gpufleet_store import Doc, Store, Transaction, now_ms
 from pymongo import ASCENDING, IndexModel
 
@@ -98,7 +105,7 @@ class Records:
 
     async def enable(
         self, account: str, provider: ProviderKind, mode: PaymentMode, extra: Doc
-    ) -> Doc:
+    ) -> ProviderView:
         """Enable `provider` for `account`, at most once (R-PROV-1); its view."""
         now = self.clock()
         pid = f"{account}/{provider.value}"
@@ -138,7 +145,7 @@ class Records:
 
     # --- regions (R-REG-1/2) ------------------------------------------------------------
 
-    async def insert_region(self, doc: Doc, extra_nodes: list[Doc] | None = None) -> Doc:
+    async def insert_region(self, doc: Doc, extra_nodes: list[Doc] | None = None) -> RegionView:
         """A new region (names are unique per account) with its nodes; its view."""
         now = self.clock()
 
