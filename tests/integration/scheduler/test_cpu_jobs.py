@@ -147,4 +147,4 @@ async def test_a_cpu_job_pinned_to_a_region_without_offered_cpus_is_refused(
     assert reply["ok"] is False
     (field,) = reply["error"]["fields"]
     assert (field["field"], field["rule"]) == ("spec.region", "R-RES-1")
-    assert field["valid"] == "a region with node offering CPUs to CPU-only jobs: us"
+    assert field["valid"] == "a region of yours with node offering CPUs to CPU-only jobs: us"

@@ -298,11 +298,32 @@ async def test_a_pin_to_a_region_without_the_gpu_type_is_refused(system: Sys) ->
     assert reply["ok"] is False
     (field,) = reply["error"]["fields"]
     assert field["field"] == "spec.region" and field["rule"] == "R-RES-1"
-    assert field["valid"] == "a region with RTX 3090: eu"
+    assert field["valid"] == "a region of yours with RTX 3090: eu"
     jobs = await s.sched.state.db.jobs.count_documents({})
     assert jobs == 0
     ok = await s.submit("pinned", region="eu")
     assert ok["state"] == "starting"
+
+
+async def test_another_accounts_region_of_the_same_name_is_not_the_pinned_one(
+    system: Sys,
+) -> None:
+    """Region names are unique per owner only (R-RES-1): bob's public `lab`, with the GPU
+    type, neither satisfies local's pin to `lab` at submission nor takes the job."""
+    s = system
+    await s.node(registered("bobs", region="lab", owner="bob", price="0.10", public=True))
+    await s.node(registered("mine", region="home"))
+    await known(s, "bobs", "mine")
+    reply = await s.submit("pinned", region="lab")
+    assert reply["ok"] is False, reply
+    (field,) = reply["error"]["fields"]
+    assert (
+        field["field"] == "spec.region"
+        and field["valid"] == "a region of yours with RTX 3090: home"
+    )
+    assert await s.sched.state.db.jobs.count_documents({"spec.name": "pinned"}) == 0
+    unpinned = await s.submit("free", max_price="1.0")  # bob's public node may take it
+    assert unpinned["state"] == "starting", unpinned
 
 
 async def test_fractions_are_packed_onto_shares_and_the_agent_gets_the_limit(system: Sys) -> None:

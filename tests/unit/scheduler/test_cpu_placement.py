@@ -107,12 +107,18 @@ def test_why_cpu_work_waits_speaks_of_cpus_not_gpus() -> None:
         replace(node("sim", owner="other", price="0.01", public=True), simulated=True),
         node("dear", owner="other", price="0.50", public=True),
         replace(node("off"), state="maintenance"),
-        node("away", region="elsewhere"),
     ]
-    pinned = replace(cpu_req(8, max_price="0.10"), region="local")
-    got = why_not(pinned, nodes)
+    asked = cpu_req(8, max_price="0.10")
+    got = why_not(asked, nodes)
     assert "1 node: another account's simulated node (its owner's jobs only)" in got.explain()
     assert len(got.reasons) == len(nodes)  # one reason each
+    assert not [r for r in got.reasons if "GPU" in r]
+    assert PlacementIndex(nodes).explain(asked).reasons == got.reasons
+    # Pinned to region `local`: every other account's node is in a region of theirs.
+    nodes.append(node("away", region="elsewhere"))
+    pinned = replace(asked, region="local")
+    got = why_not(pinned, nodes)
+    assert got.reasons["not in pinned region local"] == 4  # theirs, sim, dear, away
     assert not [r for r in got.reasons if "GPU" in r]
     assert PlacementIndex(nodes).explain(pinned).reasons == got.reasons
 

@@ -235,6 +235,18 @@ def test_a_pinned_job_only_goes_to_its_region() -> None:
     assert isinstance(d2, NoPlacement) and "2 nodes: not in pinned region asia" in d2.explain()
 
 
+def test_another_accounts_region_of_the_same_name_never_takes_a_pinned_job() -> None:
+    """Region names are unique per owner only: bob's public `lab` is not acme's `lab`."""
+    theirs = replace(node("theirs", owner="bob", price="0.10", public=True), region="lab")
+    pinned = replace(req(owner="acme"), region="lab")
+    d = place(pinned, [theirs])
+    assert isinstance(d, NoPlacement) and "1 node: not in pinned region lab" in d.explain()
+    ours = replace(node("ours"), region="lab")
+    d2 = place(pinned, [theirs, ours])
+    assert isinstance(d2, Placement) and d2.node.node_id == "ours"
+    assert isinstance(place(replace(pinned, region=None), [theirs]), Placement)  # unpinned: may
+
+
 def shared(
     nid: str, shares: int = 4, gpus: int = 2, partial: tuple[tuple[int, int], ...] = ()
 ) -> NodeView:

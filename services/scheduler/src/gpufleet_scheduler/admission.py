@@ -58,7 +58,7 @@ class Admission:
         spec = notebooks.with_token(spec)  # a notebook's, sealed with its env from here on
         owner, project = await self.projects.resolve(spec.project, account)
         await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
-        await self._check_region(spec)
+        await self._check_region(spec, owner)
         await self._check_environment(spec)
         await self._check_keys(spec, account)
         if owner == account:  # created on first use; another's exists (resolve found it)
@@ -115,14 +115,15 @@ class Admission:
         if refused is not None:
             raise refused
 
-    async def _check_region(self, spec: JobSpec) -> None:
-        """R-RES-1: refuse a pin to a region that has none of the job's GPU types (for a
-        CPU-only job: no node that offers CPUs to CPU-only jobs)."""
+    async def _check_region(self, spec: JobSpec, owner: str) -> None:
+        """R-RES-1: refuse a pin to a region of the job's owner that has none of the job's GPU
+        types (for a CPU-only job: no node that offers CPUs to CPU-only jobs). Region names
+        are unique per owner only: another account's region of the same name is not it."""
         region = spec.pinned_region
         if region is None:
             return
         nodes = self.state.db.nodes
-        live: dict[str, object] = {"state": {"$ne": "removed"}}
+        live: dict[str, object] = {"owner": owner, "state": {"$ne": "removed"}}
         if spec.cpu_only:
             live["cpus"] = {"$gt": 0}
             types = "node offering CPUs to CPU-only jobs"
@@ -141,9 +142,9 @@ class Admission:
                     rule="R-RES-1",
                     message=f"region {region} has no {types}" + ("" if spec.cpu_only else " node"),
                     valid=(
-                        "a region with " + types + ": " + ", ".join(having)
+                        "a region of yours with " + types + ": " + ", ".join(having)
                         if having
-                        else f"no region has {types} yet"
+                        else f"no region of yours has {types} yet"
                     ),
                 )
             ],

@@ -252,6 +252,8 @@ class PlacementIndex:
         else:
             regions = self._own.get((model, req.owner), {}) if own else self._public.get(model, {})
         if req.region is not None:
+            if not own:  # a pin is to a region of the job's owner (placement.rule_out)
+                return
             g = regions.get(req.region)
             if g is not None:
                 yield g

@@ -105,7 +105,7 @@ class WorkerRequest:
     gpu_types: tuple[str, ...]
     gpu_count: int
     max_price: Decimal | None
-    region: str | None = None  # pinned by a regional resource (R-RES-1)
+    region: str | None = None  # pinned by a regional resource (R-RES-1): the owner's region
     fraction: Decimal | None = None  # R-SCHED-4
     cpu_count: int = 0  # a CPU-only worker's CPUs (gpu_types empty, gpu_count 0), R-JOB-2
     secrets: bool = False  # it carries secrets (env values, attached keys): sealed nodes only
@@ -220,7 +220,9 @@ def rule_out(
             return NO_CPUS
     elif node.gpu_model not in req.gpu_types:
         return f"no {' or '.join(req.gpu_types)}"
-    if req.region is not None and node.region != req.region:
+    if req.region is not None and (node.region != req.region or node.owner != req.owner):
+        # A region is its owner's (names are unique per owner only): a pin is to a region of
+        # the job's owner, never to another account's region of the same name (R-RES-1).
         return f"not in pinned region {req.region}"
     priced = cpu_rate_for(node, req.owner) if req.cpu_count else rate_for(node, req.owner)
     if priced is None and node.simulated:
