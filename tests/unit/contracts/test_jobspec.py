@@ -213,6 +213,22 @@ def test_environment_r_job_7() -> None:
     assert errors_of(env={"1BAD": "x"})["spec.env"][0] == "R-JOB-7"
 
 
+def test_a_regional_datastore_names_its_region_r_res_1() -> None:
+    """A datastore is a region's: without the region the job would not be pinned there."""
+    located = {"type": "regional_datastore", "path": "/sub", "datastore": "nas"}
+    assert errors_of(input_data=located, type="inference")["spec.input_data"][0] == "R-RES-1"
+    assert errors_of(output_data=located)["spec.output_data"][0] == "R-RES-1"
+    pinned = ok(output_data={**located, "region": "lab"})
+    assert pinned.pinned_region == "lab"
+
+
+def test_any_job_type_may_hold_a_reservation_r_res_3() -> None:
+    for job_type in ("training", "inference", "notebook", "endpoint"):
+        extra = {"endpoint": {"server_command": ["serve"]}} if job_type == "endpoint" else {}
+        spec = ok(type=job_type, reservation={"region": "lab", "name": "port-80"}, **extra)
+        assert spec.pinned_region == "lab"
+
+
 def test_a_job_pinned_to_two_regions_is_refused_r_res_1() -> None:
     e = errors_of(
         type="notebook",

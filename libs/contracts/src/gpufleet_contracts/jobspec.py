@@ -80,7 +80,12 @@ WEB_ONLY_INPUT = "web is an input type only"
 
 
 def _check_location(
-    kind: StorageType, path: str, endpoint: str | None, datastore: str | None, rule_id: str
+    kind: StorageType,
+    path: str,
+    endpoint: str | None,
+    datastore: str | None,
+    rule_id: str,
+    region: str | None = None,
 ) -> None:
     if kind is StorageType.platform:
         return  # checked by the direction (output: model | dataset | checkpoint)
@@ -101,6 +106,14 @@ def _check_location(
             "a regional_datastore location names its datastore",
             "R-RES-2",
             "datastore: <name of a datastore in the region>",
+        )
+    if kind is StorageType.regional_datastore and not region:
+        raise bad(
+            "region_required",
+            "a regional_datastore location names its region (a datastore is a region's, and "
+            "the job runs there)",
+            "R-RES-1",
+            "region: <one of your regions, where the datastore is>",
         )
     if kind is StorageType.wasabi and not endpoint:
         raise bad(
@@ -173,7 +186,7 @@ class InputData(_Located):
                 "aws, azure, gcp, local, wasabi, web, regional_datastore",
                 kind=self.type.value,
             )
-        _check_location(self.type, self.path, self.endpoint, self.datastore, "R-JOB-3")
+        _check_location(self.type, self.path, self.endpoint, self.datastore, "R-JOB-3", self.region)
         return self
 
 
@@ -201,7 +214,7 @@ class OutputData(_Located):
                     path=self.path,
                 )
             return self
-        _check_location(self.type, self.path, self.endpoint, self.datastore, "R-JOB-3")
+        _check_location(self.type, self.path, self.endpoint, self.datastore, "R-JOB-3", self.region)
         return self
 
 

@@ -347,12 +347,6 @@ class JobSpec(BaseModel):
             )
         return value
 
-    @field_validator("reservation")
-    @classmethod
-    def _reservation(cls, value: Reservation | None, info: ValidationInfo) -> Reservation | None:
-        _only_for(value, info, "reservation", "R-RES-3", JobType.endpoint, JobType.notebook)
-        return value
-
     @field_validator("environment")
     @classmethod
     def _environment(cls, value: Environment, info: ValidationInfo) -> Environment:
