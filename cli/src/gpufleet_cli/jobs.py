@@ -211,6 +211,15 @@ def submit(
             "'python3 -m http.server 80' (split as a shell would). Routes come from --file.",
         ),
     ] = None,
+    health_path: Annotated[
+        str | None,
+        typer.Option(
+            "--health-path",
+            metavar="PATH",
+            help="What the node probes (GET) before an endpoint's own server gets requests; "
+            "any answer below 500 is ready (default: /).",
+        ),
+    ] = None,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -253,7 +262,7 @@ def submit(
             "output_data": spec.location(output, "type"),
             "allow_burst": allow_burst,
             "environment": spec.environment(base.get("environment"), image, key, pip),
-            "endpoint": spec.endpoint(base.get("endpoint"), server_command),
+            "endpoint": spec.endpoint(base.get("endpoint"), server_command, health_path),
         }
         job_spec = spec.build(base, flags, env or [])
         msg = spec.submission(job_spec, request_id or uuid.uuid4().hex)

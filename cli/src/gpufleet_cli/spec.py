@@ -39,6 +39,7 @@ FLAGS = {
     "environment.keys": "--key",
     "environment.packages.pip": "--pip",
     "endpoint": "--server-command, or endpoint: in --file",
+    "endpoint.health_path": "--health-path",
     "request_id": "--request-id",
 }
 
@@ -125,16 +126,23 @@ def environment(
     return out
 
 
-def endpoint(base: Any, server_command: str | None) -> dict[str, Any] | None:
+def endpoint(
+    base: Any, server_command: str | None, health_path: str | None = None
+) -> dict[str, Any] | None:
     """The file's `endpoint` with `--server-command` in place of its way of serving (its
-    routes), split as a shell would (None: no change)."""
-    if server_command is None:
+    routes), split as a shell would, and `--health-path` in place of its own (None: no
+    change)."""
+    if server_command is None and health_path is None:
         return None
-    out = {k: v for k, v in (base if isinstance(base, dict) else {}).items() if k != "routes"}
-    try:
-        out["server_command"] = shlex.split(server_command)
-    except ValueError as exc:
-        raise _refused(error("invalid", f"--server-command: {exc}")) from exc
+    out = dict(base) if isinstance(base, dict) else {}
+    if server_command is not None:
+        out.pop("routes", None)
+        try:
+            out["server_command"] = shlex.split(server_command)
+        except ValueError as exc:
+            raise _refused(error("invalid", f"--server-command: {exc}")) from exc
+    if health_path is not None:
+        out["health_path"] = health_path
     return out
 
 

@@ -188,3 +188,9 @@ def test_submit_server_command_replaces_the_files_routes(
     assert not endpoint.get("routes")
     bad = runner.invoke(app, ["job", "submit", "--type", "endpoint", "--server-command", "'x"])
     assert bad.exit_code == 2 and "--server-command" in bad.stderr
+    probed = runner.invoke(app, [*flags, "--health-path", "/ready"])
+    assert probed.exit_code == 0, probed.output
+    assert asked[-1][1]["spec"]["endpoint"]["health_path"] == "/ready"
+    routes_probed = runner.invoke(app, ["job", "submit", "-f", str(f), "--health-path", "/x"])
+    assert routes_probed.exit_code == 2 and "health_path is for a manual" in routes_probed.stderr
+    assert "needs a command" not in routes_probed.stderr  # not told besides

@@ -11,6 +11,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -121,3 +122,20 @@ def test_the_readme_shows_the_demo_job_as_just_up_data_writes_it() -> None:
         "https://127.0.0.1:5062/devstoreaccount1",
     )
     assert yaml.safe_load(block) == yaml.safe_load(written)
+
+
+def test_the_readme_shows_the_demo_endpoint_as_just_up_data_writes_it() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    block = readme.split("<!-- demo-endpoint -->\n```yaml\n", 1)[1].split("```", 1)[0]
+    written = demo.endpoint_yaml("http://127.0.0.1:5064/demo-model.git")
+    assert yaml.safe_load(block) == yaml.safe_load(written)
+    spec = JobSpec.model_validate(yaml.safe_load(written))
+    assert spec.endpoint is not None
+    assert [r.path for r in spec.endpoint.routes] == ["/sum", "/line"]
+
+
+def test_the_demo_routes_answer_as_the_readme_says() -> None:
+    app: dict[str, Any] = {}
+    exec(compile(demo.APP_PY, "app.py", "exec"), app)  # the file the repository serves
+    assert app["add"](a=1, b=2) == {"sum": 3}
+    assert app["line"](2.0, 3.0, 2.0) == {"y": 8.0}

@@ -16,8 +16,9 @@ that allow bursting then run on emulated instances.
 checkpoints come from and its outputs go to (`gpufleet_devstack.storage`): S3 (moto), GCS
 (gcp-storage-emulator), Azure Blob (Azurite, https), git over git:// and http, files over
 https and FTP; fills the bucket (and container) `demo` with a small dataset archive and
-serves a model repository `demo-model.git`; writes a demo job to `.run/storage/demo-job.yaml`;
-and tells the node agent their endpoints (GPUFLEET_STAGING_ALLOW, GPUFLEET_STAGING_CA_FILE).
+serves a model repository `demo-model.git`; writes a demo job to `.run/storage/demo-job.yaml`
+and a demo endpoint to `.run/storage/demo-endpoint.yaml`; and tells the node agent their
+endpoints (GPUFLEET_STAGING_ALLOW, GPUFLEET_STAGING_CA_FILE).
 
 Environment: GPUFLEET_NATS_PORT (default 4333; not 4222, which a system nats-server may
 use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_REGISTRY_PORT (default 5055: the local

@@ -86,6 +86,7 @@ def storage_lines(storage: StorageServers) -> list[str]:
         f"{CLI} key add wasabi --from-file {rel(storage.keys_dir / 'wasabi.json')}",
         f"{CLI} key add azure --from-file {rel(storage.keys_dir / 'azure.json')}",
         f"{CLI} job submit -f {rel(storage.job_file)}",
+        f"{CLI} job submit -f {rel(storage.endpoint_file)}   # the demo endpoint (README)",
         f"curl --cacert {ca} -O {storage.web.url(demo.DATASET)}",
         f"git clone {storage.git_http.url(demo.MODEL_REPO)}",
     ]

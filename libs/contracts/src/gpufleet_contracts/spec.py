@@ -428,7 +428,10 @@ class JobSpec(BaseModel):
                 "command or worker_commands",
             )
         served = isinstance(endpoint, EndpointSpec) or _info_type(info) is JobType.notebook
-        if not value and not per_worker and not served and "worker_commands" in info.data:
+        # An endpoint or worker_commands that failed their own checks are absent here: their
+        # errors say it, not a missing command besides.
+        checked = "worker_commands" in info.data and "endpoint" in info.data
+        if not value and not per_worker and not served and checked:
             raise bad(
                 "command_required",
                 "a job needs a command (or worker_commands, or an endpoint; a notebook runs "

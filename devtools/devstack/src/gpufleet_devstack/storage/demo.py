@@ -82,10 +82,27 @@ if __name__ == "__main__":
     main()
 '''
 
+# The demo endpoint's routes (endpoint_yaml): functions of the request's JSON body.
+APP_PY: Final = '''\
+"""The demo endpoint's routes: each function gets the request body's parameters."""
+
+
+def add(a, b):
+    return {"sum": a + b}
+
+
+def line(x, a=3.0, b=2.0):
+    """y = a * x + b: by default the line the demo dataset follows."""
+    return {"y": a * x + b}
+'''
+
 MODEL_FILES: Final[Mapping[str, str]] = {
     "train.py": TRAIN_PY,
-    "README.md": "# demo-model\n\n`python train.py` fits the demo dataset of `just up --data`.\n",
+    "app.py": APP_PY,
+    "README.md": "# demo-model\n\n`python train.py` fits the demo dataset of `just up --data`; "
+    "`app.py` holds the demo endpoint's routes.\n",
 }
+ENDPOINT_NAME: Final = "demo-adder"
 
 
 def _csv(rng: random.Random, rows: int) -> bytes:
@@ -154,4 +171,34 @@ output_data:
 environment:
   keys: [wasabi, azure]
 command: [python, /opt/ml/models/train.py]
+"""
+
+
+def endpoint_yaml(git_http_url: str) -> str:
+    """The demo endpoint, as a file for `gpufleet job submit -f`: two routes of app.py in the
+    demo model's repository, served by gpufleet's route server."""
+    return f"""\
+# The demo endpoint of `just up --data`: {ENDPOINT_NAME} serves two functions of app.py.
+#   uv run gpufleet job submit -f <this file>
+name: {ENDPOINT_NAME}
+type: endpoint
+gpu_types: ["RTX 3090"]
+gpu_count: 1
+model: {{source: git, path: "{git_http_url}"}}  # holds app.py
+endpoint:
+  routes:
+    - path: /sum            # POST only
+      file: app.py          # relative to the model code
+      function: add         # add(a, b): called by keyword (positional: true, in order)
+      body:
+        - {{name: a, type: integer}}
+        - {{name: b, type: integer, optional: true, default: "2"}}
+    - path: /line
+      file: app.py
+      function: line
+      positional: true      # line(x, a, b), in this order
+      body:
+        - {{name: x, type: float}}
+        - {{name: a, type: float, optional: true, default: "3.0"}}
+        - {{name: b, type: float, optional: true, default: "2.0"}}
 """

@@ -100,6 +100,7 @@ class StorageServers:
             root / "files", port["ftp"], passive=ports.passive, log_file=log_dir / "ftp.log"
         )
         self.job_file = root / "demo-job.yaml"
+        self.endpoint_file = root / "demo-endpoint.yaml"
         self.keys_dir = root / "keys"
 
     @property
@@ -158,7 +159,8 @@ class StorageServers:
     def seed(self) -> None:
         """The demo data, put with the real clients: the dataset archive in the S3 and GCS
         buckets and the Azure container `demo` and among the served files; the model
-        repository; the demo job's file and the keys it names (`gpufleet key add`)."""
+        repository; the demo job's and the demo endpoint's files, and the keys the job names
+        (`gpufleet key add`)."""
         archive = demo.dataset_archive()
         self._seed_s3(archive)
         self._seed_gcs(archive)
@@ -172,6 +174,7 @@ class StorageServers:
                 self.azure.endpoint.account_url,
             )
         )
+        self.endpoint_file.write_text(demo.endpoint_yaml(self.git_http.url(demo.MODEL_REPO)))
         s3, azure = self.s3.endpoint, self.azure.endpoint
         keys = {
             "wasabi": {
