@@ -103,6 +103,8 @@ class System:
         service's identity and settings and `extra` on top (a node agent's
         GPUFLEET_MINION_ID and GPUFLEET_AGENT_STATE_DIR among them)."""
         env = self.env
+        for k, v in spec.defaults.items():  # as `just up` (children.child_env)
+            env.setdefault(k, v.format(run_dir=self.root))
         env.update({k: v.format(run_dir=self.root) for k, v in spec.env.items()})
         env.update(identities.service_env(self.nats, spec.name))
         if spec.name == "node-agent":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from gpufleet_devstack.children import SERVICES, ServiceSpec, child_env
+from gpufleet_provisioner.settings import ProvisionerSettings
 
 AGENT = next(s for s in SERVICES if s.name == "node-agent")
 STACK = {"GPUFLEET_NATS_URL": "nats://127.0.0.1:4333"}
@@ -43,3 +45,17 @@ def test_the_local_node_goes_with_the_stack_unless_the_user_says_otherwise() -> 
     assert AGENT.stop_timeout > 10  # its workers' grace period, then their reports
     kept = child_env(AGENT, {"GPUFLEET_STOP_WORKERS_ON_EXIT": "0"}, STACK, Path("/run"))
     assert kept["GPUFLEET_STOP_WORKERS_ON_EXIT"] == "0"
+
+
+def test_just_up_activates_new_nodes_but_a_provisioner_left_alone_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R-NODE-2: production's new node waits in maintenance for its operator; the dev stack
+    (and the e2e system) activates it at once, unless the user says otherwise."""
+    provisioner = next(s for s in SERVICES if s.name == "provisioner")
+    env = child_env(provisioner, {}, STACK, Path("/run"))
+    assert env["GPUFLEET_AUTO_ACTIVATE_NODES"] == "true"
+    mine = child_env(provisioner, {"GPUFLEET_AUTO_ACTIVATE_NODES": "false"}, STACK, Path("/run"))
+    assert mine["GPUFLEET_AUTO_ACTIVATE_NODES"] == "false"
+    monkeypatch.delenv("GPUFLEET_AUTO_ACTIVATE_NODES", raising=False)
+    assert ProvisionerSettings().auto_activate_nodes is False

@@ -24,7 +24,13 @@ NODE_NAME: Final = "local-node-1"
 
 # Started in this order, stopped in the reverse order.
 SERVICES: Final[tuple[ServiceSpec, ...]] = (
-    ServiceSpec("provisioner", "gpufleet_provisioner", health="provisioner"),
+    # Development: a node is active at once (production leaves it in maintenance, R-NODE-2).
+    ServiceSpec(
+        "provisioner",
+        "gpufleet_provisioner",
+        health="provisioner",
+        defaults={"GPUFLEET_AUTO_ACTIVATE_NODES": "true"},
+    ),
     ServiceSpec("scheduler", "gpufleet_scheduler", health="scheduler"),
     ServiceSpec("billing", "gpufleet_billing", health="billing"),
     ServiceSpec("device-fleet", "gpufleet_device_fleet", health="device-fleet"),

@@ -16,7 +16,9 @@ from .scaling import ScalePolicy
 class ProvisionerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
 
-    auto_activate_nodes: bool = True
+    # R-NODE-2: a new node lands in maintenance for its operator; development (`just up`, the
+    # e2e system) turns this on: active at once, an agent nobody added registers itself.
+    auto_activate_nodes: bool = False
     # The signing keys that issue and revoke credentials (gpufleet_auth.Issuer.load).
     auth_dir: Path | None = None
     # Fernet key (urlsafe base64, 32 bytes) that encrypts stored secrets (R-PROV-2).
