@@ -4,12 +4,25 @@ registration announces of them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpufleet_contracts import limits
 from gpufleet_contracts.environments import BUILT_IN, EnvironmentOffer
 from gpufleet_contracts.jobspec import BaseEnvironment, Environment
-from gpufleet_node_agent.environments import choose, env_tag, offer, parse_env_map, with_pip
+from gpufleet_contracts.serving import NOTEBOOK_COMMAND, Serving
+from gpufleet_node_agent.environments import (
+    choose,
+    env_tag,
+    offer,
+    parse_env_map,
+    with_jupyter,
+    with_pip,
+)
+from gpufleet_node_agent.prepare import needs_preparing, prepare_image
+from gpufleet_node_agent.runtimes.podman_args import PodmanConfig
+from gpufleet_node_agent.worker.spec import WorkerSpec
+from gpufleet_node_agent.worker.workdir import Worker
 
 pytestmark = pytest.mark.unit
 
@@ -84,6 +97,28 @@ def test_pip_packages_on_the_bare_base_image_go_into_its_pip_ready_environment()
     assert with_pip(mapped, BASE) == mapped
 
 
+def test_a_notebooks_environment_adds_jupyterlab_wheels_to_its_environment_once() -> None:
+    plain = with_jupyter(choose(env(), BASE, {}), BASE)
+    assert plain.image == "localhost/gpufleet/env:py3.11-deep_learning-notebook"
+    assert (plain.from_image, plain.first) == (BASE, None)
+    assert [(s.kind, s.items, s.binary_only) for s in plain.steps] == [
+        ("apt", ("python3-pip",), False),
+        ("pip", ("jupyterlab>=4,<5",), True),
+    ]
+    torch = choose(env(framework="pytorch", framework_version="2.3"), BASE, {})
+    nb = with_jupyter(torch, BASE)
+    assert nb.image == "localhost/gpufleet/env:py3.11-pytorch-2.3-notebook"
+    assert (nb.from_image, nb.first) == (torch.image, torch)  # the framework's, built first
+    assert [(s.kind, s.items, s.binary_only) for s in nb.steps] == [
+        ("pip", ("jupyterlab>=4,<5",), True)
+    ]
+    assert with_pip(nb, BASE) == nb  # a notebook's packages go on top of it
+    mapped = choose(env(), BASE, {"py3.11-deep_learning": "x/y:1"})
+    assert with_jupyter(mapped, BASE) == mapped  # the operator's image, as it is
+    refused = choose(env(python_version="3.10"), BASE, {})
+    assert with_jupyter(refused, BASE) == refused
+
+
 TRIPLES = [
     {"python_version": py, "framework": fw, "framework_version": v}
     for py in ("3.8", "3.10", "3.11", "3.12")
@@ -132,3 +167,40 @@ async def test_the_registration_announces_the_nodes_environments(tmp_path: Path)
     plain = agent(tmp_path / "plain")
     await plain.prepare()
     assert plain.registration().environments == BUILT_IN
+
+
+class Built:
+    """A builder that notes what it is asked to make sure of (builds.Builder's `ensure`)."""
+
+    def __init__(self) -> None:
+        self.ensured: list[tuple[str, str, list[str]]] = []
+
+    async def ensure(self, tag: str, from_image: str, steps: Any, say: Any) -> str | None:
+        self.ensured.append((tag, from_image, [s.kind for s in steps]))
+        return None
+
+
+async def test_a_notebook_gets_its_framework_built_then_jupyterlab_on_it(tmp_path: Path) -> None:
+    async def podman(*args: str) -> tuple[int, bytes, bytes]:
+        return 0, b"1000", b""  # an image's size (images.size_error)
+
+    spec = WorkerSpec(
+        placement_id="pl-1",
+        job_id="j1",
+        worker=0,
+        command=NOTEBOOK_COMMAND,
+        serving=Serving(kind="notebook", health_path="/api"),
+        base_environment=BaseEnvironment(
+            python_version="3.11", framework="pytorch", framework_version="2.3"
+        ),
+    )
+    builder = Built()
+    config = PodmanConfig(image=BASE)
+    image, error = await prepare_image(podman, builder, Worker(spec, tmp_path), config)  # type: ignore[arg-type]
+    torch = "localhost/gpufleet/env:py3.11-pytorch-2.3"
+    assert (image, error) == (f"{torch}-notebook", None)
+    assert builder.ensured == [(torch, BASE, ["apt", "pip"]), (f"{torch}-notebook", torch, ["pip"])]
+    plain = spec.model_copy(update={"serving": None, "command": ("train",)})
+    assert needs_preparing(plain.model_copy(update={"base_environment": None}), config) is False
+    notebook = spec.model_copy(update={"base_environment": None})
+    assert needs_preparing(notebook, config) is True  # the base image has no JupyterLab

@@ -14,6 +14,11 @@ its (Python version, framework, framework version). Pure: builds.py builds what 
   No version: the newest the index has, tagged `latest` (built once, then kept).
 - Anything else is refused, naming the field: another Python version (bookworm has 3.11
   only), `mxnet` (retired: no wheels for Python 3.11 on PyPI), a version on `deep_learning`.
+- A notebook (R-JOB-1) runs in its environment with JupyterLab: `<its tag>-notebook`, built
+  once per node FROM that environment's image (the base image, or the framework's, built
+  first): Debian's `python3-pip` where it has no pip, then `jupyterlab>=4,<5` from the
+  index, wheels only, as the frameworks are. An operator's mapped image is taken as it is:
+  that it has JupyterLab is the operator's to see to.
 
 What this says a node runs, `offer` announces in RegisterNode (gpufleet_contracts.environments:
 the scheduler refuses a triple no node offers and places a worker only where it is offered);
@@ -37,6 +42,8 @@ from .packages import Step
 NODE_PYTHON = "3.11"  # Debian bookworm's python3, in the base image (baseimage.py)
 ENV_REPO = "localhost/gpufleet/env"
 FRAMEWORK_PACKAGES = {"pytorch": "torch", "tensorflow": "tensorflow"}
+JUPYTERLAB = "jupyterlab>=4,<5"
+NOTEBOOK_SUFFIX = "-notebook"
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class EnvChoice:
     steps: tuple[Step, ...] = ()
     mapped: bool = False
     refused: str | None = None
+    first: EnvChoice | None = None  # built before this one, which is built FROM its image
 
 
 def parse_env_map(text: str) -> dict[str, str]:
@@ -140,4 +148,24 @@ def with_pip(choice: EnvChoice, base_image: str) -> EnvChoice:
         image=f"{ENV_REPO}:{env_tag(NODE_PYTHON, GENERIC, None)}",
         from_image=base_image,
         steps=(Step("apt", ("python3-pip",)),),
+    )
+
+
+def with_jupyter(choice: EnvChoice, base_image: str) -> EnvChoice:
+    """`choice` with JupyterLab, for a notebook: its `-notebook` environment, built FROM its
+    image (`first` when that is built too); a refusal or an operator's image as it is."""
+    if choice.refused is not None or choice.mapped:
+        return choice
+    jupyter = Step("pip", (JUPYTERLAB,), binary_only=True)
+    if choice.image == base_image and not choice.steps:  # the bare base image: no pip
+        return EnvChoice(
+            image=f"{ENV_REPO}:{env_tag(NODE_PYTHON, GENERIC, None)}{NOTEBOOK_SUFFIX}",
+            from_image=base_image,
+            steps=(Step("apt", ("python3-pip",)), jupyter),
+        )
+    return EnvChoice(
+        image=f"{choice.image}{NOTEBOOK_SUFFIX}",
+        from_image=choice.image,
+        steps=(jupyter,),
+        first=choice if choice.steps else None,
     )

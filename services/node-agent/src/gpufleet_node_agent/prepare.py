@@ -16,10 +16,11 @@ the job is `starting`), as lines beginning `gpufleet: `.
 from __future__ import annotations
 
 from .builds import Builder, Podman
-from .environments import EnvChoice, choose, with_pip
+from .environments import EnvChoice, choose, with_jupyter, with_pip
 from .images import pull_image, qualified, size_error
 from .packages import ModelRequirements, Step, build_key, package_tag, plan
 from .runtimes.podman_args import PodmanConfig
+from .steps.serve import is_notebook
 from .worker.spec import WorkerSpec
 from .worker.workdir import Worker
 
@@ -32,9 +33,11 @@ def say(w: Worker, line: str) -> None:
 
 
 def env_choice(spec: WorkerSpec, config: PodmanConfig) -> EnvChoice:
+    """Its base environment; a notebook's with JupyterLab."""
     env = spec.base_environment
     wanted = None if env is None else env.model_dump(mode="json")
-    return choose(wanted, config.image, config.base_environments)
+    choice = choose(wanted, config.image, config.base_environments)
+    return with_jupyter(choice, config.image) if is_notebook(spec.serving) else choice
 
 
 def package_steps(spec: WorkerSpec, model: ModelRequirements | None = None) -> tuple[Step, ...]:
@@ -75,12 +78,14 @@ async def _environment(
         return choice.image, await pull_image(
             podman, w.dir, choice.image, disk, config.insecure_registries
         )
-    if choice.steps:
+    for built in (choice.first, choice):
+        if built is None or not built.steps:
+            continue
         error = await builder.ensure(
-            choice.image, choice.from_image, choice.steps, lambda line: say(w, line)
+            built.image, built.from_image, built.steps, lambda line: say(w, line)
         )
         if error is not None:
-            return "", f"cannot build base environment {choice.image}: {error}"
+            return "", f"cannot build base environment {built.image}: {error}"
     return choice.image, None
 
 

@@ -1,16 +1,22 @@
-"""The proxy's HTTP side: one origin per job (`<job>.localhost:8480`), each request decided
-in this order, and nothing of the job told before its key opens it:
+"""The proxy's HTTP side: one origin per job (`<job>.localhost:8480`), each request (or
+websocket) decided in this order, and nothing of the job told before its key or token
+opens it:
 
 1. the Host names no job this node serves now (no worker of it here that has not ended,
    ready or not; a Host not of the proxy's form; an absolute-form target's own host is
    never looked at): 404 `{"detail": "not found"}`;
-2. no `Authorization: Bearer` key: 401 with `WWW-Authenticate: Bearer`; a malformed key,
-   or one the scheduler does not know (or revoked): 401; a live key of another endpoint:
-   404, as for a job not here; the control plane not answering: 503 with Retry-After;
+2. an endpoint: no `Authorization: Bearer` key: 401 with `WWW-Authenticate: Bearer`; a
+   malformed key, or one the scheduler does not know (or revoked): 401; a live key of
+   another endpoint: 404, as for a job not here; the control plane not answering: 503 with
+   Retry-After. A notebook: no token shown (`?token=`, `Authorization: token|Bearer`, the
+   proxy's cookie), or none that is its own: 401;
 3. no worker of the job ready yet (its image, data or process still starting): the request
    is held until one is, up to `hold_s`, then 503 with `Retry-After: 5`;
 4. forwarded to a ready worker's socket (in turn, when the job has several here), both
-   bodies streamed; a request body over `max_body` is 413.
+   bodies streamed; a request body over `max_body` is 413. A notebook's answer to a request
+   whose query showed its token sets the proxy's cookie (NOTEBOOK_COOKIE, holding the
+   token), so that the browser shows it on its later requests. A websocket is relayed
+   (websocket.py); one refused in 1-3 gets that HTTP answer instead of its handshake.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpcore
-from starlette.requests import ClientDisconnect, Request
+from gpufleet_contracts.serving import NOTEBOOK_COOKIE
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from . import upstream
-from .auth import Unavailable, Verdicts, presented
+from . import upstream, websocket
+from .auth import Unavailable, Verdicts, notebook_tokens, presented, token_opens
 from .hosts import UrlTemplate
 from .served import Endpoints, Served
 
@@ -35,7 +42,10 @@ log = logging.getLogger("gpufleet.node_agent.proxy")
 
 HOLD_S = 60.0
 RETRY_AFTER_S = 5
-MAX_BODY = 100 * 2**20  # a request's body, at most
+MAX_BODY = 100 * 2**20  # a request's body (a websocket's message), at most
+# What a cookie's value may hold (RFC 6265 cookie-octet): a token with anything else is not
+# put in one (it is shown on each request then).
+_COOKIE_OCTETS = frozenset(chr(c) for c in range(0x21, 0x7F)) - set('",;\\')
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -79,20 +89,59 @@ class ProxyApp:
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan (off in server.py), websockets: not served
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008})
-            return
-        request = Request(scope, receive)
-        response = await self.decide(request)
-        await response(scope, receive, send)
+        if scope["type"] == "http":
+            request = Request(scope, receive)
+            opened = await self.open(request)
+            if isinstance(opened, Served):
+                response = await self.forward(request, opened)
+            else:
+                response = opened
+            await response(scope, receive, send)
+        elif scope["type"] == "websocket":
+            if (await receive())["type"] != "websocket.connect":
+                return
+            conn = HTTPConnection(scope)
+            opened = await self.open(conn)
+            if not isinstance(opened, Served):
+                await websocket.refuse(scope, receive, send, opened)
+                return
+            headers = self.headers(conn, opened)
+            await websocket.relay(
+                scope,
+                receive,
+                send,
+                opened,
+                headers,
+                host=conn.headers.get("host") or "",
+                uid=self.endpoints.uid,
+                max_size=self.max_body,
+            )
+        # lifespan: off (server.py)
 
-    async def decide(self, request: Request) -> Response:
-        host = request.headers.get("host")
-        job_id = self.template.job_of(host)
-        if job_id is None or not self.endpoints.of(job_id):
+    async def open(self, conn: HTTPConnection) -> Served | Response:
+        """The ready worker a request (or websocket) goes to, or the answer it gets instead."""
+        job_id = self.template.job_of(conn.headers.get("host"))
+        workers = self.endpoints.of(job_id) if job_id is not None else []
+        if job_id is None or not workers:
             return not_found()
-        key = presented(request.headers.get("authorization"))
+        if workers[0].notebook:
+            refused = self._token_refusal(conn, workers)
+        else:
+            refused = await self._key_refusal(conn, job_id)
+        if refused is not None:
+            return refused
+        served = await self._ready(job_id)
+        if served is None:
+            if not self.endpoints.of(job_id):  # its workers ended meanwhile
+                return not_found()
+            held = self.endpoints.of(job_id)[0]
+            held.meter.answered(503)
+            return unavailable(f"the {_kind(held)} is starting; try again")
+        return served
+
+    async def _key_refusal(self, conn: HTTPConnection, job_id: str) -> Response | None:
+        """An endpoint's caller: None when its key opens the job."""
+        key = presented(conn.headers.get("authorization"))
         if key is None:
             return unauthorized("an endpoint key is required (Authorization: Bearer gfk_...)")
         if key is False:
@@ -106,14 +155,45 @@ class ProxyApp:
             return unauthorized("unknown or revoked key")
         if verdict != "open":
             return not_found()
-        served = await self._ready(job_id)
-        if served is None:
-            if not self.endpoints.of(job_id):  # its workers ended meanwhile
-                return not_found()
-            held = self.endpoints.of(job_id)[0]
-            held.meter.answered(503)
-            return unavailable("the endpoint is starting; try again")
-        return await self.forward(request, served, host or "")
+        return None
+
+    @staticmethod
+    def _token_refusal(conn: HTTPConnection, workers: list[Served]) -> Response | None:
+        """A notebook's caller: None when a token it shows is the notebook's."""
+        shown = notebook_tokens(
+            conn.query_params.get("token"),
+            conn.headers.get("authorization"),
+            conn.cookies.get(NOTEBOOK_COOKIE),
+        )
+        if not shown:
+            return unauthorized(
+                "the notebook's token is required (?token=..., or Authorization: token ...)"
+            )
+        digests = {s.token_sha256 for s in workers}
+        if any(token_opens(t, d) for t in shown for d in digests):
+            return None
+        return unauthorized("not the notebook's token")
+
+    def headers(self, conn: HTTPConnection, served: Served) -> upstream.Headers:
+        """What the worker gets of the caller's headers (upstream.request_headers)."""
+        client = conn.client.host if conn.client else ""
+        return upstream.request_headers(
+            conn.scope["headers"],
+            client=client,
+            proto=self.template.scheme,
+            host=conn.headers.get("host") or "",
+            credentials=served.notebook,
+        )
+
+    def set_cookie(self, request: Request, served: Served) -> bytes | None:
+        """The proxy's cookie for a notebook's answer, when the query showed its token."""
+        token = request.query_params.get("token")
+        if not served.notebook or not token or not token_opens(token, served.token_sha256):
+            return None
+        if not set(token) <= _COOKIE_OCTETS:
+            return None
+        secure = "; Secure" if self.template.scheme == "https" else ""
+        return f"{NOTEBOOK_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{secure}".encode()
 
     async def _ready(self, job_id: str) -> Served | None:
         """A ready worker of the job, waiting for one up to hold_s; None past it."""
@@ -129,7 +209,7 @@ class ProxyApp:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(left, 1.0))
 
-    async def forward(self, request: Request, served: Served, host: str) -> Response:
+    async def forward(self, request: Request, served: Served) -> Response:
         target = request.scope.get("raw_path") or request.url.path.encode()
         if not target.startswith(b"/"):  # an absolute-form target: only its path is the job's
             return JSONResponse({"detail": "bad request target"}, status_code=400)
@@ -139,10 +219,7 @@ class ProxyApp:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             return JSONResponse({"detail": "request body too large"}, status_code=413)
-        client = request.client.host if request.client else ""
-        headers = upstream.request_headers(
-            request.scope["headers"], client=client, proto=self.template.scheme, host=host
-        )
+        headers = self.headers(request, served)
         meter = served.meter
         sent = 0
 
@@ -175,7 +252,7 @@ class ProxyApp:
         except httpcore.ConnectError:
             self.endpoints.unready(served)  # probed again; the next request is held
             meter.answered(503)
-            return unavailable("the endpoint is not answering; try again")
+            return unavailable(f"the {_kind(served)} is not answering; try again")
         except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
             meter.answered(502)
             log.info("endpoint %s: %s", served.worker.key, type(exc).__name__)
@@ -195,4 +272,11 @@ class ProxyApp:
 
         response = StreamingResponse(relayed(), status_code=answer.status)
         response.raw_headers = upstream.response_headers(answer.headers)
+        cookie = self.set_cookie(request, served)
+        if cookie is not None:
+            response.raw_headers.append((b"set-cookie", cookie))
         return response
+
+
+def _kind(s: Served) -> str:
+    return "notebook" if s.notebook else "endpoint"

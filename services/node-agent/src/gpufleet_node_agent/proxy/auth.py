@@ -1,10 +1,13 @@
 """Who may call an endpoint: the caller's `Authorization: Bearer gfk_...` key, checked by the
 scheduler (VerifyEndpointKey, over the node's own bus connection; the key's id and the
 SHA-256 of its secret are sent, never the key) and its verdict kept for the `cache_s` the
-scheduler allows."""
+scheduler allows. Who may open a notebook: whoever shows its token (in the query, an
+Authorization header or the proxy's cookie), checked here against the SHA-256 its worker
+keeps (steps/serve.py); the scheduler is not asked."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from gpufleet_contracts.serving import (
 from pydantic import ValidationError
 
 from ..staging.platform import Requester
+from ..steps.serve import token_digest
 
 Verdict = Literal["open", "elsewhere", "unknown"]
 CACHE_MAX = 10_000  # verdicts kept at most (expired ones dropped first)
@@ -50,6 +54,26 @@ def presented(authorization: str | None) -> Presented | Literal[False] | None:
         return False
     key_id, secret = parsed
     return Presented(key_id, key_digest(secret))
+
+
+def notebook_tokens(
+    query_token: str | None, authorization: str | None, cookie: str | None
+) -> list[str]:
+    """The tokens a request shows for a notebook: `?token=`, `Authorization: token <t>` or
+    `Bearer <t>`, the proxy's cookie (one of each at most)."""
+    shown = [query_token, cookie]
+    if authorization:
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() in ("token", "bearer"):
+            shown.append(value.strip())
+    return [t for t in shown if t]
+
+
+def token_opens(token: str, digest: str | None) -> bool:
+    """Is `token` the one whose SHA-256 (hex) is `digest`? In constant time."""
+    if digest is None:
+        return False
+    return hmac.compare_digest(token_digest(token).encode(), digest.encode())
 
 
 @dataclass

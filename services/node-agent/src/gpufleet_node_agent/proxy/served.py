@@ -3,6 +3,9 @@ manager's active workers (a worker whose StartWorker carried `serving` and has n
 probed until their socket answers (readiness), chosen in turn for requests, metered; their
 EndpointReady (with the cold start's phases) and EndpointMetered published.
 
+A notebook's worker is taken with the SHA-256 of its token (kept in its directory from its
+start on: steps/serve.py), which its callers are checked against (app.py).
+
 A worker is *ready* once GET of its health path through its socket answers below 500; the
 probe runs every PROBE_S from the moment its socket appears. Requests to a job with no
 ready worker are held by the app (app.py) until `changed` tells them to look again.
@@ -30,7 +33,7 @@ from gpufleet_contracts.clock import Clock, utcnow
 from gpufleet_contracts.serving import ColdStartPhase, EndpointMetered, EndpointReady, PhaseAt
 
 from ..steps.base import StepName
-from ..steps.serve import socket_path
+from ..steps.serve import is_notebook, socket_path, token_sha256
 from ..worker.files import read_json, write_json_atomic
 from ..worker.workdir import LAUNCHED, Worker
 from . import upstream
@@ -44,7 +47,7 @@ PROBE_TIMEOUT_S = 2.0
 METERED_EVERY_S = 5.0
 SOURCE = "gpufleet/node-agent/proxy"
 KEPT = "endpoint.json"  # in the worker's directory: what was published of it
-COUNTERS = ("requests", "errors", "bytes_in", "bytes_out")
+COUNTERS = ("requests", "errors", "bytes_in", "bytes_out", "messages")
 # Which step's end (worker.done_at) is which phase of a cold start.
 PHASE_OF = {
     StepName.image.value: ColdStartPhase.image_ready,
@@ -59,6 +62,7 @@ class Meter:
     errors: int = 0  # answered 5xx
     bytes_in: int = 0
     bytes_out: int = 0
+    messages: int = 0  # websocket messages, both ways (their bytes are in bytes_in/out)
     seq: int = 0  # bumped on each change
 
     def answered(self, status: int) -> None:
@@ -71,6 +75,10 @@ class Meter:
         self.bytes_in += bytes_in
         self.bytes_out += bytes_out
         self.seq += 1
+
+    def message(self, bytes_in: int = 0, bytes_out: int = 0) -> None:
+        self.messages += 1
+        self.moved(bytes_in, bytes_out)
 
 
 @dataclass(eq=False)
@@ -85,10 +93,15 @@ class Served:
     told_ready: bool = False
     metered_sent: int = -1  # the meter's seq last published
     metered_at: float = -1e9  # monotonic
+    token_sha256: str | None = None  # a notebook's: what opens it (None: nothing does)
 
     @property
     def job_id(self) -> str:
         return self.worker.job_id
+
+    @property
+    def notebook(self) -> bool:
+        return is_notebook(self.worker.spec.serving)
 
     @property
     def socket(self) -> str:
@@ -172,6 +185,8 @@ class Endpoints:
         """A worker seen for the first time (by this agent: what an earlier one published of
         it is taken back)."""
         s = Served(w, upstream.pool(socket_path(w.dir), self.uid))
+        if s.notebook:
+            s.token_sha256 = token_sha256(w.dir)
         kept = read_json(w.file(KEPT)) or {}
         s.told_ready = bool(kept.get("ready_told"))
         totals = kept.get("meter")

@@ -19,6 +19,20 @@ from .hosts import parse_listen
 log = logging.getLogger("gpufleet.node_agent.proxy")
 
 
+class _DenialIsNoError(logging.Filter):
+    """uvicorn's websockets-sansio protocol logs this error after every websocket the app
+    refuses with an HTTP answer (ASGI's denial response, websocket.py): the caller got that
+    answer; the proxy completes or refuses every handshake, so the line says nothing else."""
+
+    LINE = "ASGI callable returned without completing handshake."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.LINE
+
+
+_DENIAL = _DenialIsNoError()
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -72,6 +86,7 @@ class ProxyServer:
             ssl_keyfile=str(self.key) if self.key else None,
             timeout_keep_alive=30,
         )
+        logging.getLogger("uvicorn.error").addFilter(_DENIAL)  # once: a filter is kept once
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[self.sock]), name="proxy")
         while not self._server.started and not self._task.done():  # noqa: ASYNC110 - uvicorn's flag

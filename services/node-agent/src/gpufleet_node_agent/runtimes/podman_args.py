@@ -14,8 +14,8 @@ No I/O here (podman.py runs it). What a worker sees (services/node-agent/README.
 - its own GPUs, when they are real (gpu_access.py: their device nodes and the driver's
   libraries, or CDI), and for a fractional share its own MPS pipes (steps/share.py);
 - its attached keys' files (steps/keys.py), read-only at /run/secrets;
-- an endpoint's worker (steps/serve.py): its serve directory read-write at /run/gpufleet
-  (the proxy's unix socket) and gpufleet's route server or relay read-only at
+- an endpoint's or a notebook's worker (steps/serve.py): its serve directory read-write at
+  /run/gpufleet (the proxy's unix socket) and gpufleet's route server or relay read-only at
   /opt/gpufleet, still with no network; it may bind port 80 as its non-root user
   (`net.ipv4.ip_unprivileged_port_start=0`, in its own network namespace).
 """
@@ -304,7 +304,7 @@ def container_spec(
     return ContainerSpec(
         name=container_name(spec.job_id, spec.worker, placement),
         image=image or (qualified(spec.image) if spec.image else config.image),
-        command=serve.command(spec),
+        command=serve.command(spec, as_root=config.uid == 0),
         labels=labels,
         env=env,
         binds=binds,

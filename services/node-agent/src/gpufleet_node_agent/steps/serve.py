@@ -14,21 +14,26 @@ In the worker's directory:
 
 A worker with routes runs gpufleet's route server on the socket; one with its own server
 (listening on port 80 in the container) runs it under the relay, which carries the socket's
-connections to 127.0.0.1:80 (gpufleet_endpoint.relay).
+connections to 127.0.0.1:80 (gpufleet_endpoint.relay). A notebook runs JupyterLab on the
+socket in /opt/ml (its token from the job's env, JUPYTER_TOKEN), or its own command under
+the relay; the SHA-256 of its token is kept in the worker's directory (`notebook.json`,
+which the container does not see) from its start on, for the proxy to check callers with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gpufleet_endpoint
-from gpufleet_contracts.serving import ServingKind
+from gpufleet_contracts.serving import NOTEBOOK_COMMAND, NOTEBOOK_TOKEN_ENV, Serving, ServingKind
 
-from ..worker.files import write_text_atomic
+from ..worker.files import read_json, write_text_atomic
 from .base import StepName, WorkerFailed
 
 if TYPE_CHECKING:
@@ -50,23 +55,66 @@ IN_RUN = f"{IN_ENDPOINT}/{RUN}"
 MODELS = "/opt/ml/models"
 SERVER_PORT = 80  # where an endpoint's own server listens (R-JOB-6)
 PYTHON = "python3"
+NOTEBOOK_ROOT = "/opt/ml"  # what JupyterLab shows: models, input, output, checkpoint
+TOKEN_FILE = "notebook.json"  # in the worker's directory: {"token_sha256": ...}
+MIN_TOKEN_CHARS = 16  # the scheduler's are 43 (NOTEBOOK_TOKEN_BYTES, url-safe base64)
 
 
 def socket_path(worker_dir: Path) -> Path:
     return worker_dir / SERVE_DIR / SOCKET
 
 
-def command(spec: WorkerSpec) -> list[str]:
-    """The container's command for the endpoint worker of `spec`: the route server on the
-    socket (the scheduler's `--port 80` command is not used), or the job's own command under
-    the relay."""
+def is_notebook(serving: Serving | None) -> bool:
+    return serving is not None and serving.kind is ServingKind.notebook
+
+
+def runs_jupyter(spec: WorkerSpec) -> bool:
+    """A notebook that runs gpufleet's JupyterLab (it gave no command of its own)."""
+    return is_notebook(spec.serving) and spec.command == NOTEBOOK_COMMAND
+
+
+def command(spec: WorkerSpec, *, as_root: bool = False) -> list[str]:
+    """The container's command for the served worker of `spec`: the route server on the
+    socket (the scheduler's `--port 80` command is not used), JupyterLab on the socket for a
+    notebook without its own command (`as_root`: the container's user is root, which
+    Jupyter refuses unless told), or else the job's own command under the relay."""
     serving = spec.serving
     if serving is None:
         return list(spec.command)
     if serving.kind is ServingKind.routes:
         return [PYTHON, IN_RUN, "--routes", IN_ROUTES, "--models", MODELS, "--uds", IN_SOCKET]
+    if runs_jupyter(spec):
+        return [
+            *NOTEBOOK_COMMAND,
+            "--no-browser",
+            f"--ServerApp.sock={IN_SOCKET}",
+            f"--ServerApp.root_dir={NOTEBOOK_ROOT}",
+            "--ServerApp.allow_remote_access=True",  # its Host is the proxy's URL
+            *(["--allow-root"] if as_root else []),
+        ]
     to = f"127.0.0.1:{SERVER_PORT}"
     return [PYTHON, IN_RUN, "relay", "--uds", IN_SOCKET, "--to", to, "--", *spec.command]
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def kept_token(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """What a notebook's worker keeps of its token (the job's env value NOTEBOOK_TOKEN_ENV,
+    opened from its sealed secrets): its SHA-256; None when it has none worth the name."""
+    token = env.get(NOTEBOOK_TOKEN_ENV) or ""
+    if len(token) < MIN_TOKEN_CHARS:
+        return None
+    return {"token_sha256": token_digest(token)}
+
+
+def token_sha256(worker_dir: Path) -> str | None:
+    """The SHA-256 (hex) of the token that opens the notebook of `worker_dir`; None when
+    none is kept (nothing opens it)."""
+    kept = read_json(worker_dir / TOKEN_FILE) or {}
+    digest = kept.get("token_sha256")
+    return digest if isinstance(digest, str) and len(digest) == 64 else None
 
 
 # `python3 /opt/gpufleet/run.py ARGS`: `python -m gpufleet_endpoint ARGS` with the shipped
@@ -95,8 +143,10 @@ class ServeStep:
         serving = w.spec.serving
         if serving is None:
             return
-        if serving.kind is ServingKind.server and not w.spec.command:
-            raise WorkerFailed("an endpoint with its own server needs a command")
+        if serving.kind is not ServingKind.routes and not w.spec.command:
+            raise WorkerFailed("a served worker with its own server needs a command")
+        if is_notebook(serving) and token_sha256(w.dir) is None:
+            raise WorkerFailed(f"a notebook needs its token ({NOTEBOOK_TOKEN_ENV})")
         serve = w.dir / SERVE_DIR
         serve.mkdir(mode=0o700, exist_ok=True)
         if os.geteuid() == 0:

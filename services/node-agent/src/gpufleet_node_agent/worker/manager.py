@@ -25,6 +25,8 @@ agent keeps:
                         kept under <state_dir>/kept-outputs/<placement>/)
     reported_finished   WorkerFinished was acknowledged; the placement is done
     serve/, endpoint/   an endpoint's socket directory and server code (steps/serve.py)
+    notebook.json       a notebook's token's SHA-256 (never the token), 0600, written with the
+                        directory: what the proxy opens it with (steps/serve.py)
     endpoint.json       what the proxy published of an endpoint's worker (proxy/served.py)
 
 A worker goes through its runtime's steps and is launched (pipeline.py), is watched by the
@@ -58,6 +60,7 @@ from gpufleet_auth.sealing import SealingKey
 from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
+from gpufleet_contracts.serving import NOTEBOOK_TOKEN_ENV
 
 from .. import sealing
 from ..images import REGISTRY_FILE
@@ -65,6 +68,7 @@ from ..runtimes.policy import RuntimePolicy
 from ..runtimes.port import WorkerRuntime
 from ..runtimes.process import ProcessRuntime
 from ..sealing import NodeKey
+from ..steps import serve
 from ..steps.keys import KEYS_FILE
 from . import spec as specs
 from .files import read_json, write_json_atomic, write_secret_json, write_text_atomic
@@ -169,7 +173,7 @@ class WorkerManager(Reports):
         # Plain writes: the directory appears whole, with them, in the rename below.
         (tmp / SPEC_FILE).write_text(spec.model_dump_json())
         for name, data in files.items():
-            if name in (ENV_FILE, REGISTRY_FILE, KEYS_FILE):
+            if name in (ENV_FILE, REGISTRY_FILE, KEYS_FILE, serve.TOKEN_FILE):
                 write_secret_json(tmp / name, data)
             else:
                 (tmp / name).write_text(json.dumps(data))
@@ -205,6 +209,12 @@ class WorkerManager(Reports):
         refused = unopened or refused
         if refused is None and cmd.attached_keys:
             files[KEYS_FILE] = cmd.attached_keys
+        if refused is None and serve.is_notebook(cmd.serving):
+            kept = serve.kept_token(cmd.env)
+            if kept is None:
+                refused = f"a notebook needs its token ({NOTEBOOK_TOKEN_ENV})"
+            else:
+                files[serve.TOKEN_FILE] = kept
         if refused is not None:
             files["exit.json"] = {
                 "exit_code": None,
