@@ -1,6 +1,7 @@
-"""A short seeded chaos run (chaos.py; `just chaos` runs longer ones): about two minutes of
-steady load under a random mix of kill -9 and SIGSTOP faults (seed 16's include a node
-agent paused past its lost threshold), then every figure zero."""
+"""A short seeded chaos run (chaos.py; `just chaos` runs longer ones): 70 s of steady load
+under a random mix of kill -9 and SIGSTOP faults, then every figure zero. Seed 277's first
+70 s pause the scheduler past its lease (its standby takes over) and the node agent past its
+lost threshold, kill MongoDB twice and the provisioner once, and pause NATS."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 from . import chaos
 from .conftest import System
 
-SEED = 16  # any seed must pass; a fixed one keeps the suite reproducible
+SEED = 277  # any seed must pass; a fixed one keeps the suite reproducible
+SECONDS = 70
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
@@ -22,6 +24,6 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
 
 
 def test_a_short_chaos_run_breaks_no_invariant(fresh_system: System) -> None:
-    figures = chaos.run(fresh_system, seconds=120, seed=SEED)
+    figures = chaos.run(fresh_system, seconds=SECONDS, seed=SEED)
     assert figures["_details"]["jobs acked"] > 0
     assert chaos.failures(figures) == {}, json.dumps(figures, indent=2)

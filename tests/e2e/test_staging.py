@@ -9,7 +9,8 @@ a `../` entry and an address the operator did not allow each fail the job with t
 leaving nothing outside the worker's directory; a job's `platform` model output is a later
 job's model code; a second job with the same dataset on the node transfers no bytes; a job
 with `local` input and output waits for `gpufleet job connect`, which sends a directory from
-this machine and receives the job's zip.
+this machine and receives the job's zip; the demo endpoint, as the README shows it, answers
+its two routes through its URL.
 
 Workers run in containers (the agent's default), as on a node that sells its GPUs.
 """
@@ -27,8 +28,10 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from gpufleet_devstack.processes import free_port
 from gpufleet_devstack.storage import demo
 from gpufleet_devstack.storage.servers import StorageServers, free_storage_ports
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
@@ -94,8 +97,13 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Staged]:
     storage.start()
     try:
         storage.seed()
+        agent_env = {
+            **storage.agent_env(),
+            "GPUFLEET_PROXY_LISTEN": f"127.0.0.1:{free_port()}",  # the demo endpoint's URL
+            "GPUFLEET_STOP_WORKERS_ON_EXIT": "true",  # its containers go with the system
+        }
         system = System(  # containers; the datastore's platform objects in the S3 server
-            root / "system", agent_env=storage.agent_env(), service_env=storage.platform_env()
+            root / "system", agent_env=agent_env, service_env=storage.platform_env()
         )
         try:
             system.start()
@@ -325,3 +333,23 @@ def test_local_data_goes_through_job_connect(staged: Staged) -> None:
     assert done["state"] == "finished", staged.reason(done)
     files = _zip_names((into / "connected.zip").read_bytes())
     assert files["both.txt"] == b"alpha\nbeta\n" and set(files) == {"both.txt", "MANIFEST.sha256"}
+
+
+def test_the_demo_endpoint_as_the_readme_shows_it_answers_its_routes(staged: Staged) -> None:
+    system = staged.system
+    job_id = str(system.json("job", "submit", "-f", str(staged.storage.endpoint_file))["id"])
+    try:
+        key = system.cli("endpoint", "key", "create", job_id, "--name", "ci").stdout.strip()
+        deadline = time.monotonic() + 120
+        while (opened := system.cli("job", "open", job_id, check=False)).returncode != 0:
+            assert time.monotonic() < deadline, opened.stderr
+            time.sleep(0.5)
+        url = httpx.URL(opened.stdout.strip())  # http://<job>.localhost:<port>, as curl takes it
+        with httpx.Client(base_url=f"http://127.0.0.1:{url.port}", timeout=120) as c:
+            headers = {"host": f"{url.host}:{url.port}", "authorization": f"Bearer {key}"}
+            added = c.post("/sum", json={"a": 1}, headers=headers)
+            line = c.post("/line", json={"x": 2}, headers=headers)
+        assert (added.status_code, added.json()) == (200, {"sum": 3}), added.text
+        assert (line.status_code, line.json()) == (200, {"y": 8.0}), line.text
+    finally:
+        system.cli("job", "cancel", job_id, check=False)
