@@ -4,6 +4,8 @@ through the node's proxy with a key from `gpufleet endpoint key create`; a reque
 while the endpoint starts is held and answered; another endpoint's key, no key, a bad body,
 a GET each get their answer; another account gets no key; after `job cancel` the URL
 answers 404 (services/node-agent/README.md, "Endpoints: the proxy and its trust model").
+A notebook submitted with no command serves JupyterLab at the URL `gpufleet job open`
+prints with its token, and 401 without it or with another; cancelled, its URL is gone.
 
 The model code comes from a web server of the test's (a `web` source, the archive
 unpacked at /opt/ml/models); its module sleeps 6 s as it is imported (a model loading), so
@@ -16,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import http.server
 import io
+import json
 import shutil
 import socket
+import subprocess
 import tarfile
 import threading
 import time
@@ -30,14 +34,19 @@ import httpx
 import pytest
 import yaml
 from gpufleet_devstack import identities
+from gpufleet_devstack.pyindex import LocalIndex, wheels_index
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
+from gpufleet_node_agent.environments import JUPYTERLAB
 
 from .conftest import System
 
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None, reason="podman is not installed (just setup installs it)"
 )
+
+NOTEBOOK_ENV = "localhost/gpufleet/env:py3.11-deep_learning-notebook"
+PY_VERSION = "import platform; print(platform.python_version())"
 
 MODEL = """\
 import time
@@ -148,6 +157,7 @@ class Endpoints:
         host = urlsplit(url).netloc
         assert urlsplit(url).port == self.proxy_port
         headers = {"host": host, **({"authorization": f"Bearer {key}"} if key else {})}
+        headers.update(kw.pop("headers", {}))
         with httpx.Client(base_url=f"http://127.0.0.1:{self.proxy_port}", timeout=120) as c:
             return c.request(method, path, headers=headers, **kw)
 
@@ -171,20 +181,42 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
     threading.Thread(target=files.serve_forever, daemon=True).start()
     files_port = files.server_address[1]
     proxy_port = free_port()
-    system = System(
-        tmp_path_factory.mktemp("endpoints"),
-        agent_env={  # containers (the default): endpoints never run as bare processes
-            "GPUFLEET_PROXY_LISTEN": f"127.0.0.1:{proxy_port}",
-            "GPUFLEET_STOP_WORKERS_ON_EXIT": "true",  # its containers go with the system
-            "GPUFLEET_STAGING_ALLOW": f"127.0.0.1:{files_port}",
-        },
-    )
+    agent_env = {  # containers (the default): endpoints never run as bare processes
+        "GPUFLEET_PROXY_LISTEN": f"127.0.0.1:{proxy_port}",
+        "GPUFLEET_STOP_WORKERS_ON_EXIT": "true",  # its containers go with the system
+        "GPUFLEET_STAGING_ALLOW": f"127.0.0.1:{files_port}",
+    }
+    index = _notebook_index(tmp_path_factory, podman_env)
+    if index is not None:  # the notebook's environment is built from it
+        agent_env["GPUFLEET_PACKAGE_INDEX_URL"] = index.url
+    system = System(tmp_path_factory.mktemp("endpoints"), agent_env=agent_env)
     try:
         system.start()
         yield Endpoints(system, proxy_port, f"http://127.0.0.1:{files_port}/calc.tar.gz")
     finally:
         system.stop()
         files.shutdown()
+        if index is not None:
+            index.stop()
+
+
+def _notebook_index(
+    tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]
+) -> LocalIndex | None:
+    """None when the notebook environment is in podman's store; else an index of
+    JupyterLab's wheels the build reaches (gpufleet_devstack.pyindex), where one can be."""
+    exists = subprocess.run(["podman", "image", "exists", NOTEBOOK_ENV], env=env)
+    if exists.returncode == 0:
+        return None
+    python = subprocess.run(
+        ["podman", "run", "--rm", "--network", "none", BASE_IMAGE, "python3", "-c", PY_VERSION],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    index = wheels_index(tmp_path_factory.mktemp("jupyter-index"), JUPYTERLAB, python)
+    return None if isinstance(index, str) else index
 
 
 @pytest.fixture(scope="module")
@@ -264,3 +296,32 @@ def test_after_cancel_the_url_answers_not_found(endpoints: Endpoints, routes: Se
     endpoints.system.wait_state(routes.job_id, "stopped", timeout=60)
     r = endpoints.call(routes.url, "POST", "/add", routes.key, json={"a": 1})
     assert (r.status_code, r.json()) == (404, {"detail": "not found"})
+
+
+def test_a_notebook_opens_with_its_token_only(endpoints: Endpoints) -> None:
+    system = endpoints.system
+    submitted = system.json("job", "submit", "--type", "notebook", "--gpu-type", "RTX 3090")
+    job_id = str(submitted["id"])
+    try:
+        deadline = time.monotonic() + 300  # its environment may be built first
+        while (opened := system.cli("job", "open", job_id, check=False)).returncode != 0:
+            assert time.monotonic() < deadline, opened.stderr
+            time.sleep(0.5)
+        url = httpx.URL(opened.stdout.strip())  # http://<job>.localhost:<port>/lab?token=...
+        token = url.params["token"]
+        assert url.path == "/lab" and "secret" in opened.stderr
+        base = f"http://{url.host}:{url.port}"
+        while (lab := endpoints.call(base, "GET", f"/lab?token={token}", None)).status_code == 503:
+            assert time.monotonic() < deadline, lab.text
+        assert lab.status_code == 200 and "JupyterLab" in lab.text, lab.text[:500]
+        assert "gpufleet-notebook=" in lab.headers.get("set-cookie", "")
+        assert endpoints.call(base, "GET", "/lab", None).status_code == 401
+        assert endpoints.call(base, "GET", "/lab?token=not-its-token", None).status_code == 401
+        header = {"authorization": f"token {token}"}
+        api = endpoints.call(base, "GET", "/api/status", None, headers=header)
+        assert api.status_code == 200, api.text
+        assert token not in json.dumps(system.job(job_id))  # `job show` never has it
+    finally:
+        system.cli("job", "cancel", job_id, check=False)
+    system.wait_state(job_id, "stopped", "failed", timeout=60)
+    assert endpoints.call(base, "GET", f"/lab?token={token}", None).status_code == 404

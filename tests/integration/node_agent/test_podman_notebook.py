@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import shutil
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +35,7 @@ from gpufleet_contracts.serving import (
     NOTEBOOK_TOKEN_ENV,
     Serving,
 )
-from gpufleet_devstack.pyindex import LocalIndex, debian_reachable, host_address
+from gpufleet_devstack.pyindex import wheels_index
 from gpufleet_node_agent.baseimage import podman_env
 from gpufleet_node_agent.builds import BuildConfig
 from gpufleet_node_agent.environments import JUPYTERLAB
@@ -60,14 +58,6 @@ NOTEBOOK_ENV = "localhost/gpufleet/env:py3.11-deep_learning-notebook"
 PY_VERSION = "import platform; print(platform.python_version())"
 
 
-def index_reachable() -> bool:
-    try:
-        with urllib.request.urlopen("https://pypi.org/simple/jupyterlab/", timeout=10) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 pytestmark = pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
 
 
@@ -80,12 +70,6 @@ def index_url(tmp_path_factory: pytest.TempPathFactory, image: str) -> Iterator[
     if subprocess.run(["podman", "image", "exists", NOTEBOOK_ENV], env=env).returncode == 0:
         yield None
         return
-    pip = shutil.which("pip3") or shutil.which("pip")
-    address = host_address()
-    if pip is None or address is None:
-        pytest.skip("no pip on the host to fetch JupyterLab's wheels with, or no address")
-    if not debian_reachable() or not index_reachable():
-        pytest.skip("deb.debian.org or the package index is not reachable")
     version = subprocess.run(
         ["podman", "run", "--rm", "--network", "none", image, "python3", "-c", PY_VERSION],
         env=env,
@@ -93,22 +77,9 @@ def index_url(tmp_path_factory: pytest.TempPathFactory, image: str) -> Iterator[
         text=True,
         check=True,
     ).stdout.strip()
-    root = tmp_path_factory.mktemp("jupyter-index")
-    wheels = root / "wheels"
-    wanted = ["--only-binary", ":all:", "--python-version", version, JUPYTERLAB]
-    subprocess.run(
-        [pip, "download", "-q", "--dest", str(wheels), *wanted],
-        check=True,
-        timeout=600,
-    )
-    for whl in wheels.glob("*.whl"):  # PEP 503: simple/<normalized name>/
-        project = root / "simple" / re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower()
-        project.mkdir(parents=True, exist_ok=True)
-        whl.rename(project / whl.name)
-    for project in (root / "simple").iterdir():
-        links = "".join(f'<a href="{f.name}">{f.name}</a>\n' for f in project.glob("*.whl"))
-        (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
-    local = LocalIndex(root, address).start()
+    local = wheels_index(tmp_path_factory.mktemp("jupyter-index"), JUPYTERLAB, version)
+    if isinstance(local, str):
+        pytest.skip(local)
     try:
         yield local.url
     finally:

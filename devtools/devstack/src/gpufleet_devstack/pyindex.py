@@ -7,7 +7,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import re
+import shutil
 import socket
+import subprocess
 import threading
 import urllib.request
 import zipfile
@@ -37,6 +40,41 @@ def host_address() -> str | None:
     return None if addr.startswith("127.") else addr
 
 
+def index_reachable(project: str = "jupyterlab") -> bool:
+    """Can the host reach the package index (its pip would fetch from there)?"""
+    try:
+        with urllib.request.urlopen(f"https://pypi.org/simple/{project}/", timeout=10) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _index_pages(root: Path) -> None:
+    """`root/simple/<project>/index.html` for every wheel there (PEP 503)."""
+    for project in (root / "simple").iterdir():
+        links = "".join(f'<a href="{f.name}">{f.name}</a>\n' for f in sorted(project.glob("*.whl")))
+        (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+
+
+def downloaded(root: Path, requirement: str, python_version: str) -> Path | None:
+    """A simple index under `root` of the wheels `requirement` installs on `python_version`
+    (binary only), fetched by the host's pip with the host's certificates: a build container
+    trusts Debian's CAs only, which a TLS-inspecting proxy in front of the index fails. None
+    when the host has no pip."""
+    pip = shutil.which("pip3") or shutil.which("pip")
+    if pip is None:
+        return None
+    wheels = root / "wheels"
+    wanted = ["--only-binary", ":all:", "--python-version", python_version, requirement]
+    subprocess.run([pip, "download", "-q", "--dest", str(wheels), *wanted], check=True, timeout=600)
+    for whl in wheels.glob("*.whl"):
+        project = root / "simple" / re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower()
+        project.mkdir(parents=True, exist_ok=True)
+        whl.rename(project / whl.name)
+    _index_pages(root)
+    return root
+
+
 def wheel(dist: Path, name: str, version: str, source: str) -> None:
     """A pure-Python wheel of module `name` whose __init__ is `source`, in `dist`'s simple
     index (`dist/simple/<name>/`)."""
@@ -60,8 +98,7 @@ def wheel(dist: Path, name: str, version: str, source: str) -> None:
     with zipfile.ZipFile(project / filename, "w") as z:
         for path, text in files.items():
             z.writestr(path, text)
-    links = "".join(f'<a href="{f.name}">{f.name}</a>\n' for f in sorted(project.glob("*.whl")))
-    (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    _index_pages(dist)
 
 
 class LocalIndex:
@@ -89,3 +126,17 @@ class LocalIndex:
 
     def stop(self) -> None:
         self.server.shutdown()
+
+
+def wheels_index(root: Path, requirement: str, python_version: str) -> LocalIndex | str:
+    """A running index of the wheels `requirement` installs (`downloaded`), on the host's
+    address a build container reaches; or why there can be none here."""
+    address = host_address()
+    if address is None:
+        return "no address of the host's that a build container reaches"
+    if not debian_reachable() or not index_reachable():
+        return "deb.debian.org or the package index is not reachable"
+    got = downloaded(root, requirement, python_version)
+    if got is None:
+        return "no pip on the host to fetch the wheels with"
+    return LocalIndex(got, address).start()
