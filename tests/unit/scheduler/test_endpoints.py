@@ -196,6 +196,27 @@ def test_an_endpoint_shows_its_url_cold_start_and_request_totals() -> None:
     assert view.workers[1].cold_start == {}
 
 
+def test_the_cold_start_is_shown_in_the_order_its_phases_ended() -> None:
+    """Data is staged before the image is built (a model's requirements.txt goes into it)."""
+    placed = datetime(2026, 1, 1, tzinfo=UTC)
+    w = {
+        "placed_at": placed,
+        "endpoint_phases": {
+            "image_ready": placed + timedelta(seconds=4),
+            "data_staged": placed + timedelta(seconds=1),
+            "process_started": placed + timedelta(seconds=5),
+            "first_answer": placed + timedelta(seconds=6),
+        },
+    }
+    assert list(serving.cold_start(w)) == [
+        "placed",
+        "data_staged",
+        "image_ready",
+        "process_started",
+        "first_answer",
+    ]
+
+
 def test_only_the_node_holding_the_placement_is_heard_and_an_ended_worker_has_no_url() -> None:
     doc = job()
     assert not reports.shown(doc, ready(minion="node-9"))  # another node (apply drops it too)

@@ -82,9 +82,10 @@ def url(w: Doc) -> str | None:
 
 
 def cold_start(w: Doc) -> dict[str, float]:
-    """Phase -> seconds after the worker was placed (the scheduler's own time), in the
-    phases' order; empty until its node said it answers. A node's clock behind ours shows
-    0, not a negative time."""
+    """Phase -> seconds after the worker was placed (the scheduler's own time), in the order
+    they ended (a node stages data before it builds the image: a model's requirements.txt
+    goes into the image); empty until its node said it answers. A node's clock behind ours
+    shows 0, not a negative time."""
     placed, phases = w.get("placed_at"), w.get("endpoint_phases") or {}
     if not isinstance(placed, datetime) or not phases:
         return {}
@@ -93,7 +94,7 @@ def cold_start(w: Doc) -> dict[str, float]:
         at = phases.get(phase.value)
         if isinstance(at, datetime):
             out[phase.value] = max(0.0, round((aware(at) - aware(placed)).total_seconds(), 3))
-    return out
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))  # stable: ties keep the enum order
 
 
 def totals(workers: list[Doc]) -> dict[str, int | None]:
