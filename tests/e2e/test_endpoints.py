@@ -34,7 +34,7 @@ import httpx
 import pytest
 import yaml
 from gpufleet_devstack import identities
-from gpufleet_devstack.pyindex import LocalIndex, wheels_index
+from gpufleet_devstack.pyindex import LocalIndex, image_python, wheels_index
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
 from gpufleet_node_agent.environments import JUPYTERLAB
@@ -46,7 +46,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 NOTEBOOK_ENV = "localhost/gpufleet/env:py3.11-deep_learning-notebook"
-PY_VERSION = "import platform; print(platform.python_version())"
 
 MODEL = """\
 import time
@@ -208,13 +207,7 @@ def _notebook_index(
     exists = subprocess.run(["podman", "image", "exists", NOTEBOOK_ENV], env=env)
     if exists.returncode == 0:
         return None
-    python = subprocess.run(
-        ["podman", "run", "--rm", "--network", "none", BASE_IMAGE, "python3", "-c", PY_VERSION],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    python = image_python(BASE_IMAGE, env)
     index = wheels_index(tmp_path_factory.mktemp("jupyter-index"), JUPYTERLAB, python)
     return None if isinstance(index, str) else index
 

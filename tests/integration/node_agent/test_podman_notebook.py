@@ -35,7 +35,7 @@ from gpufleet_contracts.serving import (
     NOTEBOOK_TOKEN_ENV,
     Serving,
 )
-from gpufleet_devstack.pyindex import wheels_index
+from gpufleet_devstack.pyindex import image_python, wheels_index
 from gpufleet_node_agent.baseimage import podman_env
 from gpufleet_node_agent.builds import BuildConfig
 from gpufleet_node_agent.environments import JUPYTERLAB
@@ -55,7 +55,6 @@ from .podman_support import CONF, Broker, until_finished
 
 TEMPLATE = UrlTemplate.parse("http://{job}.localhost:8480")
 NOTEBOOK_ENV = "localhost/gpufleet/env:py3.11-deep_learning-notebook"
-PY_VERSION = "import platform; print(platform.python_version())"
 
 
 pytestmark = pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
@@ -70,13 +69,7 @@ def index_url(tmp_path_factory: pytest.TempPathFactory, image: str) -> Iterator[
     if subprocess.run(["podman", "image", "exists", NOTEBOOK_ENV], env=env).returncode == 0:
         yield None
         return
-    version = subprocess.run(
-        ["podman", "run", "--rm", "--network", "none", image, "python3", "-c", PY_VERSION],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    version = image_python(image, env)
     local = wheels_index(tmp_path_factory.mktemp("jupyter-index"), JUPYTERLAB, version)
     if isinstance(local, str):
         pytest.skip(local)

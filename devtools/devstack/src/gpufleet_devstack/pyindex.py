@@ -140,3 +140,16 @@ def wheels_index(root: Path, requirement: str, python_version: str) -> LocalInde
     if got is None:
         return "no pip on the host to fetch the wheels with"
     return LocalIndex(got, address).start()
+
+
+def image_python(image: str, env: dict[str, str]) -> str:
+    """The Python version of `image` (a wheel is chosen for it: bookworm's 3.11.2, and some
+    releases want a later 3.11)."""
+    code = "import platform; print(platform.python_version())"
+    return subprocess.run(
+        ["podman", "run", "--rm", "--network", "none", image, "python3", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
