@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from gpufleet_node_agent.proxy.server import ProxyServer
+from unit.node_agent import proxykit
 from unit.node_agent.proxykit import (
     Scheduler,
     Upstream,
@@ -90,16 +91,9 @@ async def scene() -> AsyncIterator[Scene]:
 
 
 async def raw(port: int, request: str) -> tuple[int, str]:
-    """Write `request` as it is; the status and the body of the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request.encode())
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 30)
-    finally:
-        writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body.decode(errors="replace")
+    """The status and the body of the answer to `request`, written as it is."""
+    status, _, body = await proxykit.raw(port, request)
+    return status, body
 
 
 def get(target: str, host: str, key: str | None) -> str:

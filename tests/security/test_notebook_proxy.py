@@ -9,12 +9,12 @@ an endpoint's, real servers on their unix sockets; raw HTTP/1.1 is written to it
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from unit.node_agent import proxykit
 from unit.node_agent.proxykit import (
     Scheduler,
     Upstream,
@@ -65,16 +65,9 @@ async def scene() -> AsyncIterator[Scene]:
 
 
 async def raw(port: int, request: str) -> tuple[int, str]:
-    """Write `request` as it is; the status and the head of the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request.encode())
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 30)
-    finally:
-        writer.close()
-    head = data.partition(b"\r\n\r\n")[0].decode(errors="replace")
-    return int(head.split(" ", 2)[1]), head
+    """The status and the head of the answer to `request`, written as it is."""
+    status, head, _ = await proxykit.raw(port, request)
+    return status, head
 
 
 def get(target: str, host: str, header: str = "") -> str:

@@ -284,3 +284,18 @@ async def listening(app: ProxyApp) -> AsyncIterator[int]:
         yield port
     finally:
         await server.stop()
+
+
+async def raw(port: int, request: str) -> tuple[int, str, str]:
+    """Write `request` to 127.0.0.1:`port` as it is (no client's checks): the answer's
+    status, head and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request.encode())
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    text = head.decode(errors="replace")
+    return int(text.split(" ", 2)[1]), text, body.decode(errors="replace")
