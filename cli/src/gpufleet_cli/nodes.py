@@ -67,6 +67,9 @@ def _show(node: dict[str, Any]) -> None:
     if "sealing_key" in node:  # shown alone: what its workers' secrets are sealed to
         key = node["sealing_key"] or "none: its agent is too old for jobs with secrets"
         table.add_row("sealing key", render.text(key))
+    hb = views.heartbeat(node.get("telemetry"))  # its last heartbeat
+    for key, value in [] if hb is None else views.telemetry_rows(hb):
+        table.add_row(key, escape(value))
     verification = node.get("verification")
     if isinstance(verification, dict):
         for key, value in _verification_rows(verification):

@@ -10,6 +10,8 @@ from decimal import Decimal, InvalidOperation
 from functools import cached_property
 from typing import Any, Literal
 
+from gpufleet_contracts.nodes import GpuSample, NodeHeartbeat
+from pydantic import ValidationError
 from rich import box
 from rich.console import JustifyMethod
 from rich.markup import escape
@@ -379,6 +381,76 @@ def gpu_summary(gpus: Any) -> str:
     """'2xRTX 3090' (models counted, NVML name when not in the catalogue)."""
     counts = Counter(str(g.get("model") or g.get("nvml_name") or "?") for g in _dicts(gpus))
     return ", ".join(f"{n}{TIMES}{m}" for m, n in counts.items()) or "none"
+
+
+def heartbeat(telemetry: Any) -> NodeHeartbeat | None:
+    """A node's last heartbeat as the provisioner keeps it (`telemetry`), or None."""
+    if not isinstance(telemetry, dict):
+        return None
+    try:
+        return NodeHeartbeat.model_validate(telemetry)
+    except ValidationError:
+        return None
+
+
+def _measures(*parts: tuple[str, Any, str]) -> str:
+    """'CPU 12.5 %, RAM 10240 MB used': the values known, each with its label and unit."""
+    return ", ".join(f"{pre}{v}{unit}" for pre, v, unit in parts if v is not None) or "-"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _pair(corrected: int | None, uncorrected: int | None) -> str:
+    return f"{_count(corrected)}/{_count(uncorrected)}"
+
+
+def gpu_health(g: GpuSample) -> str:
+    """ECC counts, retired pages or remapped rows, and XIDs, where the GPU reports them."""
+    parts = []
+    if g.ecc_volatile_corrected is not None or g.ecc_volatile_uncorrected is not None:
+        parts.append(
+            "ECC corrected/uncorrected: "
+            f"volatile {_pair(g.ecc_volatile_corrected, g.ecc_volatile_uncorrected)}, "
+            f"aggregate {_pair(g.ecc_aggregate_corrected, g.ecc_aggregate_uncorrected)}"
+        )
+    if g.retired_pages is not None:
+        parts.append(f"{g.retired_pages} pages retired")
+    if g.remapped_rows_corrected is not None or g.remapped_rows_uncorrected is not None:
+        rows = f"rows remapped {_pair(g.remapped_rows_corrected, g.remapped_rows_uncorrected)}"
+        if g.remapped_rows_pending:
+            rows += " (pending a reset)"
+        if g.remapped_rows_failed:
+            rows += " (remapping FAILED)"
+        parts.append(rows)
+    if g.xid_events:
+        xids = ", ".join(f"{e.xid} at {when(e.at.isoformat())}" for e in g.xid_events)
+        parts.append(f"XID {xids}")
+    return "; ".join(parts)
+
+
+def telemetry_rows(hb: NodeHeartbeat) -> list[tuple[str, str]]:
+    """`node show`'s rows of the last heartbeat: the host, then each GPU (plain text)."""
+    free = "" if hb.disk_free_gb is None else f" ({hb.disk_free_gb} GB free)"
+    disk = None if hb.disk_used_pct is None else f"{hb.disk_used_pct} % used{free}"
+    host = _measures(
+        ("CPU ", hb.cpu_pct, " %"), ("RAM ", hb.ram_used_mb, " MB used"), ("disk ", disk, "")
+    )
+    rows = [("host", host)]
+    if hb.disk_read_bytes is not None and hb.disk_write_bytes is not None:
+        io = f"{hb.disk_read_bytes} B read, {hb.disk_write_bytes} B written since boot"
+        rows.append(("disk I/O", io))
+    for g in hb.gpus:
+        live = _measures(
+            ("", g.utilization_pct, " % busy"),
+            ("", g.memory_used_mb, " MB used"),
+            ("", g.temperature_c, " C"),
+            ("", g.power_w, " W"),
+        )
+        health = gpu_health(g)
+        rows.append((f"gpu {g.index}", live + (f"; {health}" if health else "")))
+    return rows
 
 
 # `node list` gives up, in order: Minion and Kind (wide terminals), the full time of the last

@@ -216,6 +216,31 @@ async def test_registers_heartbeats_and_runs_a_worker_once(
         assert len(await events_of(js, WorkerStarted, placement)) == 1
 
 
+async def test_a_heartbeat_carries_an_injected_xid_once(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Simulated GPUs are steered by `<agent_state_dir>/simulated-telemetry.json`."""
+    minion = f"it-{uuid.uuid4().hex[:8]}"
+    state = tmp_path / "state"
+    async with client(nats_server) as nc:
+        beats = await nc.subscribe(subjects.heartbeat(minion))
+        async with running_agent(nats_server, state, minion):
+            hb = NodeHeartbeat.from_bytes((await beats.next_msg(timeout=5)).data)
+            assert [g.xid_events for g in hb.gpus] == [[], []]
+            assert hb.disk_used_pct is not None and hb.disk_free_gb is not None
+            control = state / "simulated-telemetry.json"
+            control.write_text(json.dumps({"gpus": {"1": {"temperature_c": 95, "xid": [79]}}}))
+            seen: list[NodeHeartbeat] = []
+            while not seen or seen[-1].gpus[1].temperature_c != 95:
+                seen.append(NodeHeartbeat.from_bytes((await beats.next_msg(timeout=5)).data))
+            for _ in range(3):
+                seen.append(NodeHeartbeat.from_bytes((await beats.next_msg(timeout=5)).data))
+    xids = [e.xid for hb in seen for e in hb.gpus[1].xid_events or []]
+    assert xids == [79]  # in the heartbeat after the file was written, once
+    assert all(hb.gpus[1].temperature_c == 95 for hb in seen[-3:])
+    assert all(not hb.gpus[0].xid_events for hb in seen)
+
+
 async def test_worker_survives_an_agent_restart(nats_server: NatsServer, tmp_path: Path) -> None:
     minion = f"it-{uuid.uuid4().hex[:8]}"
     placement = uuid.uuid4().hex

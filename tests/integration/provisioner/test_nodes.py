@@ -23,10 +23,12 @@ from gpufleet_contracts.identity import EnrollNode
 from gpufleet_contracts.nodes import (
     DriveInfo,
     GpuInfo,
+    GpuSample,
     HardwareInventory,
     NicInfo,
     NodeHeartbeat,
     RegisterNode,
+    XidEvent,
 )
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from gpufleet_node_agent.enrol import EnrolmentError, enrol
@@ -379,14 +381,26 @@ async def test_a_silent_node_is_lost_and_comes_back(
         event = next(e for e in bus.events if e.get("minion_id") == m and e["state"] == "lost")
         assert event["workers"] == "requeue" and "no heartbeat" in event["reason"]
         assert event["previous"] == "active"
-        hb = NodeHeartbeat(minion_id=m, at=datetime.now(UTC))
+        now = datetime.now(UTC)
+        gpu = GpuSample(
+            index=0,
+            temperature_c=95,
+            ecc_aggregate_uncorrected=2,
+            retired_pages=1,
+            xid_events=[XidEvent(xid=79, at=now)],
+        )
+        hb = NodeHeartbeat(minion_id=m, at=now, gpus=[gpu], disk_used_pct=42.5)
         await (await bus.node(m, "auto")).publish(subjects.heartbeat(m), hb.to_bytes())
 
         async def back() -> bool:
             return bus.states(m)[-1:] == ["active"] and len(bus.states(m)) >= 3
 
         await wait_for_async(back, timeout=10)
-        assert (await node(bus, m))["state"] == "active"
+        shown = await node(bus, m)
+        assert shown["state"] == "active"
+        # its telemetry kept whole: ECC, retired pages, XIDs, the disk (R-NODE-6)
+        kept = NodeHeartbeat.model_validate(shown["telemetry"])
+        assert kept.gpus == [gpu] and kept.disk_used_pct == 42.5
 
 
 async def test_a_heartbeat_naming_another_node_refreshes_nothing(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -75,6 +76,22 @@ async def test_heartbeat_and_health(tmp_path: Path) -> None:
     assert health.status == "ok" and health.minion_id == "box-1"
     assert health.simulated is True and health.gpus == 2
     assert subjects.node_health("box-1") == "gpufleet.v1.node.box-1.health"
+
+
+async def test_heartbeat_carries_the_simulated_control_file_and_the_disk(tmp_path: Path) -> None:
+    a = agent(tmp_path)
+    await a.prepare()
+    (tmp_path / "simulated-telemetry.json").write_text(
+        json.dumps({"gpus": {"1": {"temperature_c": 95, "xid": [79]}}})
+    )
+    hb = await a.heartbeat()
+    assert [(g.index, g.temperature_c) for g in hb.gpus][1] == (1, 95)
+    assert [(e.xid, e.at) for e in hb.gpus[1].xid_events or []] == [(79, NOW)]
+    assert hb.gpus[0].xid_events == [] and (hb.gpus[0].temperature_c or 0) < 40
+    assert hb.disk_used_pct is not None and hb.disk_free_gb is not None  # tmp_path's filesystem
+    hb = await a.heartbeat()
+    assert hb.gpus[1].temperature_c == 95 and hb.gpus[1].xid_events == []  # reported once
+    await a.stop()
 
 
 async def test_without_a_driver_the_node_registers_with_no_gpus(

@@ -1,5 +1,5 @@
-"""Node agent: settings, GPU inventory (NVML, none without a driver, or simulated) and
-telemetry."""
+"""Node agent: settings and GPU inventory (NVML, none without a driver, or simulated);
+telemetry is tests/unit/node_agent/test_telemetry.py."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from typing import Any
 import pynvml
 import pytest
 from gpufleet_node_agent.host import inventory as inv_mod
-from gpufleet_node_agent.host.inventory import (
-    HostSampler,
-    ram_used_mb,
-    read_inventory,
-    sample_telemetry,
-)
+from gpufleet_node_agent.host.inventory import read_inventory
+from gpufleet_node_agent.host.telemetry import NoGpus, gpu_sampler
 from gpufleet_node_agent.settings import (
     AgentSettings,
     default_minion_id,
@@ -147,7 +143,8 @@ def test_no_driver_means_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert inv.describe() == (
         "no GPUs (nvml: no NVIDIA driver (Driver Not Loaded)): this node takes no GPU work"
     )
-    assert sample_telemetry(inv) == []  # no NVML call (it would fail at every heartbeat)
+    # no NVML call at each heartbeat (it would fail every time)
+    assert isinstance(gpu_sampler(inv, tmp_path), NoGpus)
 
 
 def test_no_nvml_library_means_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -309,41 +306,6 @@ def test_nvml_shutdown_even_when_a_query_fails(
     inv = read_inventory(_settings(tmp_path), _sys_root(tmp_path))
     assert inv.gpus == [] and inv.simulated is False
     assert inv.source == "nvml: reading the GPUs failed (GPU is lost)"
-
-
-def test_nvml_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inv_mod, "pynvml", fake_pynvml(DEVICES))
-    inv = read_inventory(_settings(tmp_path))
-    s = sample_telemetry(inv)
-    assert [
-        (x.index, x.utilization_pct, x.memory_used_mb, x.temperature_c, x.power_w) for x in s
-    ] == [(0, 7, 100, 41, 30.5), (1, 0, 0, None, None), (2, 0, 0, 30, 1.0)]
-
-
-def test_simulated_telemetry(tmp_path: Path) -> None:
-    inv = read_inventory(_settings(tmp_path, simulated_gpus=True))
-    s = sample_telemetry(inv)
-    assert [(x.index, x.utilization_pct, x.memory_used_mb, x.temperature_c) for x in s] == [
-        (0, 0, 0, None),
-        (1, 0, 0, None),
-    ]
-
-
-def test_host_sampler(tmp_path: Path) -> None:
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    (proc / "meminfo").write_text(
-        "MemTotal: 16384000 kB\nMemFree: 1 kB\nMemAvailable: 8192000 kB\n"
-    )
-    (proc / "stat").write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3\n")
-    h = HostSampler(proc)
-    (proc / "stat").write_text("cpu  150 0 150 900 0 0 0 0 0 0\n")
-    cpu, ram = h.sample()
-    assert cpu == 50.0
-    assert ram == (16384000 - 8192000) // 1024
-    assert ram_used_mb(tmp_path / "missing") is None
-    _cpu, real_ram = HostSampler().sample()
-    assert real_ram is None or real_ram > 0
 
 
 # --- hardware inventory (R-NODE-4) from the OS, or from the simulated file ----------------

@@ -30,6 +30,7 @@ PACKAGES = 256  # entries of each of packages.apt / conda / pip, and of image_pa
 PACKAGE_CHARS = 256  # characters of one package specification
 NODE_CPUS = 1024  # CPUs a node may offer to CPU-only jobs (the scheduler claims each one)
 NODE_ENVIRONMENTS = 256  # mapped base environments a node may announce (its operator's map)
+XID_EVENTS = 16  # XIDs one GPU reports in one heartbeat (the newest kept)
 # A worker's mounts (scheduler mounts.py): each dataset and checkpoint, the two roots they
 # share when there are several, the input, the model code and the output.
 MOUNTS = DATASETS + CHECKPOINTS + 5

@@ -177,13 +177,41 @@ class CloudInstanceEvent(Event):
     error: str | None = None  # protoPayload.status.message when the operation failed
 
 
+class XidEvent(BaseModel):
+    """An XID error the NVIDIA driver raised on a GPU (NVML's XID critical error event)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    xid: Int
+    at: datetime  # when the agent read it off NVML's event set
+
+
 class GpuSample(BaseModel):
+    """One GPU's telemetry in a heartbeat (R-NODE-6). None: not read (the GPU or its driver
+    does not support it, or NVML failed); every field past `index` is optional, so an older
+    agent's heartbeat stays valid."""
+
     model_config = ConfigDict(frozen=True, extra="allow")
     index: Int
     utilization_pct: Int | None = None
     memory_used_mb: Int | None = None
     temperature_c: Int | None = None
     power_w: float | None = None
+    # ECC error counts: volatile (since the driver loaded) and aggregate (the GPU's life);
+    # None on a GPU without ECC (consumer GPUs) or with ECC off.
+    ecc_volatile_corrected: Int | None = None
+    ecc_volatile_uncorrected: Int | None = None
+    ecc_aggregate_corrected: Int | None = None
+    ecc_aggregate_uncorrected: Int | None = None
+    # Memory pages retired for ECC errors (before Ampere), or rows remapped (Ampere and
+    # later, where pages are no longer retired); None where the GPU has neither.
+    retired_pages: Int | None = None
+    remapped_rows_corrected: Int | None = None
+    remapped_rows_uncorrected: Int | None = None
+    remapped_rows_pending: bool | None = None  # a remapping waits for the GPU's reset
+    remapped_rows_failed: bool | None = None
+    # The XIDs seen since the previous heartbeat (the newest XID_EVENTS); None: XIDs are not
+    # watched on this GPU (its driver refused the event registration).
+    xid_events: list[XidEvent] | None = Field(default=None, max_length=limits.XID_EVENTS)
 
 
 class NodeHeartbeat(Event):
@@ -199,6 +227,12 @@ class NodeHeartbeat(Event):
     gpus: list[GpuSample] = Field(default_factory=list)
     cpu_pct: float | None = None
     ram_used_mb: Int | None = None
+    # the filesystem of the agent's state directory (its workers' directories, caches)
+    disk_used_pct: float | None = None
+    disk_free_gb: float | None = None
+    # the node's disks' bytes read and written since it booted (a counter: rates are deltas)
+    disk_read_bytes: Int | None = None
+    disk_write_bytes: Int | None = None
 
 
 # --- an account's requests about its nodes (the provisioner's `node` verbs) ----------------

@@ -23,8 +23,9 @@ from .builds import BuildConfig
 from .environments import offer, parse_env_map
 from .host.gpu_access import GpuAccess, host_access
 from .host.gpuchecks import GpuChecks, gpus_in_use
-from .host.inventory import HostSampler, Inventory, offered_cpus, read_inventory, sample_telemetry
+from .host.inventory import Inventory, offered_cpus, read_inventory
 from .host.mps import Mps, find_control
+from .host.telemetry import GpuSampler, HostSampler, NoGpus, gpu_sampler
 from .proxy.app import ProxyApp
 from .proxy.auth import Verdicts
 from .proxy.hosts import UrlTemplate
@@ -192,7 +193,8 @@ class Agent:
             sealing_key=sealing_key,
         )
         self.registered = asyncio.Event()
-        self._host = HostSampler()
+        self._host = HostSampler(disk=settings.agent_state_dir)
+        self._gpus: GpuSampler = NoGpus()  # its GPUs' sampler, once the inventory is read
         # The control plane's GPU checks (verified nodes), answered out of process.
         self.checks = GpuChecks(
             settings.minion_id,
@@ -224,6 +226,7 @@ class Agent:
             log.warning("%s is no longer read; use GPUFLEET_SIMULATED_GPUS", name)
         inv = await asyncio.to_thread(self.read_inventory, self.settings)
         self.inventory = inv
+        self._gpus = gpu_sampler(inv, self.settings.agent_state_dir, self.clock)
         # Real, simulated or none, and how many: the first thing an operator needs to see.
         level = logging.WARNING if inv.simulated or not inv.gpus else logging.INFO
         log.log(level, "node agent %s: %s", self.minion_id, inv.describe())
@@ -300,6 +303,7 @@ class Agent:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(self._gpus.close)  # NVML shut down after the last heartbeat
 
     async def _start_proxy(self) -> None:
         if self.proxy is None:
@@ -382,8 +386,8 @@ class Agent:
             return
 
     async def heartbeat(self) -> NodeHeartbeat:
-        gpus = await asyncio.to_thread(sample_telemetry, self._inventory())
-        cpu, ram = self._host.sample()
+        gpus = await asyncio.to_thread(self._gpus.sample, gpus_in_use(self.workers))
+        host = await asyncio.to_thread(self._host.sample)
         self._heartbeat_seq += 1
         return NodeHeartbeat(
             minion_id=self.minion_id,
@@ -391,8 +395,12 @@ class Agent:
             seq=self._heartbeat_seq,
             running=self.workers.running(),
             gpus=gpus,
-            cpu_pct=cpu,
-            ram_used_mb=ram,
+            cpu_pct=host.cpu_pct,
+            ram_used_mb=host.ram_used_mb,
+            disk_used_pct=host.disk_used_pct,
+            disk_free_gb=host.disk_free_gb,
+            disk_read_bytes=host.disk_read_bytes,
+            disk_write_bytes=host.disk_write_bytes,
         )
 
     async def _heartbeats(self) -> None:

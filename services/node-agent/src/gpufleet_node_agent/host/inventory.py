@@ -13,7 +13,6 @@ inventory file is either a list of GPUs (no hardware reported) or an object
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +21,9 @@ from typing import Any, TypeVar
 
 import pynvml  # nvidia-ml-py; untyped (the root mypy config ignores missing stubs)
 from gpufleet_contracts.catalog import catalog
-from gpufleet_contracts.nodes import DriveInfo, GpuInfo, GpuSample, HardwareInventory, NicInfo
+from gpufleet_contracts.nodes import DriveInfo, GpuInfo, HardwareInventory, NicInfo
 
 from ..settings import AgentSettings
-
-log = logging.getLogger("gpufleet.node_agent")
 
 MIB = 1024 * 1024
 T = TypeVar("T")
@@ -262,99 +259,3 @@ def read_inventory(settings: AgentSettings, root: Path = Path("/")) -> Inventory
     except pynvml.NVMLError as exc:
         # NVML runs but a GPU does not answer: report the fault, never pretend.
         return without_gpus(f"nvml: reading the GPUs failed ({_reason(exc)})", root)
-
-
-# --- telemetry --------------------------------------------------------------------------
-
-
-def _nvml_sample(index: int) -> GpuSample:
-    h = pynvml.nvmlDeviceGetHandleByIndex(index)
-
-    def query(fn: Callable[[], T]) -> T | None:
-        try:
-            return fn()
-        except pynvml.NVMLError:
-            return None
-
-    util = query(lambda: int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
-    mem = query(lambda: int(pynvml.nvmlDeviceGetMemoryInfo(h).used) // MIB)
-    temp = query(lambda: int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))
-    power_mw = query(lambda: int(pynvml.nvmlDeviceGetPowerUsage(h)))
-    return GpuSample(
-        index=index,
-        utilization_pct=util,
-        memory_used_mb=mem,
-        temperature_c=temp,
-        power_w=None if power_mw is None else power_mw / 1000.0,
-    )
-
-
-def sample_telemetry(inventory: Inventory) -> list[GpuSample]:
-    """One sample per GPU. Simulated GPUs are idle; a failing NVML query gives None."""
-    if not inventory.gpus:
-        return []  # NVML is not asked (without a driver it would fail every heartbeat)
-    if inventory.simulated:
-        return [
-            GpuSample(index=g.index, utilization_pct=0, memory_used_mb=0) for g in inventory.gpus
-        ]
-    try:
-        pynvml.nvmlInit()
-    except (pynvml.NVMLError, OSError) as exc:
-        log.warning("NVML unavailable for telemetry: %s", exc)
-        return [GpuSample(index=g.index) for g in inventory.gpus]
-    try:
-        samples = []
-        for g in inventory.gpus:
-            try:
-                samples.append(_nvml_sample(g.index))
-            except pynvml.NVMLError:
-                samples.append(GpuSample(index=g.index))
-        return samples
-    finally:
-        pynvml.nvmlShutdown()
-
-
-# --- host (CPU, RAM) from /proc ----------------------------------------------------------
-
-
-def _cpu_times(stat: Path) -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs, from the first line of /proc/stat."""
-    try:
-        fields = stat.read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    values = [int(v) for v in fields[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    total = sum(values[:8])  # guest time is already counted in user
-    return total - idle, total
-
-
-def ram_used_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """MemTotal - MemAvailable, in MiB."""
-    try:
-        rows = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
-        total_kb = int(rows["MemTotal"].split()[0])
-        avail_kb = int(rows["MemAvailable"].split()[0])
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
-    return (total_kb - avail_kb) // 1024
-
-
-class HostSampler:
-    """CPU % since the previous call (or since construction), and RAM used."""
-
-    def __init__(self, proc: Path = Path("/proc")) -> None:
-        self.proc = proc
-        self._last = _cpu_times(proc / "stat")
-
-    def cpu_pct(self) -> float | None:
-        now = _cpu_times(self.proc / "stat")
-        last, self._last = self._last, now
-        if now is None or last is None or now[1] <= last[1]:
-            return None
-        return round(100.0 * (now[0] - last[0]) / (now[1] - last[1]), 1)
-
-    def sample(self) -> tuple[float | None, int | None]:
-        return self.cpu_pct(), ram_used_mb(self.proc / "meminfo")
