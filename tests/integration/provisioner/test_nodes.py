@@ -286,6 +286,28 @@ async def test_failing_hardware_stays_out_of_service_with_every_reason(
         assert listed["nodes"][0]["failed_rules"] == shown["failed_rules"]
 
 
+async def test_waived_hardware_rules_are_kept_and_shown_but_hold_nothing(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Development on a VM with a real GPU (no NVMe, no TPM): GPUFLEET_WAIVE_HARDWARE_RULES."""
+    settings = {"waive_hardware_rules": True, "auto_activate_nodes": True}
+    async with provisioner(nats_server, mongo_server, db_prefix, **settings) as bus:
+        await bus.ask("enable_provider", {"provider": "physical"})
+        await bus.ask("create_region", {"name": "lab"})
+        m = f"vm-{uuid.uuid4().hex[:6]}"
+        await bus.ask("add_node", {"region": "lab", "name": "vm", "minion_id": m})
+        await bus.send(registration(m, bus.account, "lab", hardware=good_hw(tpm_version=None)))
+
+        async def active() -> bool:
+            return (await node(bus, m))["state"] == "active"
+
+        await wait_for_async(active, timeout=10)
+        assert [r.split(":")[0] for r in (await node(bus, m))["failed_rules"]] == ["R-NODE-4.tpm"]
+        await bus.ask("set_maintenance", {"node": m, "maintenance": True})
+        back = await bus.ask("set_maintenance", {"node": m, "maintenance": False})
+        assert back["state"] == "active", back
+
+
 async def test_simulated_and_gpu_less_nodes_are_stored_and_listed_as_such(
     nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
 ) -> None:

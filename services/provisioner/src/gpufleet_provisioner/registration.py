@@ -39,6 +39,9 @@ class Registration:
         self.identity = identity
         self.checks = checks  # verified nodes: each registration is checked (checks.py)
         self.auto_activate = records.settings.auto_activate_nodes
+        # Development on a machine that is no marketplace node (a VM with a real GPU, no NVMe
+        # or TPM): R-NODE-4's failures are kept and shown, and do not hold it out of service.
+        self.waive_hardware = records.settings.waive_hardware_rules
 
     async def register_node(self, body: RegisterNode, delivery: Delivery) -> None:
         """A node agent's registration: only an enrolled node's own, for its enrolment's
@@ -152,7 +155,7 @@ class Registration:
             if existing is None or existing["state"] != state.value:
                 reason = (
                     "hardware requirements not met (R-NODE-4)"
-                    if failures
+                    if failures and not self.waive_hardware
                     else "registered by its agent"
                 )
                 update["$push"] = {
@@ -188,8 +191,11 @@ class Registration:
             )
             if failures:
                 log.warning(
-                    "node %s fails the hardware requirements and stays out of service: %s",
+                    "node %s fails the hardware requirements%s: %s",
                     cmd.minion_id,
+                    " (waived: GPUFLEET_WAIVE_HARDWARE_RULES)"
+                    if self.waive_hardware
+                    else " and stays out of service",
                     "; ".join(failures),
                 )
 
@@ -212,7 +218,7 @@ class Registration:
             if existing is not None and (existing.get("cloud") or {}).get("state") in LEAVING:
                 return NodeState(current) if current else NodeState.maintenance
             return NodeState.active
-        if failures:
+        if failures and not self.waive_hardware:
             return NodeState.maintenance  # out of service, reasons in failed_rules
         if existing is None or current in (NodeState.lost.value, NodeState.provisioning.value):
             previous = (existing or {}).get("state_before_lost")

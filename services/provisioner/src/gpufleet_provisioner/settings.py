@@ -19,6 +19,9 @@ class ProvisionerSettings(BaseSettings):
     # R-NODE-2: a new node lands in maintenance for its operator; development (`just up`, the
     # e2e system) turns this on: active at once, an agent nobody added registers itself.
     auto_activate_nodes: bool = False
+    # Development only (never a marketplace): a node failing R-NODE-4 keeps its failed_rules
+    # but is not held in maintenance for them (a VM with a real GPU and no NVMe or TPM).
+    waive_hardware_rules: bool = False
     # The signing keys that issue and revoke credentials (gpufleet_auth.Issuer.load).
     auth_dir: Path | None = None
     # Fernet key (urlsafe base64, 32 bytes) that encrypts stored secrets (R-PROV-2).
