@@ -47,6 +47,7 @@ from gpufleet_devstack.children import SERVICES
 
 GPUS_PER_NODE = 8
 MODULES = {s.name: s.module for s in SERVICES if s.name != "node-agent"}  # `just up`'s services
+DEFAULTS = {s.name: dict(s.defaults) for s in SERVICES}  # `just up`'s development defaults
 ENDED = ("finished", "failed", "cancelled")
 
 
@@ -146,7 +147,12 @@ class Fleet:
 
     def start_services(self, names: Iterable[str], extra: dict[str, str] | None = None) -> None:
         for name in names:
-            env = {**self.base_env(), **identities.service_env(self.nats, name), **(extra or {})}
+            env = {
+                **DEFAULTS.get(name, {}),  # e.g. the provisioner activates new nodes at once
+                **self.base_env(),
+                **identities.service_env(self.nats, name),
+                **(extra or {}),
+            }
             proc = ServiceProcess(
                 name,
                 [sys.executable, "-m", MODULES[name]],
