@@ -16,10 +16,11 @@ import httpx
 import pytest
 from gpufleet_contracts.jobs import StartWorker
 from gpufleet_contracts.serving import NOTEBOOK_COMMAND, NOTEBOOK_TOKEN_ENV, Serving
+from gpufleet_contracts.serving import key_digest as token_digest
 from gpufleet_node_agent.proxy.auth import notebook_tokens, token_opens
 from gpufleet_node_agent.proxy.hosts import UrlTemplate
 from gpufleet_node_agent.runtimes.podman_args import PodmanConfig, container_spec
-from gpufleet_node_agent.steps.serve import TOKEN_FILE, ServeStep, token_digest
+from gpufleet_node_agent.steps.serve import TOKEN_FILE, ServeStep
 from gpufleet_node_agent.worker.manager import WorkerManager
 from gpufleet_node_agent.worker.spec import WorkerSpec
 from gpufleet_node_agent.worker.workdir import Worker

@@ -40,7 +40,8 @@ ROUTES_HEALTH_PATH = f"{RESERVED_PREFIX}/health"
 
 
 def key_digest(secret: str) -> str:
-    """What the scheduler keeps of a key, and what a node sends to have it checked."""
+    """What the scheduler keeps of a key, and what a node sends to have it checked; what a
+    node keeps of a notebook's token (the SHA-256 of the secret, hex)."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 

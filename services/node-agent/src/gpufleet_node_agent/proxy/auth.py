@@ -25,7 +25,6 @@ from gpufleet_contracts.serving import (
 from pydantic import ValidationError
 
 from ..staging.platform import Requester
-from ..steps.serve import token_digest
 
 Verdict = Literal["open", "elsewhere", "unknown"]
 CACHE_MAX = 10_000  # verdicts kept at most (expired ones dropped first)
@@ -73,7 +72,7 @@ def token_opens(token: str, digest: str | None) -> bool:
     """Is `token` the one whose SHA-256 (hex) is `digest`? In constant time."""
     if digest is None:
         return False
-    return hmac.compare_digest(token_digest(token).encode(), digest.encode())
+    return hmac.compare_digest(key_digest(token).encode(), digest.encode())
 
 
 @dataclass

@@ -22,7 +22,6 @@ which the container does not see) from its start on, for the proxy to check call
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,7 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gpufleet_endpoint
-from gpufleet_contracts.serving import NOTEBOOK_COMMAND, NOTEBOOK_TOKEN_ENV, Serving, ServingKind
+from gpufleet_contracts.serving import (
+    NOTEBOOK_COMMAND,
+    NOTEBOOK_TOKEN_ENV,
+    Serving,
+    ServingKind,
+    key_digest,
+)
 
 from ..worker.files import read_json, write_text_atomic
 from .base import StepName, WorkerFailed
@@ -96,17 +101,13 @@ def command(spec: WorkerSpec, *, as_root: bool = False) -> list[str]:
     return [PYTHON, IN_RUN, "relay", "--uds", IN_SOCKET, "--to", to, "--", *spec.command]
 
 
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def kept_token(env: Mapping[str, str]) -> dict[str, Any] | None:
     """What a notebook's worker keeps of its token (the job's env value NOTEBOOK_TOKEN_ENV,
     opened from its sealed secrets): its SHA-256; None when it has none worth the name."""
     token = env.get(NOTEBOOK_TOKEN_ENV) or ""
     if len(token) < MIN_TOKEN_CHARS:
         return None
-    return {"token_sha256": token_digest(token)}
+    return {"token_sha256": key_digest(token)}
 
 
 def token_sha256(worker_dir: Path) -> str | None:
