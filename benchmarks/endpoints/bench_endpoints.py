@@ -242,11 +242,8 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 PACKAGES = (  # a frame's file -> what it is part of, first match (py-spy's short paths)
     ("gpufleet_node_agent/proxy/", "the proxy's own code (gpufleet_node_agent/proxy)"),
     ("gpufleet_", "gpufleet (other)"),
-    ("httpcore/_async/connection_pool", "httpcore: its connection pool"),
-    ("httpcore/", "httpcore: connection, HTTP/1.1, backend"),
-    ("h11/", "h11 (httpcore's HTTP/1.1 parser)"),
-    ("anyio/", "anyio (httpcore's and starlette's async layer)"),
-    ("starlette/", "starlette (Request, StreamingResponse)"),
+    ("starlette/", "starlette (Request, its refusals' JSONResponse)"),
+    ("anyio/", "anyio"),
     ("uvicorn/", "uvicorn (httptools protocol)"),
     ("asyncio/", "asyncio event loop and transports"),
 )
@@ -310,6 +307,28 @@ def profile(target: list[str], pid: int, c: int, n: int, out: Path) -> dict[str,
     return spied(out)
 
 
+def syscalls(target: list[str], pid: int, c: int, n: int) -> dict[str, float]:
+    """One more run through the proxy with `strace -c` on it: its system calls per request,
+    the most frequent by name."""
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out.name])
+        time.sleep(1.0)  # attached
+        try:
+            load(target, {"proxy": pid}, c, n, 0)
+        finally:
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(30)
+        calls: dict[str, int] = {}
+        for line in out.read().splitlines():  # % time, seconds, usecs/call, calls, [errors], name
+            f = line.split()
+            if len(f) >= 5 and f[3].isdigit() and f[-1] != "total":
+                calls[f[-1]] = int(f[3])
+    ranked = sorted(calls.items(), key=lambda kv: -kv[1])
+    return {"total": round(sum(calls.values()) / n, 1)} | {
+        k: round(v / n, 2) for k, v in ranked[:8]
+    }
+
+
 def proxy_overhead(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gfb-", dir="/tmp"))  # a socket's path: 108 bytes
     key = new_key()
@@ -326,6 +345,7 @@ def proxy_overhead(args: argparse.Namespace) -> dict[str, Any]:
             }
             runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
             profiles: dict[str, Any] = {}
+            traced: dict[str, Any] = {}
             for r in range(args.rounds):
                 for c in args.concurrency:
                     for name, (target, watch) in targets.items():
@@ -339,6 +359,11 @@ def proxy_overhead(args: argparse.Namespace) -> dict[str, Any]:
                     target, _ = targets["proxy"]
                     profiles[f"c{c}"] = profile(target, pids["proxy"], c, args.requests, raw)
                     print(f"py-spy's stacks of the proxy at c={c}: {raw}", file=sys.stderr)
+            if args.strace:
+                target, _ = targets["proxy"]
+                traced = {
+                    f"c{c}": syscalls(target, pids["proxy"], c, 2000) for c in args.concurrency
+                }
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {}
@@ -347,14 +372,24 @@ def proxy_overhead(args: argparse.Namespace) -> dict[str, Any]:
         p = row["proxy"]
         for base in ("direct_uds", "direct_tcp"):
             d = row[base]
+            # each round's ratio, the proxy's against the baseline's run just before it: on a
+            # shared machine the load moves between rounds more than between the targets
+            paired = sorted(
+                (q["requests"] / q["wall_s"]) / (b["requests"] / b["wall_s"])
+                for q, b in zip(runs[("proxy", c)], runs[(base, c)], strict=True)
+            )
             row[f"proxy_vs_{base}"] = {
                 "added_p50_ms": round(p["p50_ms"] - d["p50_ms"], 3),
                 "added_p99_ms": round(p["p99_ms"] - d["p99_ms"], 3),
                 "req_per_s_ratio": round(p["req_per_s"] / d["req_per_s"], 2),
+                "req_per_s_ratio_by_round": [round(r, 2) for r in paired],
+                "req_per_s_ratio_round_median": round(statistics.median(paired), 2),
             }
         result[f"c{c}"] = row
     if profiles:
         result["profile"] = profiles
+    if traced:
+        result["syscalls_per_request"] = traced
     return result
 
 
@@ -372,6 +407,7 @@ def main() -> int:
     p.add_argument(
         "--profile", action="store_true", help="proxy: a run more with py-spy sampling it"
     )
+    p.add_argument("--strace", action="store_true", help="proxy: a run more under strace -c")
     p.add_argument("--keep", action="store_true", help="cold: keep the run directory (logs)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "bench_endpoints.json")
     args = p.parse_args()

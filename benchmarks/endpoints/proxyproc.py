@@ -46,13 +46,13 @@ def worker(root: Path, job_id: str) -> Worker:
     return Worker(spec, root / PLACEMENT)
 
 
-async def serve(args: argparse.Namespace, app_class: type[ProxyApp]) -> None:
+async def serve(args: argparse.Namespace) -> None:
     template = UrlTemplate.parse(args.template)
     w = worker(Path(args.root), args.job)
     endpoints = Endpoints(
         lambda: [w], minion_id="bench", publisher=None, template=template, uid=None
     )
-    app = app_class(endpoints, Verdicts("bench", scheduler), template)
+    app = ProxyApp(endpoints, Verdicts("bench", scheduler), template)
     server = ProxyServer(app, args.listen)
     await server.start()
     probes = asyncio.create_task(endpoints.run())
@@ -64,15 +64,14 @@ async def serve(args: argparse.Namespace, app_class: type[ProxyApp]) -> None:
         await server.stop()
 
 
-def main(app_class: type[ProxyApp] = ProxyApp, argv: list[str] | None = None) -> int:
-    """`app_class`: the proxy's app or a variant of it (whatif.py)."""
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--root", required=True, help="the workers' directory")
     p.add_argument("--job", default="j1")
     p.add_argument("--listen", default="127.0.0.1:8480")
     p.add_argument("--template", default="http://{job}.localhost:8480")
-    args = p.parse_args(argv)
-    asyncio.run(serve(args, app_class))
+    args = p.parse_args()
+    asyncio.run(serve(args))
     return 0
 
 

@@ -12,8 +12,10 @@ opens it:
    proxy's cookie), or none that is its own: 401;
 3. no worker of the job ready yet (its image, data or process still starting): the request
    is held until one is, up to `hold_s`, then 503 with `Retry-After: 5`;
-4. forwarded to a ready worker's socket (in turn, when the job has several here), both
-   bodies streamed; a request body over `max_body` is 413. A notebook's answer to a request
+4. forwarded to a ready worker's socket (in turn, when the job has several here) over a
+   kept-alive connection (forward.py), both bodies streamed; a request body over
+   `max_body` is 413; the worker not answering is 503 (it is probed again), its answer
+   failing before any of it was relayed 502. A notebook's answer to a request
    whose query showed its token sets the proxy's cookie (NOTEBOOK_COOKIE, holding the
    token), so that the browser shows it on its later requests. A websocket is relayed
    (websocket.py); one refused in 1-3 gets that HTTP answer instead of its handshake.
@@ -25,17 +27,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import httpcore
 from gpufleet_contracts.serving import NOTEBOOK_COOKIE
-from starlette.requests import ClientDisconnect, HTTPConnection, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
 
-from . import upstream, websocket
+from . import forward, upstream, websocket
 from .auth import Unavailable, Verdicts, notebook_tokens, presented, token_opens
 from .hosts import UrlTemplate
+from .pool import Unreachable
 from .served import Endpoints, Served
 
 log = logging.getLogger("gpufleet.node_agent.proxy")
@@ -50,10 +52,6 @@ _COOKIE_OCTETS = frozenset(chr(c) for c in range(0x21, 0x7F)) - set('",;\\')
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-class TooLarge(Exception):
-    pass
 
 
 def not_found() -> Response:
@@ -91,12 +89,11 @@ class ProxyApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             request = Request(scope, receive)
-            opened = await self.open(request)
-            if isinstance(opened, Served):
-                response = await self.forward(request, opened)
-            else:
-                response = opened
-            await response(scope, receive, send)
+            answer: Served | Response | None = await self.open(request)
+            if isinstance(answer, Served):
+                answer = await self.forward(request, answer, send)
+            if answer is not None:
+                await answer(scope, receive, send)
         elif scope["type"] == "websocket":
             if (await receive())["type"] != "websocket.connect":
                 return
@@ -187,8 +184,10 @@ class ProxyApp:
 
     def set_cookie(self, request: Request, served: Served) -> bytes | None:
         """The proxy's cookie for a notebook's answer, when the query showed its token."""
+        if not served.notebook:
+            return None
         token = request.query_params.get("token")
-        if not served.notebook or not token or not token_opens(token, served.token_sha256):
+        if not token or not token_opens(token, served.token_sha256):
             return None
         if not set(token) <= _COOKIE_OCTETS:
             return None
@@ -209,7 +208,9 @@ class ProxyApp:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=min(left, 1.0))
 
-    async def forward(self, request: Request, served: Served) -> Response:
+    async def forward(self, request: Request, served: Served, send: Send) -> Response | None:
+        """The worker's answer relayed to the caller (forward.py); or the answer the caller
+        gets instead (400, 413, 502, 503), or None when it went away."""
         target = request.scope.get("raw_path") or request.url.path.encode()
         if not target.startswith(b"/"):  # an absolute-form target: only its path is the job's
             return JSONResponse({"detail": "bad request target"}, status_code=400)
@@ -219,63 +220,41 @@ class ProxyApp:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             return JSONResponse({"detail": "request body too large"}, status_code=413)
-        headers = self.headers(request, served)
-        meter = served.meter
-        sent = 0
-
-        async def body() -> AsyncIterator[bytes]:
-            nonlocal sent
-            async for chunk in request.stream():
-                sent += len(chunk)
-                if sent > self.max_body:
-                    raise TooLarge
-                meter.moved(bytes_in=len(chunk))
-                yield chunk
-
+        headers = [h for h in self.headers(request, served) if h[0].lower() != b"content-length"]
         has_body = declared not in (None, "0") or "transfer-encoding" in request.headers
-        if has_body and declared is None:  # the caller's chunks: chunked to the worker too
-            headers.append((b"transfer-encoding", b"chunked"))
-        outgoing = httpcore.Request(
-            request.method.encode(),
-            httpcore.URL(scheme=b"http", host=b"worker", port=None, target=target),
-            headers=headers,
-            content=body() if has_body else None,
-            extensions={"timeout": dict(upstream.TIMEOUTS)},
-        )
+        length = int(declared) if declared is not None and declared.isdigit() else None
+        outgoing = forward.Outgoing(request.method.encode(), target, headers, has_body, length)
+        meter = served.meter
         try:
-            answer = await served.pool.handle_async_request(outgoing)
-        except TooLarge:
+            ex = await forward.exchange(
+                served.pool, outgoing, request.receive, meter.moved, self.max_body
+            )
+        except forward.TooLarge:
             meter.answered(413)
             return JSONResponse({"detail": "request body too large"}, status_code=413)
-        except ClientDisconnect:
-            return Response(status_code=499)
-        except httpcore.ConnectError:
+        except forward.CallerGone:
+            return None
+        except Unreachable as exc:
+            log.info("endpoint %s: %s", served.worker.key, exc)
             self.endpoints.unready(served)  # probed again; the next request is held
             meter.answered(503)
             return unavailable(f"the {_kind(served)} is not answering; try again")
-        except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
+        except forward.BrokeOff as exc:
             meter.answered(502)
-            log.info("endpoint %s: %s", served.worker.key, type(exc).__name__)
+            log.info("endpoint %s: %s", served.worker.key, exc)
             return JSONResponse({"detail": "the endpoint's answer broke off"}, status_code=502)
         self.endpoints.answered(served)
-        meter.answered(answer.status)
-
-        async def relayed() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.aiter_stream():
-                    meter.moved(bytes_out=len(chunk))
-                    yield chunk
-            except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.TimeoutException):
-                return
-            finally:
-                await answer.aclose()
-
-        response = StreamingResponse(relayed(), status_code=answer.status)
-        response.raw_headers = upstream.response_headers(answer.headers)
+        meter.answered(ex.answer.status)
+        back = upstream.response_headers(ex.answer.headers)
         cookie = self.set_cookie(request, served)
         if cookie is not None:
-            response.raw_headers.append((b"set-cookie", cookie))
-        return response
+            back.append((b"set-cookie", cookie))
+        if ex.body is not None:
+            meter.moved(bytes_out=len(ex.body))
+            await forward.answer(send, ex.answer.status, back, ex.body)
+        elif not await forward.stream(served.pool, ex, back, request.receive, send, meter.moved):
+            log.info("endpoint %s: its answer broke off midway", served.worker.key)
+        return None
 
 
 def _kind(s: Served) -> str:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import httpcore
 from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import Clock, utcnow
 from gpufleet_contracts.serving import ColdStartPhase, EndpointMetered, EndpointReady, PhaseAt
@@ -36,8 +35,9 @@ from ..steps.base import StepName
 from ..steps.serve import is_notebook, socket_path, token_sha256
 from ..worker.files import read_json, write_json_atomic
 from ..worker.workdir import LAUNCHED, Worker
-from . import upstream
+from . import forward
 from .hosts import UrlTemplate
+from .pool import Pool, Unreachable
 
 log = logging.getLogger("gpufleet.node_agent.proxy")
 
@@ -86,7 +86,7 @@ class Served:
     """One endpoint worker: its connections, whether it answers, its meter."""
 
     worker: Worker
-    pool: httpcore.AsyncConnectionPool
+    pool: Pool
     meter: Meter = field(default_factory=Meter)
     ready: bool = False
     first_answer: datetime | None = None
@@ -184,7 +184,7 @@ class Endpoints:
     def _taken(self, w: Worker) -> Served:
         """A worker seen for the first time (by this agent: what an earlier one published of
         it is taken back)."""
-        s = Served(w, upstream.pool(socket_path(w.dir), self.uid))
+        s = Served(w, Pool(socket_path(w.dir), self.uid))
         if s.notebook:
             s.token_sha256 = token_sha256(w.dir)
         kept = read_json(w.file(KEPT)) or {}
@@ -240,23 +240,13 @@ class Endpoints:
             return
         serving = s.worker.spec.serving
         path = serving.health_path if serving is not None else "/"
-        request = httpcore.Request(
-            "GET",
-            httpcore.URL(scheme=b"http", host=b"worker", port=None, target=path.encode()),
-            headers=[(b"host", b"worker"), (b"user-agent", b"gpufleet-proxy-probe")],
-            extensions={"timeout": {k: PROBE_TIMEOUT_S for k in upstream.TIMEOUTS}},
-        )
+        headers = [(b"host", b"worker"), (b"user-agent", b"gpufleet-proxy-probe")]
         try:
-            response = await s.pool.handle_async_request(request)
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        except (httpcore.ConnectError, httpcore.TimeoutException, httpcore.ProtocolError):
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                status = await forward.status_of(s.pool, path.encode(), headers)
+        except (Unreachable, forward.BrokeOff, *forward.BROKE):
             return
-        except httpcore.NetworkError:
-            return
-        if response.status < 500:
+        if status < 500:
             self._now_ready(s)
 
     # --- what is published -------------------------------------------------------------

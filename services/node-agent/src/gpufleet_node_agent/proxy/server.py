@@ -20,14 +20,21 @@ log = logging.getLogger("gpufleet.node_agent.proxy")
 
 
 class _DenialIsNoError(logging.Filter):
-    """uvicorn's websockets-sansio protocol logs this error after every websocket the app
-    refuses with an HTTP answer (ASGI's denial response, websocket.py): the caller got that
-    answer; the proxy completes or refuses every handshake, so the line says nothing else."""
+    """uvicorn logs an error after every websocket the app refuses with an HTTP answer
+    (ASGI's denial response, websocket.py), and after every answer the app leaves
+    incomplete: the caller got that answer; an answer is left incomplete only when the
+    worker's broke off midway (forward.py, which says so), so that uvicorn closes the
+    caller's connection and the caller sees it cut. Neither line says anything else."""
 
-    LINE = "ASGI callable returned without completing handshake."
+    LINES = frozenset(
+        {
+            "ASGI callable returned without completing handshake.",
+            "ASGI callable returned without completing response.",
+        }
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != self.LINE
+        return record.getMessage() not in self.LINES
 
 
 _DENIAL = _DenialIsNoError()

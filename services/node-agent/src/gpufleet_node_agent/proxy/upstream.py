@@ -6,8 +6,8 @@ so the worker could put a symbolic link there in place of its socket, pointing a
 of the node's (podman's API, another job's). `connect` follows no link: it opens the path
 with O_PATH|O_NOFOLLOW, requires a socket owned by the worker's uid, and connects to that
 very inode (through /proc/self/fd, which also keeps the path short of the 108 bytes a
-socket's address may have). HTTP goes through `pool` (httpcore), a websocket through
-`open_socket` (websocket.py).
+socket's address may have). `open_socket` is the only way to a worker: HTTP goes through
+pool.py's connections, a websocket through websocket.py's, both opened by it.
 """
 
 from __future__ import annotations
@@ -20,13 +20,9 @@ import stat
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-import httpcore
 from gpufleet_contracts.serving import NOTEBOOK_COOKIE
 
 CONNECT_S = 5.0
-READ_S = 600.0  # an inference may take minutes; the caller may give up earlier
-POOL_S = 30.0
-TIMEOUTS = {"connect": CONNECT_S, "read": READ_S, "write": READ_S, "pool": POOL_S}
 
 # Hop-by-hop (RFC 9110 7.6.1) and what the proxy itself consumed: never passed on.
 HOP_BY_HOP = frozenset(
@@ -141,49 +137,3 @@ async def open_socket(path: Path, uid: int | None) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-class ExactSocket(httpcore.AsyncNetworkBackend):
-    """Unix sockets only, and only a socket (no link) owned by `uid`; no TCP at all."""
-
-    def __init__(self, uid: int | None) -> None:
-        self.uid = uid
-        self._inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("the proxy connects to its workers' sockets only")
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's signature
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        try:
-            with exact(path, self.uid) as address:
-                return await self._inner.connect_unix_socket(
-                    address, timeout=timeout, socket_options=socket_options
-                )
-        except NoSocket as exc:
-            raise httpcore.ConnectError(str(exc)) from None
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-def pool(socket: Path, uid: int | None, connections: int = 64) -> httpcore.AsyncConnectionPool:
-    """Connections to one worker's socket (kept alive a few seconds between requests)."""
-    return httpcore.AsyncConnectionPool(
-        uds=str(socket),
-        network_backend=ExactSocket(uid),
-        max_connections=connections,
-        keepalive_expiry=5.0,
-        retries=0,
-    )
