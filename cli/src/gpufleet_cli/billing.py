@@ -7,20 +7,29 @@ from datetime import date, datetime
 from typing import Annotated, Any
 
 import typer
-from gpufleet_contracts import subjects
+from gpufleet_contracts.billing import (
+    Balance,
+    Earnings,
+    EarningsQuery,
+    Entries,
+    EntriesQuery,
+    GetBalance,
+    JobCost,
+    JobCostQuery,
+)
 from rich.table import Table
 
 from . import render, views
-from .common import JsonFlag, call
+from .common import JsonFlag, answer, build
 
 app = typer.Typer(
     help="Credits: balance, ledger entries, job costs, earnings.", no_args_is_help=True
 )
 
-BALANCE = subjects.rpc("billing", "balance")
-ENTRIES = subjects.rpc("billing", "entries")
-JOB_COST = subjects.rpc("billing", "job_cost")
-EARNINGS = subjects.rpc("billing", "earnings")
+BALANCE = GetBalance.SUBJECT
+ENTRIES = EntriesQuery.SUBJECT
+JOB_COST = JobCostQuery.SUBJECT
+EARNINGS = EarningsQuery.SUBJECT
 
 
 def _iso(value: str | None, flag: str) -> str | None:
@@ -59,17 +68,14 @@ def _range(from_: str | None, to: str | None) -> dict[str, Any]:
 @app.command()
 def balance(as_json: JsonFlag = False) -> None:
     """The acting account's balance (negative: credits spent) and its unpaid earnings."""
-    reply = call(BALANCE, {}, as_json)
+    reply = answer(GetBalance(), Balance, as_json)
     if as_json:
         return
     render.out().print(
-        f"balance: {render.text(reply.get('balance'))} credits "
-        f"({render.text(reply.get('entries'))} entries)"
+        f"balance: {render.text(reply.balance)} credits ({render.text(reply.entries)} entries)"
     )
-    if reply.get("earnings_unpaid_micro"):
-        render.out().print(
-            f"earnings not paid out yet: {render.text(reply.get('earnings_unpaid'))}"
-        )
+    if reply.earnings_unpaid_micro:
+        render.out().print(f"earnings not paid out yet: {render.text(reply.earnings_unpaid)}")
 
 
 @app.command()
@@ -85,10 +91,10 @@ def entries(
     as_json: JsonFlag = False,
 ) -> None:
     """The ledger entries of the acting account (and of its earnings sub-account)."""
-    body = {"limit": limit, **_range(from_, to)}
-    reply = call(ENTRIES, body, as_json)
+    request = build(EntriesQuery, as_json, limit=limit, **_range(from_, to))
+    reply = answer(request, Entries, as_json)
     if not as_json:
-        views.entry_table([e for e in reply.get("entries") or [] if isinstance(e, dict)])
+        views.entry_table([render.plain(e) for e in reply.entries])
 
 
 @app.command("job-cost")
@@ -96,35 +102,29 @@ def job_cost(
     job_id: Annotated[str, typer.Argument(help="The job's id.")], as_json: JsonFlag = False
 ) -> None:
     """What one job cost the acting account, by kind of charge."""
-    reply = call(JOB_COST, {"job_id": job_id}, as_json)
+    reply = answer(build(JobCostQuery, as_json, job_id=job_id), JobCost, as_json)
     if as_json:
         return
     table = Table("Kind", "Cost")
-    for kind, v in (reply.get("by_kind") or {}).items():
-        table.add_row(render.text(kind), render.text(v.get("cost") if isinstance(v, dict) else v))
-    table.add_row("[b]total[/b]", f"[b]{render.text(reply.get('cost'))}[/b]")
+    for kind, v in reply.by_kind.items():
+        table.add_row(render.text(kind), render.text(v.cost))
+    table.add_row("[b]total[/b]", f"[b]{render.text(reply.cost)}[/b]")
     render.out().print(table)
 
 
 @app.command()
 def earnings(from_: FromOpt = None, to: ToOpt = None, as_json: JsonFlag = False) -> None:
     """Credits earned selling capacity (R-BILL-4), per node and per region, and paid out."""
-    reply = call(EARNINGS, _range(from_, to), as_json)
+    reply = answer(build(EarningsQuery, as_json, **_range(from_, to)), Earnings, as_json)
     if as_json:
         return
     table = Table("Region", "Node", "Earned")
-    for row in reply.get("by_node") or []:
-        if isinstance(row, dict):
-            table.add_row(
-                render.text(row.get("region")),
-                render.text(row.get("node_id")),
-                render.text(row.get("earned")),
-            )
-    render.out().print(table if reply.get("by_node") else "no earnings in this range")
-    for row in reply.get("by_region") or []:
-        if isinstance(row, dict):
-            render.out().print(
-                f"region {render.text(row.get('region'))}: {render.text(row.get('earned'))}"
-            )
-    earned, paid = render.text(reply.get("earned")), render.text(reply.get("paid_out"))
+    for row in reply.by_node:
+        table.add_row(render.text(row.region), render.text(row.node_id), render.text(row.earned))
+    render.out().print(table if reply.by_node else "no earnings in this range")
+    for by_region in reply.by_region:
+        render.out().print(
+            f"region {render.text(by_region.region)}: {render.text(by_region.earned)}"
+        )
+    earned, paid = render.text(reply.earned), render.text(reply.paid_out)
     render.out().print(f"earned: {earned}, paid out: {paid}")

@@ -1,37 +1,45 @@
-"""The CLI's only door to the bus: NATS request/reply (a user has no JetStream rights: logs and
-dead letters are read through the services' requests).
+"""The CLI's only door to the bus: gpufleet_client's requests, one connection per command (a
+user has no JetStream rights: logs and dead letters are read through the services' requests).
 
 All asyncio lives here: every public function runs one `asyncio.run` with one connection.
-Replies are JSON objects; `{"ok": false, ...}` becomes a `ServiceError`, a missing service or
-server a `CliError` with a message that says what to check.
+`ask` sends a request model and answers its reply model; `request` is the same for a subject
+and a JSON body of its own. A refusal becomes a `ServiceError`, a missing service or server a
+`CliError` with a message that says what to check.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
+import gpufleet_client as gc
 import nats
 import nats.errors
 import nats.js.errors
-from gpufleet_auth import Creds, connect_options
-from gpufleet_contracts import Envelope, subjects
+from gpufleet_auth import Creds
+from gpufleet_client import Refusals
+from gpufleet_contracts import subjects
+from gpufleet_contracts.base import Command
+from gpufleet_contracts.jobs import GetJobLogs, JobLogs
 from nats.aio.client import Client
+from pydantic import BaseModel
 
 from . import settings as settings_mod
 
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
 
 SOURCE = "gpufleet/cli"
-CONNECT_TIMEOUT_S = 3.0
-RETRY_AFTER_S = 3.0  # a repeatable request still unanswered is asked again after this
-RETRY_PAUSE_S = 0.25  # after "no responders" (a service restarting)
+CONNECT_TIMEOUT_S = gc.client.CONNECT_TIMEOUT_S
+RETRY_AFTER_S = gc.client.RETRY_AFTER_S  # a repeatable request still unanswered: asked again
+# A request model the command line built from bad values is refused as a service would
+# refuse it (gpufleet_bus.deadletter.INVALID_MESSAGE), before anything is sent.
+INVALID_REQUEST = "the request is not valid"
 
 
 class CliError(Exception):
@@ -81,30 +89,47 @@ class StreamRecord:
     time: datetime | None = None
 
 
-# --- helpers shared by the sync API and the session ---------------------------------
+# --- what the library says, in the command line's words -----------------------------
+
+
+def cli_error(exc: gc.ClientError) -> CliError:
+    """The CliError of a gpufleet_client failure, saying what to check."""
+    if isinstance(exc, gc.ServiceError):
+        return ServiceError(exc.raw)
+    if isinstance(exc, gc.Disconnected):
+        return CliError(f"the connection to NATS at {settings_mod.load().url} was lost")
+    if isinstance(exc, gc.Unauthenticated) and exc.subject is not None:
+        return CliError(_no_account(settings_mod.load()), "unauthenticated")
+    if isinstance(exc, gc.Unavailable) and exc.subject is not None:
+        return _no_answer(exc.subject)
+    return CliError(exc.message, exc.code)
+
+
+@contextmanager
+def _said() -> Iterator[None]:
+    try:
+        yield
+    except gc.ClientError as exc:
+        raise cli_error(exc) from exc
 
 
 def rpc_type(subject: str) -> str:
     """Default CloudEvents type of a request: rpc.billing.balance -> gpufleet.billing.balance.v1."""
-    return f"gpufleet.{subject.removeprefix(subjects.RPC + '.')}.v1"
+    return gc.addressing.rpc_type(subject)
 
 
 def request_headers(subject: str, ce_type: str | None = None) -> dict[str, str]:
     """CloudEvents headers. No identity: the server knows who is asking."""
-    env = Envelope(type=ce_type or rpc_type(subject), source=SOURCE, subject=subject)
-    return env.headers()
+    return gc.headers_of(subject, ce_type, SOURCE)
 
 
 def addressed(subject: str) -> str:
     """An account request goes to the acting account's subject
     (`gpufleet.v1.rpc.billing.balance` -> `....balance.<account>`); others as they are."""
-    if not subject.startswith(subjects.RPC + ".") or subject.count(".") != 4:
+    if not gc.addressing.is_account_request(subject):
         return subject
-    cfg = settings_mod.load()
-    account = cfg.acting_account()
-    if account is None:
-        raise CliError(_no_account(cfg), "unauthenticated")
-    return subjects.as_account(subject, account)
+    with _said():
+        return gc.addressed(subject, settings_mod.load().acting_account())
 
 
 def _no_account(cfg: settings_mod.CliSettings) -> str:
@@ -124,23 +149,18 @@ def _no_account(cfg: settings_mod.CliSettings) -> str:
 
 def parse_reply(subject: str, data: bytes) -> dict[str, Any]:
     """Decode a reply; raise ServiceError on `"ok": false`."""
-    try:
-        reply = json.loads(data)
-    except ValueError as exc:
-        raise CliError(f"{subject} answered something that is not JSON", "internal") from exc
-    if not isinstance(reply, dict):
-        raise CliError(
-            f"{subject} answered a JSON {type(reply).__name__}, not an object", "internal"
-        )
-    if reply.get("ok") is False:
-        raise ServiceError(reply)
-    return reply
+    with _said():
+        return gc.parse(subject, data)
+
+
+def typed(model: type[R], subject: str, raw: dict[str, Any]) -> R:
+    """A reply object as its model (a service answering something else: `internal`)."""
+    with _said():
+        return gc.client.validated(model, subject, raw)
 
 
 def _forbidden(subject: str) -> CliError:
-    return CliError(
-        f"this identity may not publish to {subject} (the NATS server refused it)", "forbidden"
-    )
+    return cli_error(gc.client.forbidden(subject))
 
 
 def _no_answer(subject: str) -> CliError:
@@ -153,87 +173,45 @@ def _no_answer(subject: str) -> CliError:
 # --- the async session --------------------------------------------------------------
 
 
-class Refusals:
-    """The server's permission violations on a connection (its -ERR, delivered to the
-    error callback): a request the server refused fails at once, saying so."""
-
-    def __init__(self) -> None:
-        self.subjects: list[str] = []
-        self.changed = asyncio.Event()
-
-    async def on_error(self, exc: Exception) -> None:
-        text = str(exc)
-        if "permissions violation" in text.lower():
-            self.subjects.append(text.rsplit(" ", 1)[-1].strip("'\""))
-            self.changed.set()
-
-    def refused(self, subject: str) -> bool:
-        return subject in self.subjects
-
-
 class Session:
-    """One NATS connection, used by exactly one `asyncio.run`."""
+    """One NATS connection, used by exactly one `asyncio.run`: a gpufleet_client.Client whose
+    failures are CliErrors."""
 
-    def __init__(self, nc: Client, timeout_s: float, refusals: Refusals | None = None) -> None:
-        self.nc = nc
+    def __init__(
+        self,
+        nc: Client,
+        timeout_s: float,
+        refusals: Refusals | None = None,
+        account: str | None = None,
+    ) -> None:
+        self.client = gc.Client(
+            nc,
+            account=account,
+            timeout_s=timeout_s,
+            retry_after_s=RETRY_AFTER_S,
+            refusals=refusals,
+            source=SOURCE,
+        )
         self.timeout_s = timeout_s
-        self.refusals = refusals or Refusals()
+
+    @property
+    def nc(self) -> Client:
+        return self.client.nc
 
     async def send(
         self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float
     ) -> bytes:
         """Raw request/reply; a subject this identity may not publish to fails at once."""
-        request = asyncio.ensure_future(
-            self.nc.request(subject, payload, timeout=timeout_s, headers=headers)
-        )
-        try:
-            while not request.done():
-                self.refusals.changed.clear()
-                refused = asyncio.ensure_future(self.refusals.changed.wait())
-                await asyncio.wait({request, refused}, return_when=asyncio.FIRST_COMPLETED)
-                refused.cancel()
-                if self.refusals.refused(subject):
-                    request.cancel()
-                    raise _forbidden(subject)
-            msg = request.result()
-        except (nats.errors.NoRespondersError, TimeoutError) as exc:
-            if self.refusals.refused(subject):
-                raise _forbidden(subject) from exc
-            raise _no_answer(subject) from exc
-        data: bytes = msg.data
-        return data
+        with _said():
+            return await self.client.send_once(subject, payload, headers, timeout_s)
 
     async def send_retrying(
         self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float
     ) -> bytes:
-        """`send` for a request that is safe to repeat (a read, or one with a request id):
-        asked again every RETRY_AFTER_S, earlier asks still waiting, until one is answered or
-        `timeout_s` has passed. A service instance that holds a request without answering
-        (paused, overloaded) then costs the user seconds, not the whole timeout: another
-        instance of its queue group hears the next ask."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        asks: set[asyncio.Future[bytes]] = set()
-        failure: CliError | None = None
-        try:
-            while (left := deadline - loop.time()) > 0:
-                asks.add(asyncio.ensure_future(self.send(subject, payload, headers, left)))
-                done, asks = await asyncio.wait(
-                    asks, timeout=min(RETRY_AFTER_S, left), return_when=asyncio.FIRST_COMPLETED
-                )
-                for ask in done:
-                    exc = ask.exception()
-                    if exc is None:
-                        return ask.result()
-                    if not isinstance(exc, CliError) or exc.code == "forbidden":
-                        raise exc
-                    failure = exc  # nobody answered it (no responders: asked again soon)
-                if done and not asks:
-                    await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - loop.time())))
-        finally:
-            for ask in asks:
-                ask.cancel()
-        raise failure or _no_answer(subject)
+        """`send` for a request that is safe to repeat, asked again while unanswered
+        (gpufleet_client.Client.send_retrying)."""
+        with _said():
+            return await self.client.send_retrying(subject, payload, headers, timeout_s)
 
     async def request(
         self,
@@ -247,10 +225,15 @@ class Session:
         data = await self.send(addressed(subject), payload, headers, timeout_s or self.timeout_s)
         return parse_reply(subject, data)
 
+    async def ask(self, request: Command, reply: type[R]) -> R:
+        """`request` on this session; its reply as `reply` (the request's REPLY)."""
+        base = gc.base_subject(request)
+        headers = request_headers(base, request.TYPE)
+        data = await self.send(addressed(base), request.to_bytes(), headers, self.timeout_s)
+        return typed(reply, base, parse_reply(base, data))
 
-LOGS_SUBJECT = subjects.rpc("scheduler", "job_logs")
 
-
+LOGS_SUBJECT = GetJobLogs.SUBJECT
 Cursor = dict[str, int]  # per node, the last sequence read of its log stream
 
 
@@ -258,21 +241,17 @@ async def _log_page(
     s: Session, job_id: str, cursor: Cursor
 ) -> tuple[list[StreamRecord], Cursor, bool]:
     """One page of a job's logs from the scheduler (users cannot read the streams)."""
-    body = json.dumps({"job_id": job_id, "cursor": cursor}).encode()
-    reply = await s.request(LOGS_SUBJECT, body, ce_type="gpufleet.job.logs.v1")
+    page = await s.ask(GetJobLogs(job_id=job_id, cursor=cursor), JobLogs)
     records = [
         StreamRecord(
-            subject=str(c["subject"]),
-            data=base64.b64decode(str(c["data"])),
-            seq=int(c["seq"]),
-            time=datetime.fromisoformat(str(c["time"])) if c.get("time") else None,
+            subject=c.subject,
+            data=base64.b64decode(c.data),
+            seq=c.seq,
+            time=datetime.fromisoformat(c.time) if c.time else None,
         )
-        for c in reply.get("chunks") or []
-        if isinstance(c, dict)
+        for c in page.chunks
     ]
-    got = reply.get("cursor")
-    after = {str(k): int(v) for k, v in got.items()} if isinstance(got, dict) else cursor
-    return records, after, bool(reply.get("more"))
+    return records, page.cursor if "cursor" in page.model_fields_set else cursor, page.more
 
 
 async def _drain_logs(
@@ -316,64 +295,54 @@ def follow_logs(
     run(follow)
 
 
-async def _noop_cb(*_: Any) -> None:
-    """nats-py logs every connection error by default; the CLI reports them itself."""
-
-
-def _options(cfg: settings_mod.CliSettings) -> dict[str, Any]:
-    """This identity's connect options: its replies come to the inbox the services answer the
-    acting account in (an operator's acting for an account: under that account's)."""
+def _check_inbox(cfg: settings_mod.CliSettings) -> None:
+    """A user's credential must take its replies in the acting account's inboxes, where the
+    services answer it: one issued before they did is refused here, saying what to do."""
     account = cfg.acting_account()
     path = cfg.creds
-    if path is not None and path.exists() and account:
-        creds = Creds.read(path)
-        if creds.kind == "user" and not creds.inbox_prefix.startswith(
-            f"{subjects.account_inbox(account)}."
-        ):
-            raise CliError(
-                "this credential was issued before replies went to an account's own inboxes, "
-                "so no service would answer it: ask an operator for a new one (`gpufleet "
-                f"admin user add {account} {creds.tag('user') or 'USER'}` issues it again; "
-                "`just up` renews the local one)",
-                "unauthenticated",
-            )
-    return connect_options(path, cfg.nats_ca, acting_for=account)
-
-
-async def _connect(servers: list[str], refusals: Refusals | None = None) -> Client:
-    cfg = settings_mod.load()
-    options = _options(cfg)
-    try:
-        nc: Client = await asyncio.wait_for(
-            nats.connect(
-                servers=servers,
-                **options,
-                name="gpufleet-cli",
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.1,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                error_cb=refusals.on_error if refusals is not None else _noop_cb,
-            ),
-            timeout=CONNECT_TIMEOUT_S * 2 * max(len(servers), 1),
+    if path is None or not path.exists() or not account:
+        return
+    creds = Creds.read(path)
+    if creds.kind == "user" and not creds.inbox_prefix.startswith(
+        f"{subjects.account_inbox(account)}."
+    ):
+        raise CliError(
+            "this credential was issued before replies went to an account's own inboxes, "
+            "so no service would answer it: ask an operator for a new one (`gpufleet "
+            f"admin user add {account} {creds.tag('user') or 'USER'}` issues it again; "
+            "`just up` renews the local one)",
+            "unauthenticated",
         )
-    except nats.errors.Error as exc:
-        if "authorization" in str(exc).lower():
-            raise CliError(
-                f"NATS at {', '.join(servers)} refused this identity ({exc}): run "
-                "`gpufleet login --creds FILE` with a valid credential",
-                "unauthenticated",
-            ) from exc
+
+
+async def _connect(cfg: settings_mod.CliSettings) -> gc.Client:
+    """This identity's connection (its replies come to the inbox the services answer the
+    acting account in; an operator's acting for an account: under that account's)."""
+    _check_inbox(cfg)
+    where = ", ".join(cfg.servers)
+    try:
+        return await gc.Client.connect(
+            cfg.creds,
+            cfg.servers,
+            name="gpufleet-cli",
+            acting_for=cfg.acting_account(),
+            ca=cfg.nats_ca,
+            timeout_s=cfg.request_timeout_s,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            retry_after_s=RETRY_AFTER_S,
+            reconnect=False,
+            source=SOURCE,
+        )
+    except gc.Unauthenticated as exc:
         raise CliError(
-            f"cannot connect to NATS at {', '.join(servers)} "
-            "(is `just up` running? set GPUFLEET_NATS_URL)"
+            f"NATS at {where} refused this identity ({exc.__cause__}): run "
+            "`gpufleet login --creds FILE` with a valid credential",
+            "unauthenticated",
         ) from exc
-    except (OSError, TimeoutError) as exc:
+    except gc.Unavailable as exc:
         raise CliError(
-            f"cannot connect to NATS at {', '.join(servers)} "
-            "(is `just up` running? set GPUFLEET_NATS_URL)"
+            f"cannot connect to NATS at {where} (is `just up` running? set GPUFLEET_NATS_URL)"
         ) from exc
-    return nc
 
 
 def run(fn: Callable[[Session], Awaitable[T]]) -> T:
@@ -381,17 +350,18 @@ def run(fn: Callable[[Session], Awaitable[T]]) -> T:
     cfg = settings_mod.load()
 
     async def main() -> T:
-        refusals = Refusals()
-        nc = await _connect(cfg.servers, refusals)
+        connection = await _connect(cfg)
         try:
-            return await fn(Session(nc, cfg.request_timeout_s, refusals))
+            session = Session(
+                connection.nc, cfg.request_timeout_s, connection.refusals, connection.account
+            )
+            return await fn(session)
         except nats.errors.ConnectionClosedError as exc:
             raise CliError(f"the connection to NATS at {cfg.url} was lost") from exc
         except nats.errors.Error as exc:  # anything else the bus refused (JetStream API, ...)
             raise CliError(f"NATS: {type(exc).__name__}: {exc}") from exc
         finally:
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await connection.close()
 
     return asyncio.run(main())
 
@@ -423,6 +393,70 @@ def request(
     timeout = timeout or settings_mod.load().request_timeout_s
     data = send(addressed(subject), payload, headers, timeout, retry)
     return parse_reply(subject, data)
+
+
+def asked(
+    request_: Command,
+    *,
+    subject: str | None = None,
+    timeout: float | None = None,
+    retry: bool | None = None,
+) -> dict[str, Any]:
+    """The reply object to a request model, as the service sent it (what --json prints);
+    asked again while unanswered when the request is repeatable (a read, or one with its
+    request id) unless `retry` says otherwise."""
+    base = gc.base_subject(request_, subject)
+    again = gc.repeatable(request_) if retry is None else retry
+    return request(base, request_.to_bytes(), ce_type=request_.TYPE, timeout=timeout, retry=again)
+
+
+@overload
+def ask(
+    request_: Command,
+    reply: type[R],
+    *,
+    subject: str | None = None,
+    timeout: float | None = None,
+    retry: bool | None = None,
+) -> R: ...
+
+
+@overload
+def ask(
+    request_: Command,
+    reply: None = None,
+    *,
+    subject: str | None = None,
+    timeout: float | None = None,
+    retry: bool | None = None,
+) -> BaseModel: ...
+
+
+def ask(
+    request_: Command,
+    reply: type[BaseModel] | None = None,
+    *,
+    subject: str | None = None,
+    timeout: float | None = None,
+    retry: bool | None = None,
+) -> BaseModel:
+    """gpufleet_client's `ask` for one command: the reply as the request's REPLY model (or
+    `reply`, a subclass of it), a refusal as ServiceError, no answer as CliError."""
+    model = gc.reply_model(request_)
+    if reply is not None and not issubclass(reply, model):
+        raise TypeError(f"{type(request_).__name__} is answered by {model.__name__}")
+    raw = asked(request_, subject=subject, timeout=timeout, retry=retry)
+    return typed(reply or model, gc.base_subject(request_, subject), raw)
+
+
+def checked(
+    request_: Command, *, timeout: float | None = None, retry: bool | None = None
+) -> dict[str, Any]:
+    """The reply object to a request model as the service sent it, once it validated as the
+    request's REPLY (for the tables that read the object itself)."""
+    raw = asked(request_, timeout=timeout, retry=retry)
+    typed(gc.reply_model(request_), gc.base_subject(request_), raw)
+    return raw
 
 
 def request_many(

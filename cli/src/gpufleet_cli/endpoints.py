@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import render
-from .common import JsonFlag, call
+from .common import JsonFlag, ask
 
 app = typer.Typer(help="Endpoints: the API keys that open their URLs.", no_args_is_help=True)
 key_app = typer.Typer(
@@ -48,7 +48,7 @@ def create(
     as_json: JsonFlag = False,
 ) -> None:
     """A new key of endpoint JOB, printed once: store it now."""
-    reply = call(CreateEndpointKey.SUBJECT, {"job_id": job_id, "name": name}, as_json)
+    reply = ask(CreateEndpointKey, as_json, job_id=job_id, name=name)
     if as_json:
         return
     view = reply.get("view") if isinstance(reply.get("view"), dict) else {}
@@ -64,7 +64,7 @@ def create(
 @key_app.command("list")
 def list_(job_id: JobId, as_json: JsonFlag = False) -> None:
     """The keys of endpoint JOB, revoked ones too; never a key itself."""
-    reply = call(ListEndpointKeys.SUBJECT, {"job_id": job_id}, as_json)
+    reply = ask(ListEndpointKeys, as_json, job_id=job_id)
     if as_json:
         return
     keys = [k for k in reply.get("keys") or [] if isinstance(k, dict)]
@@ -91,7 +91,7 @@ def revoke(
     as_json: JsonFlag = False,
 ) -> None:
     """Revoke a key of endpoint JOB: its callers get 401 within seconds. Idempotent."""
-    reply = call(RevokeEndpointKey.SUBJECT, {"job_id": job_id, "key_id": key_id}, as_json)
+    reply = ask(RevokeEndpointKey, as_json, job_id=job_id, key_id=key_id)
     if not as_json:
         render.out().print(
             f"revoked key {_label(reply)} of endpoint {escape(job_id)} "

@@ -8,13 +8,21 @@ from typing import Annotated
 
 import typer
 from gpufleet_auth import Creds, write_secret
-from gpufleet_contracts import subjects
+from gpufleet_contracts.identity import (
+    AddUser,
+    AdminIssueJoinToken,
+    CreateAccount,
+    ListAccounts,
+    RevokeUser,
+    SetPlan,
+)
+from gpufleet_contracts.verification import AdminVerifyNode
 from rich.markup import escape
 from rich.table import Table
 
 from . import client, render
 from . import settings as settings_mod
-from .common import JsonFlag, call
+from .common import JsonFlag, ask, build
 
 context_app = typer.Typer(help="Saved identities (credential + server), like `nats context`.")
 admin_app = typer.Typer(help="Operators only: accounts, plans, users, join tokens.")
@@ -116,9 +124,7 @@ def account_create(
     plan: Annotated[str, typer.Option(help="free | team | enterprise")] = "free",
     as_json: JsonFlag = False,
 ) -> None:
-    reply = call(
-        subjects.admin("provisioner", "create_account"), {"account": account, "plan": plan}, as_json
-    )
+    reply = ask(CreateAccount, as_json, account=account, plan=plan)
     if not as_json:
         render.out().print(f"account {escape(account)} created on plan {reply.get('plan')}")
 
@@ -129,16 +135,14 @@ def account_plan(
     plan: Annotated[str, typer.Argument(help="free | team | enterprise")],
     as_json: JsonFlag = False,
 ) -> None:
-    reply = call(
-        subjects.admin("provisioner", "set_plan"), {"account": account, "plan": plan}, as_json
-    )
+    reply = ask(SetPlan, as_json, account=account, plan=plan)
     if not as_json:
         render.out().print(f"account {escape(account)} is on plan {reply.get('plan')}")
 
 
 @account_app.command("list")
 def account_list(as_json: JsonFlag = False) -> None:
-    reply = call(subjects.admin("provisioner", "list_accounts"), {}, as_json)
+    reply = ask(ListAccounts, as_json)
     if not as_json:
         table = Table("Account", "Plan", "Users")
         for a in reply.get("accounts") or []:
@@ -154,9 +158,7 @@ def user_add(
     as_json: JsonFlag = False,
 ) -> None:
     """A user's credential, written once to --out (0600); give it to the user for `login`."""
-    reply = call(
-        subjects.admin("provisioner", "add_user"), {"account": account, "user": user}, False
-    )
+    reply = ask(AddUser, False, account=account, user=user)
     Creds.parse(str(reply["creds"])).write(out)
     result = {"account": account, "user": user, "creds": str(out)}
     if as_json:
@@ -172,7 +174,7 @@ def user_revoke(
     as_json: JsonFlag = False,
 ) -> None:
     """Revoke a user's credential at once: its connections are closed, it cannot reconnect."""
-    call(subjects.admin("provisioner", "revoke_user"), {"account": account, "user": user}, as_json)
+    ask(RevokeUser, as_json, account=account, user=user)
     if not as_json:
         render.out().print(f"user {escape(user)} of {escape(account)} revoked")
 
@@ -188,14 +190,14 @@ def node_token(
 ) -> None:
     """A join token for a node of any account (with --out, written there and not shown)."""
     body = {"account": account, "minion_id": minion_id, "region": region, "ttl_s": ttl}
-    subject = subjects.admin("provisioner", "issue_join_token")
     if out is None:
-        reply = call(subject, body, as_json)
+        reply = ask(AdminIssueJoinToken, as_json, **body)
         if not as_json:
             render.out().print(str(reply.get("token")), soft_wrap=True)
         return
+    request = build(AdminIssueJoinToken, as_json, **body)
     with render.reported(as_json):  # errors as --json asks; the token itself is not shown
-        reply = client.request(subject, json.dumps(body).encode())
+        reply = client.checked(request)
     write_secret(out, str(reply.get("token")) + "\n")
     if as_json:
         render.emit_json({"minion_id": minion_id, "written_to": str(out)})
@@ -210,9 +212,7 @@ def node_verify(
     as_json: JsonFlag = False,
 ) -> None:
     """Ask a node of any account for a GPU check now (verified nodes)."""
-    reply = call(
-        subjects.admin("provisioner", "verify_node"), {"account": account, "node": node}, as_json
-    )
+    reply = ask(AdminVerifyNode, as_json, account=account, node=node)
     if not as_json:
         pending = (reply.get("verification") or {}).get("pending") or {}
         render.out().print(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import sys
 import uuid
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from gpufleet_contracts import subjects
+from gpufleet_contracts.billing import JobCostQuery
 from gpufleet_contracts.jobs import (
     CancelJob,
     GetJob,
@@ -30,7 +29,7 @@ from .common import JsonFlag
 
 app = typer.Typer(help="Submit, inspect, follow and cancel jobs.", no_args_is_help=True)
 
-BILLING_JOB_COST = subjects.rpc("billing", "job_cost")
+BILLING_JOB_COST = JobCostQuery.SUBJECT
 
 JobId = Annotated[
     str, typer.Argument(metavar="ID", help="The job id (as printed by `job submit`).")
@@ -63,15 +62,15 @@ def _terminal(value: Any) -> bool:
 
 
 def get_job(job_id: str) -> dict[str, Any]:
-    """The scheduler's job object (not_found for another account's job too)."""
-    msg = GetJob(job_id=job_id)
-    return client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+    """The scheduler's job object, a JobView (not_found for another account's job too)."""
+    return client.checked(GetJob(job_id=job_id))
 
 
 def job_cost(job_id: str) -> dict[str, Any]:
-    """`cost` and `cost_micro` from billing; null with a `cost_note` when it does not answer."""
+    """`cost` and `cost_micro` from billing; null with a `cost_note` when it does not answer
+    (asked once: a billing that is down must not hold the job's page)."""
     try:
-        reply = client.request(BILLING_JOB_COST, json.dumps({"job_id": job_id}).encode())
+        reply = client.checked(JobCostQuery(job_id=job_id), retry=False)
     except CliError as exc:
         return {"cost": None, "cost_micro": None, "cost_note": f"billing: {exc.message}"}
     return {"cost": reply.get("cost"), "cost_micro": reply.get("cost_micro")}
@@ -265,8 +264,7 @@ def submit(
             "endpoint": spec.endpoint(base.get("endpoint"), server_command, health_path),
         }
         job_spec = spec.build(base, flags, env or [])
-        msg = spec.submission(job_spec, request_id or uuid.uuid4().hex)
-        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+        reply = client.checked(spec.submission(job_spec, request_id or uuid.uuid4().hex))
     if as_json:
         render.emit_json(reply)
         return
@@ -310,7 +308,7 @@ def list_(
     with render.reported(as_json):
         msg = ListAllJobs(limit=limit) if all_accounts else ListJobs(limit=limit)
         try:
-            reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+            reply = client.checked(msg)
         except CliError as exc:
             if all_accounts and exc.code == "forbidden":
                 raise CliError(
@@ -398,8 +396,7 @@ def open_(job_id: JobId, as_json: JsonFlag = False) -> None:
     with render.reported(as_json):
         job = get_job(job_id)
         if endpoints.job_type(job) == JobType.notebook:
-            msg = OpenNotebook(job_id=job_id)
-            access = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE, retry=True)
+            access = client.checked(OpenNotebook(job_id=job_id))
             _opened_notebook(access, as_json)
             return
         url = job.get("url")
@@ -436,8 +433,7 @@ def _opened_notebook(access: dict[str, Any], as_json: bool) -> None:
 def cancel(job_id: JobId, as_json: JsonFlag = False) -> None:
     """Cancel a job: waiting workers are dropped, running ones stopped."""
     with render.reported(as_json):
-        msg = CancelJob(job_id=job_id)
-        reply = client.request(msg.SUBJECT, msg.to_bytes(), ce_type=msg.TYPE)
+        reply = client.checked(CancelJob(job_id=job_id))
     if as_json:
         render.emit_json(reply)
     else:

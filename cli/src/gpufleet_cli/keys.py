@@ -19,7 +19,7 @@ from rich.table import Table
 
 from . import render
 from .client import CliError
-from .common import JsonFlag, call
+from .common import JsonFlag, ask
 
 app = typer.Typer(
     help=(
@@ -92,7 +92,7 @@ def add(
     values = (
         _from_file(from_file, as_json) if from_file is not None else _prompted(key_type, as_json)
     )
-    reply = call(ATTACH, {"type": key_type, "secret": values}, as_json)
+    reply = ask(AttachKey, as_json, type=key_type, secret=values)
     if not as_json:
         _show(reply, "attached")
 
@@ -100,7 +100,7 @@ def add(
 @app.command("list")
 def list_(as_json: JsonFlag = False) -> None:
     """Your attached keys: type, field names, fingerprint, when; never a value."""
-    reply = call(LIST, {}, as_json)
+    reply = ask(ListKeys, as_json)
     if as_json:
         return
     keys = [k for k in reply.get("keys") or [] if isinstance(k, dict)]
@@ -122,6 +122,6 @@ def list_(as_json: JsonFlag = False) -> None:
 @app.command("remove")
 def remove(key_type: KeyType, as_json: JsonFlag = False) -> None:
     """Remove your TYPE key. Queued jobs that name it fail when they would be placed."""
-    reply = call(REMOVE, {"type": key_type}, as_json)
+    reply = ask(RemoveKey, as_json, type=key_type)
     if not as_json:
         _show(reply, "removed")

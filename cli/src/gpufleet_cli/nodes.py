@@ -6,30 +6,35 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from gpufleet_contracts import subjects
+from gpufleet_contracts.base import Command
+from gpufleet_contracts.identity import IssueJoinToken, JoinTokenIssued, RevokeNode
+from gpufleet_contracts.nodes import (
+    AddNode,
+    ListNodes,
+    NodeList,
+    RemoveNode,
+    SetMaintenance,
+    ShowNode,
+)
+from gpufleet_contracts.verification import VerifyNode
 from rich.markup import escape
 from rich.table import Table
 
 from . import render, views
-from .common import JsonFlag, call
+from .common import JsonFlag, answer, ask, build
 
 app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
 
-LIST_NODES = subjects.rpc("provisioner", "list_nodes")
-ADD_NODE = subjects.rpc("provisioner", "add_node")
-SHOW_NODE = subjects.rpc("provisioner", "show_node")
-SET_MAINTENANCE = subjects.rpc("provisioner", "set_maintenance")
-REMOVE = subjects.rpc("provisioner", "remove_node")
-TOKEN = subjects.rpc("provisioner", "issue_join_token")
-REVOKE = subjects.rpc("provisioner", "revoke_node")
-VERIFY = subjects.rpc("provisioner", "verify_node")
+LIST_NODES = ListNodes.SUBJECT
+SHOW_NODE = ShowNode.SUBJECT
+SET_MAINTENANCE = SetMaintenance.SUBJECT
 
 
-def _act(subject: str, body: dict[str, Any], as_json: bool) -> None:
-    """Send a node request and show the node it answers with."""
-    reply = call(subject, body, as_json)
+def _act(model: type[Command], as_json: bool, **values: Any) -> None:
+    """Send a node request and show the node it answers with (a NodeView, or more)."""
+    node = ask(model, as_json, **values)
     if not as_json:
-        _show(reply)
+        _show(node)
 
 
 class Switch(StrEnum):
@@ -45,16 +50,15 @@ def list_(
     as_json: JsonFlag = False,
 ) -> None:
     """Your nodes: region, state, GPUs, simulated or real, last heartbeat."""
-    reply = call(LIST_NODES, {"include_removed": all_}, as_json)
+    reply = answer(build(ListNodes, as_json, include_removed=all_), NodeList, as_json)
     if not as_json:
-        nodes = [n for n in reply.get("nodes") or [] if isinstance(n, dict)]
-        views.node_table(nodes)
-        failing = [n for n in nodes if n.get("failed_rules")]
-        for n in failing:
-            render.err().print(
-                f"[yellow]{escape(str(n['name']))}[/] is out of service: "
-                + escape("; ".join(n["failed_rules"]))
-            )
+        views.node_table([render.plain(n) for n in reply.nodes])
+        for n in reply.nodes:
+            if n.failed_rules:
+                render.err().print(
+                    f"[yellow]{escape(n.name)}[/] is out of service: "
+                    + escape("; ".join(n.failed_rules))
+                )
 
 
 def _show(node: dict[str, Any]) -> None:
@@ -120,7 +124,7 @@ def verify(
 ) -> None:
     """Ask the node for a GPU check now (verified nodes: only a node whose hardware passed
     it takes other accounts' jobs). `node show` tells the outcome."""
-    _act(VERIFY, {"node": node}, as_json)
+    _act(VerifyNode, as_json, node=node)
 
 
 @app.command("add")
@@ -134,15 +138,16 @@ def add(
     as_json: JsonFlag = False,
 ) -> None:
     """Add a compute or storage node by its minion id (R-NODE-2/3)."""
-    body = {
-        "region": region,
-        "name": name,
-        "minion_id": minion_id,
-        "kind": kind,
-        "upnp": upnp,
-        "mining": mining,
-    }
-    _act(ADD_NODE, body, as_json)
+    _act(
+        AddNode,
+        as_json,
+        region=region,
+        name=name,
+        minion_id=minion_id,
+        kind=kind,
+        upnp=upnp,
+        mining=mining,
+    )
 
 
 @app.command("replace-storage")
@@ -153,14 +158,15 @@ def replace_storage(
     as_json: JsonFlag = False,
 ) -> None:
     """Replace the region's storage node with a new one (R-NODE-3)."""
-    body = {
-        "region": region,
-        "name": name,
-        "minion_id": minion_id,
-        "kind": "storage",
-        "replace": True,
-    }
-    _act(ADD_NODE, body, as_json)
+    _act(
+        AddNode,
+        as_json,
+        region=region,
+        name=name,
+        minion_id=minion_id,
+        kind="storage",
+        replace=True,
+    )
 
 
 @app.command("show")
@@ -168,7 +174,7 @@ def show(
     node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """One node: state, history, hardware check results."""
-    _act(SHOW_NODE, {"node": node}, as_json)
+    _act(ShowNode, as_json, node=node)
 
 
 @app.command("maintenance")
@@ -184,7 +190,7 @@ def maintenance(
 ) -> None:
     """Put a node in maintenance (on) or back in service (off); only active nodes receive
     work. A node already in the state asked for is left as it is."""
-    reply = call(SET_MAINTENANCE, {"node": node, "maintenance": wanted is Switch.on}, as_json)
+    reply = ask(SetMaintenance, as_json, node=node, maintenance=wanted is Switch.on)
     if as_json:
         return
     if reply.get("changed") is False:
@@ -201,7 +207,7 @@ def remove(
     node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """Remove a node; its running workers are requeued."""
-    _act(REMOVE, {"node": node}, as_json)
+    _act(RemoveNode, as_json, node=node)
 
 
 @app.command("token")
@@ -213,13 +219,14 @@ def token(
 ) -> None:
     """A one-time join token for one node (R-NODE-2): give it to the node's agent as
     GPUFLEET_JOIN_TOKEN; it is exchanged once for the node's own credential."""
-    reply = call(TOKEN, {"minion_id": minion_id, "region": region, "ttl_s": ttl}, as_json)
+    request = build(IssueJoinToken, as_json, minion_id=minion_id, region=region, ttl_s=ttl)
+    reply = answer(request, JoinTokenIssued, as_json)
     if not as_json:
         render.err().print(
             f"join token for [bold]{escape(minion_id)}[/] in {escape(region)} "
             "(one use; treat it as a secret):"
         )
-        render.out().print(str(reply.get("token")), soft_wrap=True)
+        render.out().print(reply.token, soft_wrap=True)
 
 
 @app.command("revoke")
@@ -227,4 +234,4 @@ def revoke(
     node: Annotated[str, typer.Argument(help="name or minion id")], as_json: JsonFlag = False
 ) -> None:
     """Cut a node off at once: its credential is revoked and it is removed."""
-    _act(REVOKE, {"node": node}, as_json)
+    _act(RevokeNode, as_json, node=node)

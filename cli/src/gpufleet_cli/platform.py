@@ -15,7 +15,7 @@ from gpufleet_contracts.platform import (
 )
 from rich.markup import escape
 
-from .common import JsonFlag, call
+from .common import JsonFlag, ask
 from .render import out, text, when
 from .views import Col, Step, fitted
 
@@ -79,8 +79,7 @@ def asset_app(asset: PlatformAsset) -> typer.Typer:
         as_json: JsonFlag = False,
     ) -> None:
         """Your {kind}s (or the public ones), newest first."""
-        body = {"asset": kind, "public": public, "limit": limit}
-        reply = call(ListPlatformObjects.SUBJECT, body, as_json)
+        reply = ask(ListPlatformObjects, as_json, asset=kind, public=public, limit=limit)
         if as_json:
             return
         found = [o for o in reply.get("objects") or [] if isinstance(o, dict)]
@@ -93,7 +92,7 @@ def asset_app(asset: PlatformAsset) -> typer.Typer:
     @app.command("show")
     def show(name: Name, as_json: JsonFlag = False) -> None:
         """One {kind}: its state, size, checksum and the job that made it."""
-        reply = call(GetPlatformObject.SUBJECT, {"asset": kind, "name": name}, as_json)
+        reply = ask(GetPlatformObject, as_json, asset=kind, name=name)
         if as_json:
             return
         console = out()
@@ -113,7 +112,7 @@ def asset_app(asset: PlatformAsset) -> typer.Typer:
     @app.command("remove")
     def remove(name: Name, as_json: JsonFlag = False) -> None:
         """Remove your {kind} and its bytes. Queued jobs that name it fail when they stage it."""
-        reply = call(RemovePlatformObject.SUBJECT, {"asset": kind, "name": name}, as_json)
+        reply = ask(RemovePlatformObject, as_json, asset=kind, name=name)
         if not as_json:
             out().print(f"removed {kind} [bold]{text(reply.get('name'))}[/]")
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import render
-from .common import JsonFlag, call
+from .common import JsonFlag, ask
 
 app = typer.Typer(
     help=(
@@ -47,7 +47,7 @@ def create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a project of yours (using a new name in `job submit --project` does too)."""
-    reply = call(CREATE, {"name": name}, as_json)
+    reply = ask(CreateProject, as_json, name=name)
     if not as_json:
         _show(reply)
 
@@ -58,7 +58,7 @@ def list_(
     as_json: JsonFlag = False,
 ) -> None:
     """The projects you own (with their members) and those you are a member of."""
-    reply = call(LIST, {"limit": limit}, as_json)
+    reply = ask(ListProjects, as_json, limit=limit)
     if as_json:
         return
     projects = [p for p in reply.get("projects") or [] if isinstance(p, dict)]
@@ -81,7 +81,7 @@ def list_(
 @app.command("add-member")
 def add_member(project: Project, account: Account, as_json: JsonFlag = False) -> None:
     """Let ACCOUNT submit jobs to PROJECT (as YOUR_ACCOUNT/PROJECT)."""
-    reply = call(ADD_MEMBER, {"project": project, "account": account}, as_json)
+    reply = ask(AddProjectMember, as_json, project=project, account=account)
     if not as_json:
         _show(reply)
 
@@ -89,6 +89,6 @@ def add_member(project: Project, account: Account, as_json: JsonFlag = False) ->
 @app.command("remove-member")
 def remove_member(project: Project, account: Account, as_json: JsonFlag = False) -> None:
     """ACCOUNT may no longer submit to PROJECT; its jobs there stay."""
-    reply = call(REMOVE_MEMBER, {"project": project, "account": account}, as_json)
+    reply = ask(RemoveProjectMember, as_json, project=project, account=account)
     if not as_json:
         _show(reply)

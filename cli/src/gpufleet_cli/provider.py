@@ -8,17 +8,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from gpufleet_contracts import subjects
+from gpufleet_contracts.providers import (
+    EnableProvider,
+    ListProviders,
+    Providers,
+    ProviderView,
+    SetBurstPolicy,
+)
 from rich.table import Table
 
 from . import client, render
-from .common import JsonFlag, call
+from .common import JsonFlag, answer, ask
 
 app = typer.Typer(help="Providers: physical (on-prem) and gcp.", no_args_is_help=True)
-
-ENABLE = subjects.rpc("provisioner", "enable_provider")
-LIST = subjects.rpc("provisioner", "list_providers")
-POLICY = subjects.rpc("provisioner", "set_burst_policy")
 
 
 def show(obj: dict[str, Any], title: str) -> None:
@@ -45,39 +47,40 @@ def enable(
     as_json: JsonFlag = False,
 ) -> None:
     """Enable a provider for your account (once each)."""
-    body: dict[str, Any] = {"provider": provider, "payment_mode": payment_mode}
+    key_json: str | None = None
     if key_file is not None:
         try:
-            text = sys.stdin.read() if str(key_file) == "-" else key_file.read_text()
+            key_json = sys.stdin.read() if str(key_file) == "-" else key_file.read_text()
         except OSError as exc:
             render.fail(
                 client.CliError(f"cannot read {key_file}: {exc.strerror}", "invalid"), as_json
             )
-        body["key_json"] = text
-    reply = call(ENABLE, body, as_json)
+    reply = ask(
+        EnableProvider, as_json, provider=provider, payment_mode=payment_mode, key_json=key_json
+    )
     if not as_json:
         show(reply, f"{provider} provider enabled")
-        lifecycle = reply.get("lifecycle") or {}
-        if lifecycle.get("writer_identity"):
+        lifecycle = ProviderView.model_validate(reply).lifecycle
+        if lifecycle is not None and lifecycle.writer_identity:
             render.out().print(
-                f"Grant {lifecycle['writer_identity']} roles/pubsub.publisher on "
-                f"{lifecycle.get('topic')} (the sink's writer identity)."
+                f"Grant {lifecycle.writer_identity} roles/pubsub.publisher on "
+                f"{lifecycle.topic} (the sink's writer identity)."
             )
 
 
 @app.command("list")
 def list_(as_json: JsonFlag = False) -> None:
     """Your providers (never their keys)."""
-    reply = call(LIST, {}, as_json)
+    reply = answer(ListProviders(), Providers, as_json)
     if not as_json:
         table = Table("Provider", "Payment", "Project", "Service account", "Enabled")
-        for p in reply.get("providers") or []:
+        for p in reply.providers:
             table.add_row(
-                render.text(p.get("provider")),
-                render.text(p.get("payment_mode")),
-                render.text(p.get("gcp_project_id")),
-                render.text(p.get("client_email")),
-                render.when(p.get("enabled_at")),
+                render.text(p.provider),
+                render.text(p.payment_mode),
+                render.text(p.gcp_project_id),
+                render.text(p.client_email),
+                render.when(p.enabled_at),
             )
         render.out().print(table)
 
@@ -91,12 +94,13 @@ def policy(
     as_json: JsonFlag = False,
 ) -> None:
     """Set the gcp burst policy (R-SCHED-3); unset options keep their value."""
-    body = {
-        "max_nodes": max_nodes,
-        "max_nodes_per_region": max_nodes_per_region,
-        "max_new_per_pass": max_new_per_pass,
-        "idle_s": idle_s,
-    }
-    reply = call(POLICY, body, as_json)
+    reply = ask(
+        SetBurstPolicy,
+        as_json,
+        max_nodes=max_nodes,
+        max_nodes_per_region=max_nodes_per_region,
+        max_new_per_pass=max_new_per_pass,
+        idle_s=idle_s,
+    )
     if not as_json:
         show(reply, "burst policy")

@@ -5,18 +5,20 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from gpufleet_contracts import subjects
+from gpufleet_contracts.providers import (
+    CreateRegion,
+    ListRegions,
+    RegionQuotas,
+    Regions,
+    ShowRegionQuotas,
+)
 from rich.table import Table
 
 from . import render
-from .common import JsonFlag, call
+from .common import JsonFlag, answer, ask, build
 from .provider import show
 
 app = typer.Typer(help="Regions of your providers.", no_args_is_help=True)
-
-CREATE = subjects.rpc("provisioner", "create_region")
-LIST = subjects.rpc("provisioner", "list_regions")
-QUOTAS = subjects.rpc("provisioner", "region_quotas")
 
 
 @app.command("create")
@@ -31,14 +33,15 @@ def create(
     as_json: JsonFlag = False,
 ) -> None:
     """Create a region."""
-    body = {
-        "provider": provider,
-        "name": name,
-        "storage_mode": storage_mode,
-        "allow_public_jobs": allow_public_jobs,
-        "storage_class": storage_class,
-    }
-    reply = call(CREATE, body, as_json)
+    reply = ask(
+        CreateRegion,
+        as_json,
+        provider=provider,
+        name=name,
+        storage_mode=storage_mode,
+        allow_public_jobs=allow_public_jobs,
+        storage_class=storage_class,
+    )
     if not as_json:
         show(reply, f"region {name} created")
 
@@ -46,16 +49,16 @@ def create(
 @app.command("list")
 def list_(as_json: JsonFlag = False) -> None:
     """Your regions."""
-    reply = call(LIST, {}, as_json)
+    reply = answer(ListRegions(), Regions, as_json)
     if not as_json:
         table = Table("Name", "Provider", "Storage", "Public jobs", "Runnable jobs")
-        for r in reply.get("regions") or []:
-            runnable = r.get("runnable_jobs") or {}
+        for r in reply.regions:
+            runnable = r.runnable_jobs or {}
             table.add_row(
-                render.text(r.get("name")),
-                render.text(r.get("provider")),
-                render.text(r.get("storage_mode")),
-                "yes" if r.get("allow_public_jobs") else "no",
+                render.text(r.name),
+                render.text(r.provider),
+                render.text(r.storage_mode),
+                "yes" if r.allow_public_jobs else "no",
                 ", ".join(f"{k}: {v}" for k, v in runnable.items() if v) or "-",
             )
         render.out().print(table)
@@ -67,13 +70,13 @@ def quotas(
     as_json: JsonFlag = False,
 ) -> None:
     """A GCP region's quotas (limit and usage) and runnable jobs per GPU type (R-REG-3)."""
-    reply = call(QUOTAS, {"name": name}, as_json)
+    reply = answer(build(ShowRegionQuotas, as_json, name=name), RegionQuotas, as_json)
     if not as_json:
         table = Table("Quota", "Limit", "Usage", title=name, title_justify="left")
-        for metric, q in sorted((reply.get("quotas") or {}).items()):
-            table.add_row(metric, render.text(q.get("limit")), render.text(q.get("usage")))
+        for metric, q in sorted(reply.quotas.items()):
+            table.add_row(metric, render.text(q.limit), render.text(q.usage))
         render.out().print(table)
         jobs = Table("GPU type", "Runnable jobs")
-        for gpu, n in (reply.get("runnable_jobs") or {}).items():
+        for gpu, n in reply.runnable_jobs.items():
             jobs.add_row(gpu, str(n))
         render.out().print(jobs)

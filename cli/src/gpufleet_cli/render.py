@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -30,6 +31,12 @@ def emit_json(obj: Any) -> None:
     """Print one JSON object to stdout, and nothing else."""
     sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def plain(reply: BaseModel) -> dict[str, Any]:
+    """A reply model as the JSON object its service sent (what the tables read)."""
+    dumped: dict[str, Any] = reply.model_dump(mode="json", by_alias=True)
+    return dumped
 
 
 def field_table(fields: list[dict[str, Any]], hints: Mapping[str, str] | None = None) -> Table:

@@ -16,6 +16,8 @@ from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import ListJobs
 from typer.testing import CliRunner
 
+from .replies import job, node, node_detail
+
 runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
 
 GPU = {
@@ -27,28 +29,28 @@ GPU = {
 }
 NODES = {
     "nodes": [
-        {
-            "node_id": "n1",
-            "minion_id": "m1",
-            "name": "box-a",
-            "region": "eu-west",
-            "owner": "acme",
-            "state": "active",
-            "gpus": [GPU, {**GPU, "index": 1}],
-            "simulated": True,
-            "last_seen": "2025-01-01T10:00:00+00:00",
-        },
-        {
-            "node_id": "n2",
-            "minion_id": "m2",
-            "name": "box-b",
-            "region": "us-east",
-            "owner": "acme",
-            "state": "lost",
-            "gpus": [{**GPU, "model": None, "nvml_name": "Mystery GPU"}],
-            "simulated": False,
-            "last_seen": None,
-        },
+        node(
+            node_id="n1",
+            minion_id="m1",
+            name="box-a",
+            region="eu-west",
+            owner="acme",
+            state="active",
+            gpus=[GPU, {**GPU, "index": 1}],
+            simulated=True,
+            last_seen="2025-01-01T10:00:00+00:00",
+        ),
+        node(
+            node_id="n2",
+            minion_id="m2",
+            name="box-b",
+            region="us-east",
+            owner="acme",
+            state="lost",
+            gpus=[{**GPU, "model": None, "nvml_name": "Mystery GPU"}],
+            simulated=False,
+            last_seen=None,
+        ),
     ]
 }
 
@@ -90,18 +92,20 @@ def test_node_list_json_is_the_reply(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_node_show_says_simulated_and_why_a_node_has_no_gpus(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    bare = {
-        **NODES["nodes"][1],
-        "state": "active",
-        "gpus": [],
-        "inventory_source": "nvml: no NVIDIA driver (Driver Not Loaded)",
-    }
+    bare = node_detail(
+        **{
+            **NODES["nodes"][1],
+            "state": "active",
+            "gpus": [],
+            "inventory_source": "nvml: no NVIDIA driver (Driver Not Loaded)",
+        }
+    )
     replying(monkeypatch, {SHOW_NODE: bare})
     lines = runner.invoke(app, ["node", "show", "box-b"]).stdout.splitlines()
     assert any("simulated" in line and "False" in line for line in lines)
     assert any("gpus" in line and "none" in line for line in lines)
     assert any("nvml: no NVIDIA driver (Driver Not Loaded)" in line for line in lines)
-    sim = {**NODES["nodes"][0], "inventory_source": "/pkg/simulated/2x-rtx3090.json"}
+    sim = node_detail(**{**NODES["nodes"][0], "inventory_source": "/pkg/simulated/2x-rtx3090.json"})
     replying(monkeypatch, {SHOW_NODE: sim})
     lines = runner.invoke(app, ["node", "show", "box-a"]).stdout.splitlines()
     assert any("simulated" in line and "True" in line for line in lines)
@@ -109,7 +113,14 @@ def test_node_show_says_simulated_and_why_a_node_has_no_gpus(
 
 
 def test_billing_balance_and_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    balance = {"account": "acme", "balance": "-0.000139", "balance_micro": -139, "entries": 3}
+    balance = {
+        "account": "acme",
+        "balance": "-0.000139",
+        "balance_micro": -139,
+        "entries": 3,
+        "earnings_unpaid": "0.000000",
+        "earnings_unpaid_micro": 0,
+    }
     entries = {
         "entries": [
             {
@@ -137,14 +148,14 @@ def test_billing_balance_and_entries(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_job_list(monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = {
         "jobs": [
-            {
-                "id": "j1",
-                "name": "n",
-                "state": "queued",
-                "rate": None,
-                "spec": {"gpu_count": 2, "gpu_types": ["T4"], "workers": 1},
-                "queued_at": "2025-01-01T10:00:00+00:00",
-            }
+            job(
+                id="j1",
+                name="n",
+                state="queued",
+                rate=None,
+                spec={"gpu_count": 2, "gpu_types": ["T4"], "workers": 1},
+                queued_at="2025-01-01T10:00:00+00:00",
+            )
         ]
     }
     replying(monkeypatch, {ListJobs.SUBJECT: jobs})

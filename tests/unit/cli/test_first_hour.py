@@ -15,19 +15,21 @@ from gpufleet_cli.nodes import LIST_NODES, SET_MAINTENANCE
 from gpufleet_contracts import subjects
 from typer.testing import CliRunner
 
+from .replies import node_detail
+
 runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
 
-NODE = {
-    "node_id": "node-m1",
-    "minion_id": "m1",
-    "name": "box",
-    "region": "lab",
-    "owner": "acme",
-    "state": "maintenance",
-    "gpus": [],
-    "simulated": False,
-    "history": [],
-}
+NODE = node_detail(
+    node_id="node-m1",
+    minion_id="m1",
+    name="box",
+    region="lab",
+    owner="acme",
+    state="maintenance",
+    gpus=[],
+    simulated=False,
+    history=[],
+)
 
 
 def job(job_id: str, owner: str) -> dict[str, Any]:

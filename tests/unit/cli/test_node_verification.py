@@ -12,24 +12,26 @@ from gpufleet_cli import client
 from gpufleet_cli.main import app
 from typer.testing import CliRunner
 
+from .replies import node_detail, verification
+
 runner = CliRunner(env={"GPUFLEET_ACCOUNT": "acme", "COLUMNS": "200"})
 
-NODE: dict[str, Any] = {
-    "node_id": "node-box-1",
-    "minion_id": "box-1",
-    "name": "box-1",
-    "region": "lab",
-    "owner": "acme",
-    "state": "active",
-    "kind": "compute",
-    "provider": "physical",
-    "gpus": [{"index": 0, "model": "H200", "nvml_name": "NVIDIA H200"}],
-    "simulated": False,
-    "inventory_source": "nvml",
-    "failed_rules": [],
-    "last_seen": "2025-01-01T10:00:00+00:00",
-    "history": [],
-}
+NODE: dict[str, Any] = node_detail(
+    node_id="node-box-1",
+    minion_id="box-1",
+    name="box-1",
+    region="lab",
+    owner="acme",
+    state="active",
+    kind="compute",
+    provider="physical",
+    gpus=[{"index": 0, "model": "H200", "nvml_name": "NVIDIA H200"}],
+    simulated=False,
+    inventory_source="nvml",
+    failed_rules=[],
+    last_seen="2025-01-01T10:00:00+00:00",
+    history=[],
+)
 
 
 def replying(monkeypatch: pytest.MonkeyPatch, reply: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -107,12 +109,14 @@ def test_list_marks_verified_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_verify_asks_for_a_check_now(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = replying(monkeypatch, {**NODE, "verification": {"verified": False}})
+    asked = replying(monkeypatch, {**NODE, "verification": verification(verified=False)})
     result = runner.invoke(app, ["node", "verify", "box-1"])
     assert result.exit_code == 0, result.output
     assert asked == [("gpufleet.v1.rpc.provisioner.verify_node", {"node": "box-1"})]
     pending = {"deadline": "2025-01-02T10:05:00+00:00", "sent_at": "x", "why": "y"}
-    asked = replying(monkeypatch, {**NODE, "verification": {"verified": False, "pending": pending}})
+    asked = replying(
+        monkeypatch, {**NODE, "verification": verification(verified=False, pending=pending)}
+    )
     result = runner.invoke(app, ["admin", "node-verify", "box-1", "--account", "acme"])
     assert result.exit_code == 0, result.output
     assert asked == [

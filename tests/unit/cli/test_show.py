@@ -51,10 +51,11 @@ def job(state: str = "running", workers: int = 1) -> dict[str, Any]:
             for i in range(workers)
         ],
         "queued_at": "2025-01-01T10:00:00+00:00",
+        "notes": [],
     }
 
 
-COST = {"job_id": "j1", "cost": "0.004514", "cost_micro": 4514, "entries": []}
+COST = {"job_id": "j1", "cost": "0.004514", "cost_micro": 4514, "by_kind": {}, "entries": []}
 
 
 class Bus:

@@ -22,59 +22,74 @@ from gpufleet_cli.main import app
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
+from .replies import job, node
+
 TIMES = views.TIMES
 NOW = datetime.now(UTC)
 TODAY = (NOW - timedelta(minutes=5)).isoformat()
 BEFORE = "2025-11-26T06:41:01+00:00"
 
 JOBS: list[dict[str, Any]] = [
-    {
-        "id": "j1c9854011370",
-        "name": "resnet50-imagenet-sweep-3",  # 25 characters: may be cut, never wrapped
-        "project": "default",
-        "owner": "acme",
-        "state": "queued",
-        "rate": None,
-        "spec": {"gpu_types": ["RTX 3090"], "gpu_count": 1, "workers": 1},
-        "workers": [{"index": 0, "state": "waiting"}],
-        "queued_at": TODAY,
-    },
-    {
-        "id": "j5f0e1d2c3b4a",
-        "name": "cpu-preprocess",
-        "project": "acme/research",
-        "owner": "acme",
-        "state": "queued",
-        "rate": None,
-        "spec": {"gpu_types": [], "gpu_count": 0, "cpu_count": 4, "workers": 2},
-        "workers": [],
-        "queued_at": BEFORE,
-    },
-    {
-        "id": "j0123456789ab",
-        "name": "llm finetune",
-        "project": "default",
-        "owner": "acme",
-        "state": "running",
-        "rate": "0.0125",
-        "spec": {"gpu_types": ["RTX 3090"], "gpu_count": 1, "gpu_fraction": "0.5", "workers": 1},
-        "workers": [{"index": 0, "state": "running", "node": "local-node-1"}],
-        "queued_at": BEFORE,
-    },
-    {
-        "id": "jabcdefabcdef",
-        "name": "ddp",
-        "project": "default",
-        "owner": "acme",
-        "state": "finished",
-        "rate": "0.05",
-        "spec": {"gpu_types": ["RTX 3090"], "gpu_count": 2, "workers": 2},
-        "workers": [
-            {"index": 0, "state": "finished", "node": "local-node-1"},
-            {"index": 1, "state": "finished", "node": "local-node-2"},
-        ],
-        "queued_at": BEFORE,
-    },
+    job(
+        **{
+            "id": "j1c9854011370",
+            "name": "resnet50-imagenet-sweep-3",  # 25 characters: may be cut, never wrapped
+            "project": "default",
+            "owner": "acme",
+            "state": "queued",
+            "rate": None,
+            "spec": {"gpu_types": ["RTX 3090"], "gpu_count": 1, "workers": 1},
+            "workers": [{"index": 0, "state": "waiting"}],
+            "queued_at": TODAY,
+        }
+    ),
+    job(
+        **{
+            "id": "j5f0e1d2c3b4a",
+            "name": "cpu-preprocess",
+            "project": "acme/research",
+            "owner": "acme",
+            "state": "queued",
+            "rate": None,
+            "spec": {"gpu_types": [], "gpu_count": 0, "cpu_count": 4, "workers": 2},
+            "workers": [],
+            "queued_at": BEFORE,
+        }
+    ),
+    job(
+        **{
+            "id": "j0123456789ab",
+            "name": "llm finetune",
+            "project": "default",
+            "owner": "acme",
+            "state": "running",
+            "rate": "0.0125",
+            "spec": {
+                "gpu_types": ["RTX 3090"],
+                "gpu_count": 1,
+                "gpu_fraction": "0.5",
+                "workers": 1,
+            },
+            "workers": [{"index": 0, "state": "running", "node": "local-node-1"}],
+            "queued_at": BEFORE,
+        }
+    ),
+    job(
+        **{
+            "id": "jabcdefabcdef",
+            "name": "ddp",
+            "project": "default",
+            "owner": "acme",
+            "state": "finished",
+            "rate": "0.05",
+            "spec": {"gpu_types": ["RTX 3090"], "gpu_count": 2, "workers": 2},
+            "workers": [
+                {"index": 0, "state": "finished", "node": "local-node-1"},
+                {"index": 1, "state": "finished", "node": "local-node-2"},
+            ],
+            "queued_at": BEFORE,
+        }
+    ),
 ]
 ENTRIES: list[dict[str, Any]] = [
     {
@@ -113,28 +128,28 @@ ENTRIES: list[dict[str, Any]] = [
 ]
 GPU: dict[str, Any] = {"index": 0, "model": "RTX 3090", "nvml_name": "NVIDIA GeForce RTX 3090"}
 NODES: list[dict[str, Any]] = [
-    {
-        "node_id": "n1",
-        "minion_id": "minion-7f3a9c",
-        "name": "local-node-1",
-        "region": "eu-west",
-        "kind": "compute",
-        "state": "active",
-        "gpus": [GPU, {**GPU, "index": 1}],
-        "simulated": True,
-        "last_seen": TODAY,
-    },
-    {
-        "node_id": "n2",
-        "minion_id": "minion-0c1d2e",
-        "name": "gpu-box-eu-west-17",
-        "region": "us-east-2",
-        "kind": "compute",
-        "state": "maintenance",
-        "gpus": [GPU],
-        "simulated": False,
-        "last_seen": BEFORE,
-    },
+    node(
+        node_id="n1",
+        minion_id="minion-7f3a9c",
+        name="local-node-1",
+        region="eu-west",
+        kind="compute",
+        state="active",
+        gpus=[GPU, {**GPU, "index": 1}],
+        simulated=True,
+        last_seen=TODAY,
+    ),
+    node(
+        node_id="n2",
+        minion_id="minion-0c1d2e",
+        name="gpu-box-eu-west-17",
+        region="us-east-2",
+        kind="compute",
+        state="maintenance",
+        gpus=[GPU],
+        simulated=False,
+        last_seen=BEFORE,
+    ),
 ]
 
 # The child: every request answered with the canned reply, then the command itself.

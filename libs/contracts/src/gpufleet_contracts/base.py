@@ -60,6 +60,9 @@ class Command(Message):
     # A request's reply: the model its handler returns (or it raises Refused). None for a
     # command that no one answers (a durable command on a stream).
     REPLY: ClassVar[type[BaseModel] | None] = None
+    # A request that changes nothing: a client may ask it again while it is unanswered
+    # (gpufleet_client). A command is safe to repeat also when it carries a `request_id`.
+    READ: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)

@@ -37,4 +37,5 @@ class ListDeadLetters(Command):
 
     TYPE = "gpufleet.dead_letters.list.v1"
     REPLY = DeadLetters
+    READ = True
     limit: int = Field(default=50, ge=1, le=1000)

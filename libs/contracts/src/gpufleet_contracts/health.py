@@ -18,6 +18,7 @@ class HealthCheck(Command):
 
     TYPE = "gpufleet.health.check.v1"
     REPLY = Health
+    READ = True
 
 
 class NodeHealth(Health):

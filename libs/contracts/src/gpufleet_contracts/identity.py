@@ -139,6 +139,7 @@ class ListAccounts(Command):
     TYPE = "gpufleet.account.list.v1"
     SUBJECT = subjects.admin("provisioner", "list_accounts")
     REPLY = Accounts
+    READ = True
 
 
 class AccountChanged(Event):

@@ -148,6 +148,7 @@ class ListKeys(Command):
     TYPE = "gpufleet.key.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_keys")
     REPLY = KeyList
+    READ = True
 
 
 class RemoveKey(Command):

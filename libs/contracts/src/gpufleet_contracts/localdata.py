@@ -62,6 +62,7 @@ class ConnectJob(Command):
     TYPE = "gpufleet.scheduler.connect_job.v1"
     SUBJECT = subjects.rpc("scheduler", "connect_job")
     REPLY = LocalConnection
+    READ = True
     job_id: str = Field(min_length=1, max_length=64)
     sending: Annotated[list[LocalFile], Field(max_length=16)] = Field(default_factory=list)
 
@@ -193,5 +194,6 @@ class ListRelayed(Command):
     TYPE = "gpufleet.datastore.list_relayed.v1"
     SUBJECT = subjects.service_call("datastore", "list_relayed")
     REPLY = RelayedList
+    READ = True
     account: str
     job_id: str

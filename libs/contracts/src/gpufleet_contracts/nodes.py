@@ -353,6 +353,7 @@ class ListNodes(Command):
     TYPE = "gpufleet.node.list.v1"
     SUBJECT = subjects.rpc("provisioner", "list_nodes")
     REPLY = NodeList
+    READ = True
     include_removed: bool = False
 
 
@@ -385,6 +386,7 @@ class ShowNode(NodeRequest):
     TYPE = "gpufleet.node.show.v1"
     SUBJECT = subjects.rpc("provisioner", "show_node")
     REPLY = NodeDetail
+    READ = True
 
 
 class SetMaintenance(NodeRequest):

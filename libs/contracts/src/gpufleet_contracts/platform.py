@@ -36,6 +36,7 @@ class ListPlatformObjects(Command):
     TYPE = "gpufleet.datastore.list_platform_objects.v1"
     SUBJECT = subjects.rpc("datastore", "list_platform_objects")
     REPLY = PlatformObjectList
+    READ = True
     asset: PlatformAsset
     public: bool = False
     limit: Int = Field(default=100, ge=1, le=1000)
@@ -62,6 +63,7 @@ class GetPlatformObject(Command):
     TYPE = "gpufleet.datastore.get_platform_object.v1"
     SUBJECT = subjects.rpc("datastore", "get_platform_object")
     REPLY = PlatformObjectView
+    READ = True
     asset: PlatformAsset
     name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS * 2)
 

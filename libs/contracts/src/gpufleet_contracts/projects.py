@@ -185,4 +185,5 @@ class ListProjects(Command):
     TYPE = "gpufleet.project.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_projects")
     REPLY = ProjectList
+    READ = True
     limit: Int = Field(default=100, ge=1, le=1000)

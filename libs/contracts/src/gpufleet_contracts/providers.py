@@ -106,6 +106,7 @@ class ListProviders(Command):
     TYPE = "gpufleet.provider.list.v1"
     SUBJECT = subjects.rpc("provisioner", "list_providers")
     REPLY = Providers
+    READ = True
 
 
 class BurstPolicy(Message):
@@ -183,6 +184,7 @@ class ListRegions(Command):
     TYPE = "gpufleet.provider.list_regions.v1"
     SUBJECT = subjects.rpc("provisioner", "list_regions")
     REPLY = Regions
+    READ = True
 
 
 class RegionQuotas(Message):
@@ -199,4 +201,5 @@ class ShowRegionQuotas(Command):
     TYPE = "gpufleet.provider.region_quotas.v1"
     SUBJECT = subjects.rpc("provisioner", "region_quotas")
     REPLY = RegionQuotas
+    READ = True
     name: str = Field(min_length=1, max_length=limits.NAME_CHARS)

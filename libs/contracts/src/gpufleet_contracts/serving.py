@@ -110,6 +110,7 @@ class ListEndpointKeys(Command):
     TYPE = "gpufleet.scheduler.list_endpoint_keys.v1"
     SUBJECT = subjects.rpc("scheduler", "list_endpoint_keys")
     REPLY = EndpointKeyList
+    READ = True
     job_id: str = Field(min_length=1, max_length=64)
 
 
@@ -149,6 +150,7 @@ class OpenNotebook(Command):
     TYPE = "gpufleet.scheduler.open_notebook.v1"
     SUBJECT = subjects.rpc("scheduler", "open_notebook")
     REPLY = NotebookAccess
+    READ = True
     job_id: str = Field(min_length=1, max_length=64)
 
 
