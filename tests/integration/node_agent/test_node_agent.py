@@ -29,6 +29,7 @@ from gpufleet_devstack import NatsServer, wait_for_async
 from gpufleet_node_agent.agent import Agent
 from gpufleet_node_agent.app import build_app
 from gpufleet_node_agent.settings import AgentSettings, default_sim_inventory
+from gpufleet_telemetry.exposition import MetricsSettings
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -42,11 +43,16 @@ PY = sys.executable
 
 @asynccontextmanager
 async def running_agent(
-    server: NatsServer, state_dir: Path, minion_id: str, **settings: Any
+    server: NatsServer,
+    state_dir: Path,
+    minion_id: str,
+    metrics: MetricsSettings | None = None,
+    **settings: Any,
 ) -> AsyncIterator[Agent]:
     """The agent app on a real broker, with an enrolled node's credential and the command
     consumer the provisioner would have made: start-up hooks, consumers, loops. The node's
-    owner (`local`) opted into bare processes for its own jobs (start_cmd's)."""
+    owner (`local`) opted into bare processes for its own jobs (start_cmd's). `metrics`: its
+    /metrics (none by default)."""
     settings = AgentSettings(
         minion_id=minion_id,
         agent_state_dir=state_dir,
@@ -61,7 +67,8 @@ async def running_agent(
     await ensure_node_logs(nc.jetstream(), minion_id)
     await nc.close()
     bus = BusSettings(nats_url=server.url, nats_creds=server.creds("node", minion_id))
-    svc = build_app(Ports(make_broker("node-agent", bus), bus=bus), settings)
+    ports = Ports(make_broker("node-agent", bus), bus=bus, metrics=metrics or MetricsSettings())
+    svc = build_app(ports, settings)
     await svc.app.start()
     try:
         yield svc.core

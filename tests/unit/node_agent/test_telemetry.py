@@ -316,7 +316,9 @@ def test_host_sampler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
     def usage(path: str) -> Any:
         asked.append(path)
-        return types.SimpleNamespace(percent=42.5, free=123_456_789_012)
+        return types.SimpleNamespace(
+            percent=42.5, free=123_456_789_012, used=91_358_024_000, total=214_814_813_012
+        )
 
     fake = types.SimpleNamespace(
         disk_usage=usage,
@@ -329,6 +331,8 @@ def test_host_sampler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert x.cpu_pct == 50.0 and x.ram_used_mb == (16384000 - 8192000) // 1024
     assert (x.disk_used_pct, x.disk_free_gb) == (42.5, 123.5) and asked == [str(tmp_path)]
     assert (x.disk_read_bytes, x.disk_write_bytes) == (1024, 2048)
+    assert (x.disk_used_bytes, x.disk_total_bytes) == (91_358_024_000, 214_814_813_012)
+    assert x.ram_total_mb == 16384000 // 1024
     assert ram_used_mb(tmp_path / "missing") is None
 
 
@@ -341,7 +345,8 @@ def test_host_sampler_without_disks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     )
     x = HostSampler(tmp_path / "proc", disk=tmp_path / "missing").sample()
     assert (x.disk_used_pct, x.disk_free_gb, x.disk_read_bytes, x.disk_write_bytes) == (None,) * 4
-    assert (x.cpu_pct, x.ram_used_mb) == (None, None)
+    assert (x.cpu_pct, x.ram_used_mb, x.ram_total_mb) == (None, None, None)
+    assert (x.disk_used_bytes, x.disk_total_bytes) == (None, None)
 
 
 def test_host_sampler_on_this_machine(tmp_path: Path) -> None:

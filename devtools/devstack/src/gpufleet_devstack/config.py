@@ -17,6 +17,8 @@ DEFAULT_REGISTRY_PORT: Final = 5055
 # `just up --data`'s storage servers: S3 on this port, the others on the next six, FTP's
 # data connections on base+10..base+19 (gpufleet_devstack.storage.servers.StoragePorts).
 DEFAULT_STORAGE_PORT: Final = 5060
+# The metrics' history (Prometheus's own default port; another free one if it is taken).
+DEFAULT_PROMETHEUS_PORT: Final = 9090
 
 
 def find_repo_root(start: Path | None = None) -> Path:

@@ -11,7 +11,7 @@ from typing import Any, Final
 from gpufleet_contracts import subjects
 
 from gpufleet_devstack import identities
-from gpufleet_devstack.children import NODE_NAME
+from gpufleet_devstack.children import CONSOLE, NODE_NAME
 from gpufleet_devstack.console import rel
 from gpufleet_devstack.stack import SUPERVISE_INTERVAL, Stack, Supervised
 
@@ -81,6 +81,9 @@ async def check_health(stack: Stack, wait_s: float = HEALTH_TIMEOUT) -> dict[str
             if child.spec.health is None:
                 if not child.process.alive:
                     status[child.spec.name] = "DOWN"
+                elif child.spec is CONSOLE:
+                    listening = await _listening(stack.console_url, deadline)
+                    status[child.spec.name] = "up" if listening else "DOWN"
                 elif heartbeats:
                     status[child.spec.name] = "up (heartbeating)"
                 else:
@@ -88,6 +91,22 @@ async def check_health(stack: Stack, wait_s: float = HEALTH_TIMEOUT) -> dict[str
     finally:
         await nc.close()
     return status
+
+
+async def _listening(url: str, deadline: float) -> bool:
+    """Whether the web console accepts connections at `url` (http://host:port) by `deadline`."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+        except (OSError, TimeoutError):
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.3)
+            continue
+        writer.close()
+        return True
 
 
 def print_status(stack: Stack, status: Mapping[str, str]) -> None:
@@ -100,5 +119,9 @@ def print_status(stack: Stack, status: Mapping[str, str]) -> None:
         rows.append(["image registry", "up", f"http://{stack.registry.address}"])
     for child in stack.children:
         state = status.get(child.spec.name, "DOWN")
-        rows.append([child.spec.name, state, rel(child.process.log_file)])
+        where = stack.console_url if child.spec is CONSOLE else rel(child.process.log_file)
+        rows.append([child.spec.name, state, where])
+    if stack.prometheus is not None:
+        state = "up" if stack.prometheus.running else "DOWN"
+        rows.append(["prometheus (metrics history)", state, stack.prometheus.url])
     stack.out.table("gpufleet local stack", ["component", "state", "address or log"], rows)

@@ -22,6 +22,7 @@ __all__ = [
     "DevstackError",
     "PortInUseError",
     "ServiceProcess",
+    "apt_install",
     "free_port",
     "log_tail",
     "port_in_use",
@@ -159,6 +160,19 @@ def terminate(proc: subprocess.Popen[bytes], timeout: float = DEFAULT_STOP_TIMEO
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
     return proc.returncode
+
+
+def apt_install(packages: Sequence[str], log: Callable[[str], None] = print) -> bool:
+    """`apt-get install -y packages` (after an `apt-get update` if the first try fails), as
+    root only; whether it succeeded."""
+    if os.geteuid() != 0:
+        return False
+    cmd = ["apt-get", "install", "-y", *packages]
+    log(f"running: {' '.join(cmd)}")
+    if subprocess.run(cmd, check=False).returncode == 0:
+        return True
+    subprocess.run(["apt-get", "update"], check=False)
+    return subprocess.run(cmd, check=False).returncode == 0
 
 
 def spawn(

@@ -3,7 +3,8 @@
 `configure("scheduler")` sets a tracer and a meter provider named after the service and
 JSON (or text) logs on stderr. With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans and metrics go
 there over OTLP/gRPC; otherwise they stay in process and nothing is printed, so a developer's
-terminal stays readable.
+terminal stays readable. With `GPUFLEET_TRACE_DIR` set, spans are also written there as JSON
+lines (spanfile.py; `just up` sets it, `just trace <job>` shows one job's trace).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -31,6 +33,7 @@ class TelemetrySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
     log_level: str = "INFO"
     log_format: str = "text"  # text | json
+    trace_dir: Path | None = None  # spans as JSON lines, one file per process (spanfile.py)
 
 
 class JsonFormatter(logging.Formatter):
@@ -89,6 +92,13 @@ def configure(
             logging.getLogger(__name__).warning(
                 "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed"
             )
+    if settings.trace_dir is not None:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from .spanfile import SpanFileExporter
+
+        path = settings.trace_dir / f"{service}-{os.getpid()}.jsonl"
+        tracer_provider.add_span_processor(BatchSpanProcessor(SpanFileExporter(path)))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -45,6 +46,7 @@ class Passes:
         self._waiters: list[asyncio.Future[int]] = []
         self._passer: asyncio.Task[None] | None = None
         self._passes = 0
+        self.placed_by_region: Counter[str] = Counter()  # workers placed, by node's region
         self._explain_more = False  # shapes wait for a first explanation: pass again soon
         self.closed = False  # stopping: no pass runs any more (close())
         self._late: set[asyncio.Task[None]] = set()  # submissions stored while closing
@@ -202,6 +204,7 @@ class Passes:
         stored = [c for c in changed if c[0] not in fresh]
         explained = await self._explain(result, stored, now)
         METRICS.jobs_placed.add(len(result.placed))
+        self.placed_by_region.update(p.node.region for _, p in result.placed)
         METRICS.set_queue_depth(len(waiting) - len(result.placed))
         took = asyncio.get_running_loop().time() - started
         if len(result.placed) + explained > CHECKPOINT_AFTER:

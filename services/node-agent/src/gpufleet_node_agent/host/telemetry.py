@@ -318,15 +318,21 @@ def _cpu_times(stat: Path) -> tuple[int, int] | None:
     return total - idle, total
 
 
-def ram_used_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """MemTotal - MemAvailable, in MiB."""
+def ram_mb(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int] | None:
+    """(MemTotal - MemAvailable, MemTotal), in MiB."""
     try:
         rows = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
         total_kb = int(rows["MemTotal"].split()[0])
         avail_kb = int(rows["MemAvailable"].split()[0])
     except (OSError, KeyError, ValueError, IndexError):
         return None
-    return (total_kb - avail_kb) // 1024
+    return (total_kb - avail_kb) // 1024, total_kb // 1024
+
+
+def ram_used_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemTotal - MemAvailable, in MiB."""
+    ram = ram_mb(meminfo)
+    return None if ram is None else ram[0]
 
 
 @dataclass(frozen=True)
@@ -337,6 +343,9 @@ class HostSample:
     disk_free_gb: float | None = None
     disk_read_bytes: int | None = None
     disk_write_bytes: int | None = None
+    ram_total_mb: int | None = None
+    disk_used_bytes: int | None = None  # the filesystem of `HostSampler.disk`
+    disk_total_bytes: int | None = None
 
 
 class HostSampler:
@@ -356,10 +365,11 @@ class HostSampler:
         return round(100.0 * (now[0] - last[0]) / (now[1] - last[1]), 1)
 
     def sample(self) -> HostSample:
-        used_pct = free_gb = read = write = None
+        used_pct = free_gb = read = write = used = total = None
         try:
             usage = psutil.disk_usage(str(self.disk))
             used_pct, free_gb = float(usage.percent), round(usage.free / GB, 1)
+            used, total = int(usage.used), int(usage.total)
         except OSError:
             pass
         try:
@@ -368,11 +378,15 @@ class HostSampler:
             io = None
         if io is not None:
             read, write = int(io.read_bytes), int(io.write_bytes)
+        ram = ram_mb(self.proc / "meminfo")
         return HostSample(
             cpu_pct=self.cpu_pct(),
-            ram_used_mb=ram_used_mb(self.proc / "meminfo"),
+            ram_used_mb=None if ram is None else ram[0],
             disk_used_pct=used_pct,
             disk_free_gb=free_gb,
             disk_read_bytes=read,
             disk_write_bytes=write,
+            ram_total_mb=None if ram is None else ram[1],
+            disk_used_bytes=used,
+            disk_total_bytes=total,
         )
