@@ -37,3 +37,9 @@ MOUNTS = DATASETS + CHECKPOINTS + 5
 # A worker's sealed secrets (StartWorker.sealed_secrets), base64: more than any StartWorker
 # that fits a NATS message (1 MB by default) can carry.
 SEALED_SECRETS_CHARS = 2 * 1024 * 1024
+# Alert rules (gpufleet_contracts.alerts): what one rule may hold.
+ALERT_MATCHERS = 16  # label matchers of a rule's series
+ALERT_LABELS = 16  # labels (and annotations) a rule adds to its alerts
+ALERT_LABEL_CHARS = 256  # a label's or a matcher's value
+ALERT_ANNOTATION_CHARS = 1024  # an annotation's value
+ALERT_EXPR_CHARS = 2000  # an operator's PromQL expression

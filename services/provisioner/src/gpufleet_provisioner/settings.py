@@ -58,6 +58,20 @@ class ProvisionerSettings(BaseSettings):
     gcp_compute_endpoint: str | None = None
     gcp_grpc_endpoint: str | None = None  # or PUBSUB_EMULATOR_HOST
 
+    # Alerts (alerts/): rules are evaluated against this Prometheus (its HTTP API) every
+    # alert_eval_s; none: no rule is evaluated (rules are still kept). Each account keeps
+    # at most alert_rules_per_account rules, each rule at most alert_instances_per_rule
+    # alerts at once (label sets past it are left out, the rule says `truncated`) and as
+    # many resolved ones, none older than alert_resolved_keep_s.
+    prometheus_url: str | None = None
+    alert_eval_s: float = Field(default=15.0, gt=0)
+    alert_query_timeout_s: float = Field(default=10.0, gt=0)
+    alert_rules_per_account: int = Field(default=50, ge=1)
+    alert_instances_per_rule: int = Field(default=200, ge=1)
+    alert_resolved_keep_s: float = Field(default=7 * 86400.0, gt=0)
+    # The built-in XID and uncorrected-ECC rules put their node into maintenance.
+    alert_builtin_maintenance: bool = True
+
     def node_logs(self) -> NodeLogLimits:
         return NodeLogLimits(max_bytes=self.node_log_max_bytes, max_msgs=self.node_log_max_msgs)
 
