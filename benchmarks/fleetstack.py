@@ -148,7 +148,8 @@ class Fleet:
     def start_services(self, names: Iterable[str], extra: dict[str, str] | None = None) -> None:
         for name in names:
             env = {
-                **DEFAULTS.get(name, {}),  # e.g. the provisioner activates new nodes at once
+                # e.g. the provisioner activates new nodes at once; spans go to <root>/traces
+                **{k: v.format(run_dir=self.root) for k, v in DEFAULTS.get(name, {}).items()},
                 **self.base_env(),
                 **identities.service_env(self.nats, name),
                 **(extra or {}),

@@ -2,6 +2,7 @@
 
     just bench-lifecycle [--nodes 10] [--jobs 500] [--runtime bare|container] [--slurm]
     just bench-lifecycle --idle-agents 100 [--slurm]      # item 5: what an idle agent costs
+    just bench-lifecycle --trace-ratios 0,0.1,1 --rounds 2  # what one trace per job costs
 
 A benchmark, not a test. It starts the system as `just up` does (nats-server with
 authentication and JetStream, nx-27017, the five services, billing included) on free ports
@@ -47,6 +48,7 @@ import figures  # noqa: E402
 import idle  # noqa: E402
 import report  # noqa: E402
 import slurm  # noqa: E402
+import tracecost  # noqa: E402
 from cpuacct import ConmonSampler, CpuGroups, machine_cpu, own_cpu  # noqa: E402
 from fleetstack import (  # noqa: E402
     GPUS_PER_NODE,
@@ -107,12 +109,20 @@ class Bench:
 
     def agent_env(self) -> dict[str, str]:
         env = {"GPUFLEET_ALLOW_BARE_PROCESSES": RUNTIMES[self.a.runtime]}
+        env.update(self.trace_env())
         env.update(kv.split("=", 1) for kv in self.a.agent_env)
+        return env
+
+    def trace_env(self) -> dict[str, str]:
+        """Spans to <root>/traces as `just up` writes them; the ratio of `--trace-ratios`."""
+        env = {"GPUFLEET_TRACE_DIR": str(self.root / "traces")}
+        if self.a.trace_ratio is not None:
+            env["GPUFLEET_TRACE_SAMPLE_RATIO"] = str(self.a.trace_ratio)
         return env
 
     async def start(self) -> tuple[Any, Any]:
         await self.fleet.start_servers()
-        self.fleet.start_services(MODULES)  # all five, as `just up`
+        self.fleet.start_services(MODULES, self.trace_env())  # all five, as `just up`
         await self.fleet.wait_services_up()
         specs = [AgentSpec(f"lc-{i:03d}", ACCOUNT, self.agent_env()) for i in range(self.a.nodes)]
         await self.fleet.start_agents(specs)
@@ -301,6 +311,25 @@ async def lifecycle(a: argparse.Namespace, root: Path) -> dict[str, Any]:
     return out
 
 
+async def trace_costs(a: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The lifecycle once per ratio of `--trace-ratios`, `--rounds` times (tracecost.py)."""
+    runs: list[dict[str, Any]] = []
+    for n in range(a.rounds):
+        for ratio in tracecost.ratios(a.trace_ratios):
+            log(f"round {n + 1}/{a.rounds}: sampling ratio {ratio:g} (uptime: {os.getloadavg()})")
+            one = argparse.Namespace(**{**vars(a), "trace_ratio": ratio})
+            run_root = root / f"round{n}-ratio{ratio:g}"
+            run_root.mkdir(parents=True)
+            out = await lifecycle(one, run_root)
+            runs.append(tracecost.one(ratio, out, tracecost.spans_written(run_root / "traces")))
+    return {
+        "kind": "tracing",
+        "settings": settings(a),
+        "runs": runs,
+        "summary": tracecost.summary(runs),
+    }
+
+
 def run_slurm(a: argparse.Namespace, root: Path, out: dict[str, Any]) -> None:
     harness, why = slurm.find_harness(a.slurm_harness, REPO)
     if harness is None:
@@ -333,11 +362,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--idle-agents", type=int, default=0, metavar="K", help="item 5 instead")
     ap.add_argument("--settle-s", type=float, default=30, help="idle mode: before measuring")
     ap.add_argument("--idle-window-s", type=float, default=60, help="idle mode: measured")
+    ap.add_argument("--trace-ratios", default=None, metavar="R,R,..", help="tracecost.py")
+    ap.add_argument("--rounds", type=int, default=1, help="with --trace-ratios")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the run directory (logs)")
     a = ap.parse_args(argv)
     if a.warmup is None:
         a.warmup = a.nodes * GPUS_PER_NODE
+    a.trace_ratio = None  # the services' default (GPUFLEET_TRACE_SAMPLE_RATIO)
     return a
 
 
@@ -354,6 +386,9 @@ def main() -> None:
         if a.idle_agents:
             out = asyncio.run(idle.run(a, root, log))
             name = "idle-agents"
+        elif a.trace_ratios:
+            out = asyncio.run(trace_costs(a, root))
+            name = f"tracing-{a.runtime}"
         else:
             out = asyncio.run(lifecycle(a, root))
             if a.slurm:
@@ -368,7 +403,7 @@ def main() -> None:
     path = a.json or HERE / "results" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")
-    print(report.markdown(out))
+    print(tracecost.markdown(out) if out["kind"] == "tracing" else report.markdown(out))
     log(f"JSON: {path}")
 
 

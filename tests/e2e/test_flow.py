@@ -9,6 +9,7 @@ from typing import Any
 
 from gpufleet_billing.fees import from_micro, usage_micro
 from gpufleet_devstack import wait_for
+from gpufleet_telemetry.spanfile import read_spans, trace_of_job, tree
 
 from .conftest import System
 
@@ -61,6 +62,32 @@ def test_one_job_from_submission_to_bill(system: System) -> None:
     assert job_id in [j["id"] for j in listed]
     nodes = system.json("node", "list")["nodes"]
     assert nodes[0]["simulated"] is True and len(nodes[0]["gpus"]) == 2
+
+
+def test_one_job_is_one_trace_from_submission_to_its_ledger_entry(system: System) -> None:
+    """Every job of this system is sampled (conftest): its spans, written by each process to
+    <root>/traces, share the trace id minted at its submission, across the scheduler, the
+    node agent and billing, down to billing taking its end (its ledger entry)."""
+    job_id = system.submit("--", "true", name="traced")
+    assert system.wait_state(job_id, "finished", "failed")["state"] == "finished"
+    found: list[dict[str, Any]] = []
+
+    def billed() -> bool:
+        found[:] = trace_of_job(read_spans(system.root / "traces"), job_id)
+        return any(
+            s["service"] == "billing"
+            and str(s["attributes"].get("messaging.message.id", "")).startswith("kept:finished:")
+            for s in found
+        )
+
+    wait_for(billed, timeout=20, message=f"no billing span of {job_id}'s end")
+    assert len({s["trace_id"] for s in found}) == 1, tree(found)
+    assert {"scheduler", "node-agent", "billing"} <= {s["service"] for s in found}
+    names = {s["name"] for s in found}
+    assert {"submit job", "place worker", "run worker"} <= names, tree(found)
+    # one tree: every span but the submission's has its parent among them
+    ids = {s["span_id"] for s in found}
+    assert [s["name"] for s in found if s["parent_id"] not in ids] == ["submit job"], tree(found)
 
 
 def test_second_job_waits_for_gpus_with_a_reason_and_then_starts(system: System) -> None:

@@ -14,6 +14,8 @@ from gpufleet_contracts import ErrorBody, Message
 from gpufleet_contracts.errors import Refused
 from pydantic import BaseModel
 
+from . import tracing
+
 M = TypeVar("M", bound=BaseModel)
 ASK_TIMEOUT_S = 10.0
 
@@ -30,7 +32,10 @@ async def ask(
     to = subject or message.subject()
     nc = await broker.connect()
     try:
-        answer = await nc.request(to, message.to_bytes(), timeout=timeout_s)
+        # the running task's trace, if any (tracing.py): a node's request of a job's step
+        trace = tracing.current()
+        headers = tracing.add_headers({}, trace) if trace else None
+        answer = await nc.request(to, message.to_bytes(), timeout=timeout_s, headers=headers)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
         raise Refused("unavailable", f"no answer on {to}") from None
     data = json.loads(answer.data)

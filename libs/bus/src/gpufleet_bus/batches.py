@@ -47,6 +47,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 
+from . import tracing
 from .deadletter import (
     INVALID_MESSAGE,
     MAX_DELIVER,
@@ -182,8 +183,10 @@ class BatchConsumer:
                 valid.append((msg, decoded))
         if not valid:
             return
+        items = [item for _, item in valid]
         try:
-            await self.spec.handler([item for _, item in valid])
+            with tracing.batch([d.trace for _, d in items], self.subject, [d.id for _, d in items]):
+                await self.spec.handler(items)
         except Exception as exc:
             if len(valid) == 1:
                 await self._retry([valid[0][0]], exc)
@@ -214,7 +217,8 @@ class BatchConsumer:
             await self._refuse(msg, INVALID_MESSAGE, [e.model_dump() for e in field_errors(exc)])
             return None
         stamp = msg.metadata.timestamp
-        return body, Delivery(msg.subject, stamp, str(headers["ce-id"]))
+        trace = tracing.from_headers(headers)
+        return body, Delivery(msg.subject, stamp, str(headers["ce-id"]), trace)
 
     async def _refuse(self, msg: Msg, message: str, errors: list[dict[str, Any]]) -> None:
         notice = self.refusals.note(msg.subject)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsBroker
-from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsCredentials, NatsSecurity
 from gpufleet_auth.creds import connect_options
 from gpufleet_telemetry import configure
@@ -69,7 +68,7 @@ def make_broker(
     """The broker of `service`; its dead letters go to `gpufleet.v1.dlq.<dead_letters_as or
     service>.<account>` (a node agent: `node-<minion_id>`, the only one it may publish)."""
     settings = settings or BusSettings()
-    tracer_provider, meter_provider = configure(service)
+    configure(service)
     options = settings.connect_options()
     creds, tls = options.pop("user_credentials", None), options.pop("tls", None)
     security: NatsSecurity | None = None
@@ -85,10 +84,9 @@ def make_broker(
         # FastStream's per-message access log goes through our log format, at DEBUG.
         logger=logging.getLogger(f"gpufleet.{service}.bus"),
         log_level=logging.DEBUG,
-        middlewares=[
-            NatsTelemetryMiddleware(tracer_provider=tracer_provider, meter_provider=meter_provider),
-            dead_letter_middleware(dead_letters_as or service),
-        ],
+        # No FastStream telemetry middleware: its span per message is what tracing.py makes
+        # for the sampled jobs alone.
+        middlewares=[dead_letter_middleware(dead_letters_as or service)],
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
     )

@@ -41,7 +41,8 @@ holds is published without a reply and counts as done at once: core NATS, as Fas
 Messages go out on the broker's own connection, not through FastStream's `publish`: its
 per-publish middleware (an OpenTelemetry span each) cost more CPU than the rest of a job's
 path. The bytes and headers are those `js.publish` sent (CloudEvents headers, `Nats-Msg-Id`,
-`Nats-Expected-Stream`); what is not recorded is a producer span per outbox message.
+`Nats-Expected-Stream`, and the W3C trace context a message was emitted with: tracing.py);
+what is not recorded is a producer span per outbox message.
 
 The documents a transaction of this process committed are handed to the relay with the
 commit (`Store.outbox_written`) and published from memory, without reading them back: the
@@ -84,7 +85,7 @@ from typing import Any
 from faststream.nats import NatsBroker
 from gpufleet_contracts import Envelope, subjects
 from gpufleet_store import Store, now_ms, utcnow
-from gpufleet_store.store import OUTBOX, outbox_messages
+from gpufleet_store.store import OUTBOX, outbox_traced
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -92,6 +93,7 @@ from nats.aio.subscription import Subscription
 
 from .deadletter import dead_letter_bytes
 from .outbox_wire import EXPECTED_STREAM, ack_error, send, stream_of
+from .tracing import add_headers
 
 log = logging.getLogger("gpufleet.outbox")
 
@@ -247,9 +249,11 @@ class OutboxRelay:
             for doc in docs:
                 flight = _Doc(doc["_id"], 0)
                 flights.append(flight)
-                for msg_id, subject, type_, payload in outbox_messages(doc, self.store.box):
+                for msg_id, subject, type_, payload, trace in outbox_traced(doc, self.store.box):
                     env = Envelope(type=type_, source=self.source, subject=subject, id=msg_id)
                     headers = env.headers()
+                    if trace:  # the job's trace, as it was when emitted (tracing.py)
+                        add_headers(headers, trace)
                     flight.count += 1
                     reply = ""
                     if stream := stream_of(subject):

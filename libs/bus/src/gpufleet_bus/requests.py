@@ -30,7 +30,8 @@ So a request is served only if its reply lies in the inboxes its subject proves
 any other is dropped unserved (logged and counted, `gpufleet.replies.refused`: not a dead
 letter, nothing in it is wrong but where it asked the answer to go). A request without a
 reply subject is served, unanswered.
-What is not recorded is an OpenTelemetry span per request. The subjects are declared to
+A request continues the trace its headers carry (tracing.py: a span only if it is sampled),
+but for an account's, whose trace a client could choose. The subjects are declared to
 FastStream (`schema_broker`, never connected) so the AsyncAPI document lists them.
 """
 
@@ -48,8 +49,10 @@ from faststream.nats import NatsBroker
 from gpufleet_contracts import ErrorBody, ErrorReply, FieldError, Message, field_errors, subjects
 from gpufleet_contracts.errors import Refused
 from gpufleet_telemetry.instruments import METRICS
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 
+from . import tracing
 from .accounts import NoAccountError, account_of, may_answer
 from .broker import dead_letters_of
 from .deadletter import INVALID_MESSAGE, dead_letter_bytes, dead_letter_subject
@@ -199,7 +202,11 @@ class Requests:
             # (the account first: a request on no account's subject is refused unread)
             after = [account_of(subject)] if route.by_account else [subject] * route.with_subject
             body = route.model.model_validate_json(data or b"{}")
-            result = await route.handler(body, *after)
+            # An account's request is where a trace may begin, never one it brings along
+            # (tracing.py); a service's or a node's continues the trace its headers carry.
+            trace = None if route.by_account else tracing.from_headers(headers)
+            with tracing.handling(trace, route.subject, kind=SpanKind.SERVER):
+                result = await route.handler(body, *after)
         except NoAccountError as exc:
             field = FieldError(field="subject", rule="R-TEN-2", message=str(exc))
             return _error("invalid", str(exc), [field])

@@ -25,6 +25,8 @@ returns its `Service`, and declares in one table which subject goes to which han
   `(body, delivery)` (the subject it arrived on and when the stream stored it). The ack
   policy and the dead-letter path are deadletter.py's.
 - `signals`: core NATS subjects without a reply (losing one is harmless: heartbeats, sync).
+- `metrics`: the sources of its Prometheus `/metrics` (gpufleet_telemetry.exposition), served
+  once serving when `ports.metrics.port` names a port.
 - `every`: periodic work (periodic.py); hooks, each in order: `prepare` (before anything is
   consumed or served: streams and indexes exist), `startup` (once serving), `shutdown`.
 
@@ -49,8 +51,10 @@ from gpufleet_contracts.deadletters import VERB as DEAD_LETTERS
 from gpufleet_contracts.deadletters import DeadLetters, ListDeadLetters
 from gpufleet_contracts.health import Health, HealthCheck
 from gpufleet_store import IndexSpec
+from gpufleet_telemetry.exposition import MetricsServer, Source
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from . import tracing
 from .accounts import account_subject, received_at
 from .batches import BatchConsumer
 from .broker import VERSION, inbox_of
@@ -109,6 +113,9 @@ class ServiceRuntime:
         self.infrastructure = infrastructure
         self.inbox_prefix = (inbox_of(self.broker) + ".").encode()
         self._every: list[Every] = []
+        self.metrics: list[Source] = []
+        self.metrics_server: MetricsServer | None = None
+        self.metrics_port: int | None = None  # where /metrics listens, once it does
         self.batches: list[BatchConsumer] = []
         self.app.on_startup(self._prepare)
         self.app.after_startup(self._started)
@@ -144,6 +151,7 @@ class ServiceRuntime:
         events: Mapping[str, EventHandler | Events | Batched] | None = None,
         signals: Mapping[str, Callable[..., Awaitable[None]]] | None = None,
         every: Sequence[Every] = (),
+        metrics: Sequence[Source] = (),
         publishes: Sequence[type[Message] | tuple[type[Message], str]] = (),
         prepare: Sequence[Callable[[], Awaitable[Any]]] = (),
         startup: Sequence[Callable[[], Awaitable[Any]]] = (),
@@ -169,6 +177,7 @@ class ServiceRuntime:
         for subject, fn in (signals or {}).items():
             self._signal(subject, fn)
         self._every.extend(every)
+        self.metrics.extend(metrics)
         self._publishes(publishes)
         for hook in prepare:
             self.app.on_startup(hook)
@@ -210,12 +219,16 @@ class ServiceRuntime:
             check_envelope(headers, expected)
             model, fn, arity = by_type[str(headers["ce-type"])]
             decoded = model.model_validate(body)  # a ValidationError is the message's
-            if arity == 1:
-                await fn(decoded)
-            else:
-                raw = msg.raw_message
-                delivery = Delivery(str(raw.subject), received_at(msg), str(headers["ce-id"]))
-                await fn(decoded, delivery)
+            trace = tracing.from_headers(headers)
+            with tracing.handling(trace, subject, message_id=str(headers["ce-id"])):
+                if arity == 1:
+                    await fn(decoded)
+                else:
+                    raw = msg.raw_message
+                    delivery = Delivery(
+                        str(raw.subject), received_at(msg), str(headers["ce-id"]), trace
+                    )
+                    await fn(decoded, delivery)
 
         consume.__name__ = f"{self.service}_{durable}"
         self.broker.subscriber(
@@ -322,8 +335,14 @@ class ServiceRuntime:
             self.relay.start()
         for job in self._every:
             job.start()
+        settings = self.ports.metrics
+        if settings.port:
+            self.metrics_server = MetricsServer(self.metrics, settings.host, settings.port)
+            self.metrics_port = await self.metrics_server.start()
 
     async def _stopping(self) -> None:
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         for consumer in self.batches:
             await consumer.stop()
         for job in self._every:

@@ -13,6 +13,7 @@ from faststream.nats import NatsBroker
 from gpufleet_contracts import Message
 from gpufleet_contracts.clock import Clock, utcnow
 from gpufleet_store import Store
+from gpufleet_telemetry.exposition import MetricsSettings
 from nats.js.api import ConsumerConfig
 
 from .broker import BusSettings
@@ -32,6 +33,7 @@ class Ports:
     store: Store | None = None
     clock: Clock = utcnow
     bus: BusSettings = field(default_factory=BusSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)  # its /metrics, if any
 
     @property
     def db(self) -> Store:
@@ -57,6 +59,9 @@ class Delivery:
     subject: str
     received_at: datetime | None
     id: str | None = None  # its CloudEvents id (`ce-id`, also its Nats-Msg-Id)
+    # the W3C trace context its headers carried, well-formed (tracing.py), or None: what a
+    # batch's handler emits for this message continues it (`emit(..., trace=...)`)
+    trace: str | None = None
 
 
 @dataclass(frozen=True)

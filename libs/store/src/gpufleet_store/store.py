@@ -44,13 +44,20 @@ OUTBOX = "outbox"
 #
 # flags bit 0: the payload is sealed (a Fernet token of the body, gpufleet_store.secrets), and
 # only a reader with the service's key gets the body (`outbox_messages(doc, box)`).
+# A document with a message that continues a trace (`emit(..., trace=...)`: the W3C
+# `traceparent`, and `tracestate` after a line break, gpufleet_bus.tracing) is FORMAT_TRACED
+# (3), whose frames add the trace's length after the flags and the trace before the payload:
+#
+#   frame = >HHHIBH (lengths, flags, trace length) + id + subject + type + trace + payload
 # Documents sort by (created_at, seq): one transaction's chunks share created_at, and seq
 # grows across the process, so transactions within one millisecond (BSON dates' precision)
 # still sort in commit order.
 FORMAT = 1
 FORMAT_SEALED = 2
+FORMAT_TRACED = 3
 _FRAME = struct.Struct(">HHHI")
 _FRAME_SEALED = struct.Struct(">HHHIB")
+_FRAME_TRACED = struct.Struct(">HHHIBH")
 SEALED = 1
 CHUNK_MESSAGES = 2_000
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -97,11 +104,15 @@ class Transaction:
         msg_id: str | None = None,
         *,
         sealed: bool = False,
+        trace: str | None = None,
     ) -> str:
         """Queue a message for the outbox; it is written with the transaction's other writes.
-        A `sealed` message (it carries a secret) is stored encrypted with the store's key."""
+        A `sealed` message (it carries a secret) is stored encrypted with the store's key;
+        `trace`: the trace context its headers carry when it is published (FORMAT_TRACED)."""
         msg_id = msg_id or uuid.uuid4().hex
         msg: Doc = {"_id": msg_id, "subject": subject, "type": type_, "payload": payload}
+        if trace:
+            msg["trace"] = trace
         if sealed:
             if self.box is None:
                 raise RuntimeError("this store has no secret key: a secret cannot be written")
@@ -110,9 +121,16 @@ class Transaction:
         return msg_id
 
 
-def _frame(msg: Doc, with_flags: bool) -> bytes:
+def _frame(msg: Doc, with_flags: bool, traced: bool = False) -> bytes:
     id_, subject, type_ = (str(msg[k]).encode() for k in ("_id", "subject", "type"))
     payload = bytes(msg["payload"])
+    if traced:
+        flags = SEALED if msg.get("sealed") else 0
+        trace = str(msg.get("trace") or "").encode()
+        head = _FRAME_TRACED.pack(
+            len(id_), len(subject), len(type_), len(payload), flags, len(trace)
+        )
+        return b"".join((head, id_, subject, type_, trace, payload))
     if with_flags:
         flags = SEALED if msg.get("sealed") else 0
         head = _FRAME_SEALED.pack(len(id_), len(subject), len(type_), len(payload), flags)
@@ -130,7 +148,8 @@ def outbox_documents(messages: Sequence[Doc]) -> list[Doc]:
     # Documents of a transaction with a sealed message are all FORMAT_SEALED (rare: the
     # frames of the others stay as they were).
     with_flags = any(m.get("sealed") for m in messages)
-    fmt = FORMAT_SEALED if with_flags else FORMAT
+    traced = any("trace" in m for m in messages)
+    fmt = FORMAT_TRACED if traced else FORMAT_SEALED if with_flags else FORMAT
 
     def close() -> None:
         docs.append(
@@ -145,7 +164,7 @@ def outbox_documents(messages: Sequence[Doc]) -> list[Doc]:
         )
 
     for msg in messages:
-        frame = _frame(msg, with_flags)
+        frame = _frame(msg, with_flags, traced)
         if frames and (len(frames) >= CHUNK_MESSAGES or size + len(frame) > CHUNK_BYTES):
             close()
             frames, size = [], 0
@@ -159,31 +178,43 @@ def outbox_documents(messages: Sequence[Doc]) -> list[Doc]:
 def outbox_frames(doc: Doc) -> Iterator[tuple[str, str, str, bytes, bool]]:
     """(id, subject, type, payload, sealed) of each message of an outbox document, in
     order; a sealed payload as stored (encrypted)."""
+    for msg_id, subject, type_, payload, sealed, _ in _frames(doc):
+        yield msg_id, subject, type_, payload, sealed
+
+
+def _frames(doc: Doc) -> Iterator[tuple[str, str, str, bytes, bool, str | None]]:
+    """(id, subject, type, payload, sealed, trace) of each message of an outbox document."""
     if "messages" not in doc:  # a row of the earlier one-message-per-document outbox
-        yield str(doc["_id"]), doc["subject"], doc["type"], bytes(doc["payload"]), False
+        yield str(doc["_id"]), doc["subject"], doc["type"], bytes(doc["payload"]), False, None
         return
     blob = memoryview(doc["messages"])
-    if not blob or blob[0] not in (FORMAT, FORMAT_SEALED):
+    if not blob or blob[0] not in (FORMAT, FORMAT_SEALED, FORMAT_TRACED):
         raise ValueError(f"outbox document {doc['_id']}: unknown format")
-    frame = _FRAME if blob[0] == FORMAT else _FRAME_SEALED
+    frame = {FORMAT: _FRAME, FORMAT_SEALED: _FRAME_SEALED, FORMAT_TRACED: _FRAME_TRACED}[blob[0]]
     pos = 1
-    flags = 0
+    flags = n_trace = 0
     while pos < len(blob):
         if frame is _FRAME:
             n_id, n_subject, n_type, n_payload = _FRAME.unpack_from(blob, pos)
-        else:
+        elif frame is _FRAME_SEALED:
             n_id, n_subject, n_type, n_payload, flags = _FRAME_SEALED.unpack_from(blob, pos)
+        else:
+            n_id, n_subject, n_type, n_payload, flags, n_trace = _FRAME_TRACED.unpack_from(
+                blob, pos
+            )
         a = pos + frame.size
         b = a + n_id
         c = b + n_subject
         d = c + n_type
-        pos = d + n_payload
+        e = d + n_trace
+        pos = e + n_payload
         yield (
             str(blob[a:b], "utf-8"),
             str(blob[b:c], "utf-8"),
             str(blob[c:d], "utf-8"),
-            bytes(blob[d:pos]),
+            bytes(blob[e:pos]),
             bool(flags & SEALED),
+            str(blob[d:e], "ascii") if n_trace else None,
         )
 
 
@@ -192,12 +223,20 @@ def outbox_messages(
 ) -> Iterator[tuple[str, str, str, bytes]]:
     """(id, subject, type, payload) of each message of an outbox document, in order; a
     sealed payload opened with `box` (without one, a sealed message raises SecretError)."""
-    for msg_id, subject, type_, payload, sealed in outbox_frames(doc):
+    for msg_id, subject, type_, payload, _ in outbox_traced(doc, box):
+        yield msg_id, subject, type_, payload
+
+
+def outbox_traced(
+    doc: Doc, box: SecretBox | None = None
+) -> Iterator[tuple[str, str, str, bytes, str | None]]:
+    """`outbox_messages` with each message's trace context (None: it continues none)."""
+    for msg_id, subject, type_, payload, sealed, trace in _frames(doc):
         if sealed:
             if box is None:
                 raise SecretError(f"outbox message {msg_id} is sealed and there is no key")
             payload = box.open(payload)
-        yield msg_id, subject, type_, payload
+        yield msg_id, subject, type_, payload, trace
 
 
 _TX_LOCKS: dict[tuple[int, str], asyncio.Lock] = {}

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import uuid
 
+from gpufleet_bus import tracing
 from gpufleet_contracts import FieldError
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.jobs import JobSpec
@@ -63,25 +64,29 @@ class Admission:
         await self._check_keys(spec, account)
         if owner == account:  # created on first use; another's exists (resolve found it)
             await self.projects.ensure(owner, project)
-        now = st.clock()
-        doc = jobdoc.new_job(
-            job_id, spec, account, now, request_id, owner=owner, project=project, box=st.box
-        )
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending[job_id] = fut
-        self.passes.add(Submission(doc, spec, fut))
-        try:
-            considered = await fut
-        finally:
-            self._pending.pop(job_id, None)
-        if wait and not considered:
-            await self.passes.request_pass()
-        cached = st.jobs.get(job_id) if st.loaded else None
-        if cached is None:  # the leader knows it: no read needed
-            cached = await st.db.jobs.find_one({"_id": job_id})
-        if cached is None:
-            raise NotFound(f"job {job_id} not found")
-        return jobdoc.view(_created_by(cached, account))
+        # The job's trace begins here, sampled or not (gpufleet_bus.tracing), and is stored
+        # with it: its placement, its node's steps and its ledger entry continue it.
+        with tracing.root("submit job", {"gpufleet.job.id": job_id}) as trace:
+            now = st.clock()
+            doc = jobdoc.new_job(
+                job_id, spec, account, now, request_id, owner=owner, project=project, box=st.box
+            )
+            doc["trace"] = trace
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._pending[job_id] = fut
+            self.passes.add(Submission(doc, spec, fut))
+            try:
+                considered = await fut
+            finally:
+                self._pending.pop(job_id, None)
+            if wait and not considered:
+                await self.passes.request_pass()
+            cached = st.jobs.get(job_id) if st.loaded else None
+            if cached is None:  # the leader knows it: no read needed
+                cached = await st.db.jobs.find_one({"_id": job_id})
+            if cached is None:
+                raise NotFound(f"job {job_id} not found")
+            return jobdoc.view(_created_by(cached, account))
 
     async def _check_keys(self, spec: JobSpec, account: str) -> None:
         """R-JOB-7: every key the job names is attached to its creator's account (or, for a

@@ -62,6 +62,7 @@ JOB_FIELDS = (
     "queue_reason",
     "req",
     "workers",
+    "trace",  # its W3C trace context (gpufleet_bus.tracing)
 )
 
 

@@ -60,7 +60,7 @@ class Lifecycle:
                         w["state"] = WorkerState.stopped.value
                         w["reason"] = "cancelled while waiting"
                     elif w["state"] in HOLDING:
-                        emit(tx, stop(job, w, "cancelled by user"))
+                        emit(tx, stop(job, w, "cancelled by user"), trace=job.get("trace"))
                 job["cancel_requested"] = True
                 await st.save(tx, job, now, "cancelled by user")
 
@@ -201,7 +201,7 @@ class Lifecycle:
 
         async def body(tx: Transaction) -> None:
             for w in hit:
-                emit(tx, stop(job, w, reason))
+                emit(tx, stop(job, w, reason), trace=job.get("trace"))
                 started = w.get("started_at")
                 emit(
                     tx,
@@ -216,6 +216,7 @@ class Lifecycle:
                         ended_at=now,
                     ),
                     subject=subjects.kept("finished", w["minion_id"]),
+                    trace=job.get("trace"),
                 )
                 await st.db.claims.delete_many(
                     {"placement_id": w["placement_id"]}, session=tx.session

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from gpufleet_bus import emit
+from gpufleet_bus import emit, tracing
 from gpufleet_contracts.jobs import JobSpec, StartWorker, WorkerPlaced, WorkerState
 from gpufleet_store import Doc, Transaction
 
@@ -40,6 +40,16 @@ def place_worker(
     # A CPU-only worker (R-JOB-2) holds CPUs, no GPU: its rate is per CPU-hour.
     gpu_model = None if d.cpus else node.gpu_model
     served = serving.serving_for(spec)
+    # the job's trace (gpufleet_bus.tracing): its placement a step of it when it is sampled
+    trace = tracing.mark(
+        job.get("trace"),
+        "place worker",
+        {
+            "gpufleet.job.id": job["_id"],
+            "gpufleet.worker": w["index"],
+            "gpufleet.node": node.node_id,
+        },
+    )
     w.update(
         state=WorkerState.placed.value,
         placement_id=placement_id,
@@ -85,6 +95,7 @@ def place_worker(
             gpu_fraction=fraction,
             rate_per_gpu_hour=None if d.cpus else d.rate_per_gpu_hour,
         ),
+        trace=trace,
     )
     mp = mounts.plan(spec, w["index"])
     memory = jobdoc.share_memory(node.gpu_model, node.gpu_memory_mb, fraction)
@@ -115,10 +126,12 @@ def place_worker(
             owner=job["owner"],
             creator=job["creator"],
             serving=served,
+            reservation=spec.reservation,  # R-RES-3: its node publishes it with mDNS
         ),
         # its box opens only on the node; its outbox row is sealed with the scheduler's key
         # besides, as every secret it stores, until the relay sends it
         sealed=secrets.any,
+        trace=trace,
     )
     return [
         {

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpufleet_bus import Delivery, emit, node_of
+from gpufleet_bus import Delivery, emit, node_of, tracing
 from gpufleet_bus.deadletter import dead_letter_bytes
 from gpufleet_bus.notices import Notice, Notices
 from gpufleet_contracts import subjects
@@ -179,6 +179,7 @@ class Reports:
                     out.versions.setdefault(job["_id"], version)
                     out.jobs[job["_id"]] = job
                     st.bump(tx, job, at, reason)
+                    trace = tracing.within(job.get("trace"), d.trace)
                     if start_unseen is not None:
                         # Its start came late or not at all (a redelivery behind the
                         # finish): the start the finish carries is the one kept, and a
@@ -188,6 +189,7 @@ class Reports:
                             start_unseen,
                             f"kept:started:{evt.placement_id}",
                             subject=subjects.kept("started", evt.minion_id),
+                            trace=trace,
                         )
                     fact = FACTS[type(evt)]
                     emit(
@@ -195,6 +197,7 @@ class Reports:
                         evt,
                         f"kept:{fact}:{evt.placement_id}",
                         subject=subjects.kept(fact, evt.minion_id),
+                        trace=trace,
                     )
                 if not out.jobs:
                     return out

@@ -246,6 +246,7 @@ class State:
                     reason=reason,
                     at=at,
                 ),
+                trace=job.get("trace"),
             )
         version = int(job["version"])
         job["version"] = version + 1

@@ -41,6 +41,7 @@ def emit_queued(tx: Transaction, sub: Submission) -> None:
             queued_at=d["queued_at"],
             request_id=d.get("request_id"),
         ),
+        trace=d.get("trace"),
     )
 
 

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet_auth.sealing import SealingKey
+from gpufleet_bus import tracing
 from gpufleet_bus.publish import Publisher, publish
 from gpufleet_contracts.clock import utcnow
 from gpufleet_contracts.jobs import StartWorker
@@ -195,7 +196,7 @@ class WorkerManager(Reports):
             unopened = exc.reason
         decision = None if self.policy is None else self.policy.choose(cmd)
         runtime = self.runtime.name if decision is None else decision.runtime
-        spec = WorkerSpec.of(cmd, runtime or "", self.clock())
+        spec = WorkerSpec.of(cmd, runtime or "", self.clock(), tracing.current())
         # The values are secrets: in 0600 files until the runtime or a step has read them.
         files: dict[str, dict[str, Any]] = {}
         if cmd.env:
@@ -364,7 +365,9 @@ class WorkerManager(Reports):
                 log.warning("worker runtime %s: %s", rt.name, exc)
         # Every worker's reports at once (no await per message): a round costs about one
         # round trip to JetStream however many workers it reports on (reports.py).
-        results = await asyncio.gather(*(self._watch(w) for w in workers), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._watch_traced(w) for w in workers), return_exceptions=True
+        )
         for w, res in zip(workers, results, strict=True):
             if isinstance(res, Exception):  # NATS down, say: try again next round
                 log.warning("worker %s: will retry reporting: %s", w.key, res)
@@ -375,6 +378,11 @@ class WorkerManager(Reports):
             await self.report_staging(w, time.monotonic())
         except Exception as exc:
             log.debug("worker %s: staging not reported: %s", w.key, exc)
+
+    async def _watch_traced(self, w: Worker) -> None:
+        """`_watch`, its reports continuing the worker's job's trace (gpufleet_bus.tracing)."""
+        with tracing.continuing(w.spec.trace):
+            await self._watch(w)
 
     async def _watch(self, w: Worker) -> None:
         if w.setting_up:  # its steps' progress (a build's, its fetches') is on its log
@@ -412,6 +420,13 @@ class WorkerManager(Reports):
         if ended and w.torn_down and uploading_told and done[-1] is True:
             exit_data = read_json(w.file("exit.json")) or {}
             evt = self.finished_event(w, exit_data, started)
+            # its run, a step of the job's trace when that is sampled (none otherwise)
+            tracing.mark(
+                w.spec.trace,
+                "run worker",
+                {"gpufleet.job.id": w.job_id, "gpufleet.worker": w.spec.worker},
+                start=w.spec.received_at,
+            )
             await publish(self.broker, evt, source=self.source, msg_id=f"finished:{w.placement_id}")
             w.file("reported_finished").touch()
             self._active.pop(w.placement_id, None)
