@@ -2,6 +2,7 @@
 
 libs/      the runtime's shared code: imports no service, no CLI and no dev tool
 services/  and cli/: the runtime; imports no dev tool
+gateway/   the web console, an entrypoint: imports libs only (no service, CLI or dev tool)
 devtools/  development only (the local stack, the docs generators, the GCP emulator):
            may import anything; nothing of the runtime imports it, and the production
            image neither copies nor installs it
@@ -49,6 +50,7 @@ def _imports(src: Path) -> set[tuple[str, str]]:
 LIBS = _packages("libs/*")
 SERVICES = _packages("services/*")
 CLI = _packages("cli")
+GATEWAY = _packages("gateway")
 DEVTOOLS = _packages("devtools/*")
 
 
@@ -56,6 +58,7 @@ def test_the_layers_are_found() -> None:
     assert {"gpufleet_contracts", "gpufleet_bus"} <= LIBS
     assert {"gpufleet_scheduler", "gpufleet_node_agent"} <= SERVICES
     assert "gpufleet_cli" in CLI
+    assert {"gpufleet_gateway"} == GATEWAY
     assert {"gpufleet_devstack", "gpufleet_gcp_emulator"} <= DEVTOOLS
     assert not (LIBS & DEVTOOLS) and not (LIBS & SERVICES)
 
@@ -73,6 +76,17 @@ def test_the_runtime_imports_no_devtool(package: str) -> None:
     src = next(ROOT.glob(f"*/*/src/{package}"), None) or next(ROOT.glob(f"*/src/{package}"))
     wrong = sorted(f"{file}: {module}" for file, module in _imports(src) if module in DEVTOOLS)
     assert not wrong, f"the runtime imports development-only code: {wrong}"
+
+
+def test_the_gateway_imports_libs_only() -> None:
+    """It acts for people on their own credentials: it needs no service's code."""
+    forbidden = SERVICES | CLI | DEVTOOLS
+    wrong = sorted(
+        f"{file}: {module}"
+        for file, module in _imports(ROOT / "gateway" / "src" / "gpufleet_gateway")
+        if module in forbidden
+    )
+    assert not wrong, f"the gateway depends on a service, the CLI or a dev tool: {wrong}"
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:

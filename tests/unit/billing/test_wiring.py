@@ -37,7 +37,15 @@ def test_the_worker_stream_is_one_consumer_dispatching_by_type() -> None:
         WorkerFinished.TYPE,
     }
     requests = sorted(w.subject.split(".")[4] for w in svc.runtime.table if w.kind == "request")
-    assert requests == ["balance", "dead_letters", "earnings", "entries", "health", "job_cost"]
+    assert requests == [
+        "balance",
+        "dead_letters",
+        "earnings",
+        "entries",
+        "health",
+        "job_cost",
+        "series",
+    ]
 
 
 async def test_the_clock_s_settlements_stop_when_its_periodic_job_stops() -> None:

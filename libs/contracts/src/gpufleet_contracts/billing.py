@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import date, datetime
 from decimal import Decimal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -104,6 +105,7 @@ class GetBalance(Command):
     TYPE = "gpufleet.billing.balance.v1"
     SUBJECT = subjects.rpc("billing", "balance")
     REPLY = Balance
+    READ = True
 
 
 class Range(Command):
@@ -129,6 +131,7 @@ class EarningsQuery(Range):
     TYPE = "gpufleet.billing.earnings.v1"
     SUBJECT = subjects.rpc("billing", "earnings")
     REPLY = Earnings
+    READ = True
 
 
 class Entries(BaseModel):
@@ -141,7 +144,40 @@ class EntriesQuery(Range):
     TYPE = "gpufleet.billing.entries.v1"
     SUBJECT = subjects.rpc("billing", "entries")
     REPLY = Entries
+    READ = True
     limit: Int = Field(default=50, ge=1, le=1000)
+
+
+Period = Literal["hour", "day"]
+
+
+class SeriesPoint(BaseModel):
+    """One period's sums: what the account spent (charges, as a positive amount) and earned
+    (its nodes' earnings, payouts left out), exact."""
+
+    start: str  # ISO date-time (UTC) the period begins
+    spent: str
+    spent_micro: int
+    earned: str
+    earned_micro: int
+
+
+class LedgerSeries(BaseModel):
+    account: str
+    period: Period
+    points: list[SeriesPoint]  # oldest first; only periods with an entry
+
+
+class LedgerSeriesQuery(Range):
+    """The acting account's spending and earnings summed per hour or per day (a range's
+    charts), oldest first."""
+
+    TYPE = "gpufleet.billing.series.v1"
+    SUBJECT = subjects.rpc("billing", "series")
+    REPLY = LedgerSeries
+    READ = True
+    period: Period = "day"
+    limit: Int = Field(default=400, ge=1, le=2000)  # periods, the newest kept
 
 
 class JobCost(BaseModel):
@@ -158,6 +194,7 @@ class JobCostQuery(Command):
     TYPE = "gpufleet.billing.job_cost.v1"
     SUBJECT = subjects.rpc("billing", "job_cost")
     REPLY = JobCost
+    READ = True
     job_id: str
 
 

@@ -18,6 +18,8 @@ from gpufleet_contracts.billing import (
     GetBalance,
     JobCost,
     JobCostQuery,
+    LedgerSeries,
+    LedgerSeriesQuery,
     PayoutMade,
     UsageCharged,
 )
@@ -28,8 +30,10 @@ from gpufleet_contracts.jobs import (
     WorkerStarted,
     WorkerUploading,
 )
+from gpufleet_telemetry.exposition import Source
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .metrics import BillingMetrics
 from .queries import Queries, parse_time
 from .service import INDEXES, Billing
 
@@ -68,6 +72,12 @@ class Handlers:
     async def earnings(self, body: EarningsQuery, account: str) -> Earnings:
         """The acting account's earnings per node and region."""
         return await self.queries.earnings(account, parse_time(body.from_), parse_time(body.to))
+
+    async def series(self, body: LedgerSeriesQuery, account: str) -> LedgerSeries:
+        """The acting account's spending and earnings per hour or day."""
+        return await self.queries.series(
+            account, body.period, body.limit, parse_time(body.from_), parse_time(body.to)
+        )
 
     async def device_added(self, body: DeviceAdded) -> None:
         """A device of an account: charged per day from then on (R-BILL-3)."""
@@ -123,6 +133,7 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
             "entries": on.entries,
             "job_cost": on.job_cost,
             "earnings": on.earnings,
+            "series": on.series,
         },
         events={
             # One consumer, in stream order: a placement before its node's facts (service.py),
@@ -146,6 +157,7 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
             "provider-enabled": billing.provider_enabled,
         },
         every=[clock],
+        metrics=[Source("ledger", BillingMetrics(ports.db.db).collect)],
         publishes=[
             UsageCharged,
             EarningCredited,

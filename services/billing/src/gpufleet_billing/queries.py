@@ -11,14 +11,18 @@ from gpufleet_contracts.billing import (
     Entry,
     JobCost,
     KindCost,
+    LedgerSeries,
     NodeEarnings,
+    Period,
     RegionEarnings,
+    SeriesPoint,
 )
 from gpufleet_store import Doc
 from pymongo.asynchronous.database import AsyncDatabase
 
 from .fees import earnings_account, from_micro
 from .periods import to_ms
+from .series import Movement, summed
 
 
 def parse_time(value: str | None) -> int | None:
@@ -114,6 +118,41 @@ class Queries:
             by_region=[
                 RegionEarnings(region=r, earned=money(v), earned_micro=v)
                 for r, v in sorted(regions.items())
+            ],
+        )
+
+    async def series(
+        self,
+        account: str,
+        period: Period,
+        limit: int,
+        from_ms: int | None = None,
+        to_ms_: int | None = None,
+    ) -> LedgerSeries:
+        earnings = earnings_account(account)
+        query = {"account": {"$in": [account, earnings]}, **_range(from_ms, to_ms_)}
+        fields = {"account": 1, "amount_micro": 1, "at_ms": 1, "kind": 1}
+        movements = [
+            Movement(
+                at_ms=int(e["at_ms"]),
+                amount_micro=int(e["amount_micro"]),
+                earning=e["account"] == earnings,
+                payout=e.get("kind") == "payout",
+            )
+            async for e in self.db.ledger.find(query, fields)
+        ]
+        return LedgerSeries(
+            account=account,
+            period=period,
+            points=[
+                SeriesPoint(
+                    start=p.start,
+                    spent=money(p.spent_micro),
+                    spent_micro=p.spent_micro,
+                    earned=money(p.earned_micro),
+                    earned_micro=p.earned_micro,
+                )
+                for p in summed(movements, period, limit)
             ],
         )
 

@@ -1,0 +1,3 @@
+from gpufleet_gateway.app import main
+
+main()
