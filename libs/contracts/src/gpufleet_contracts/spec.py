@@ -67,6 +67,27 @@ def _only_for(
         )
 
 
+def env_names(value: dict[str, str], rule_id: str) -> dict[str, str]:
+    """Environment variable names a process can be given (a job's, R-JOB-7; a device
+    configuration's, R-DEV-2), or the error naming the bad ones under `rule_id`."""
+    bad_names = [
+        k
+        for k in value
+        if len(k) > limits.ENV_NAME_CHARS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
+    ]
+    if bad_names:
+        raise PydanticCustomError(
+            "env_name",
+            "invalid environment variable name(s): {bad}",
+            {
+                "bad": ", ".join(repr(k[:32]) for k in bad_names),
+                "rule": rule_id,
+                "valid": f"[A-Za-z_][A-Za-z0-9_]*, at most {limits.ENV_NAME_CHARS} characters",
+            },
+        )
+    return value
+
+
 @ruled
 class JobSpec(BaseModel):
     """What a user asks for. Every path into gpufleet (CLI flags, file, event) validates this.
@@ -381,22 +402,7 @@ class JobSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad_names = [
-            k
-            for k in value
-            if len(k) > limits.ENV_NAME_CHARS or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)
-        ]
-        if bad_names:
-            raise PydanticCustomError(
-                "env_name",
-                "invalid environment variable name(s): {bad}",
-                {
-                    "bad": ", ".join(repr(k[:32]) for k in bad_names),
-                    "rule": "R-JOB-7",
-                    "valid": f"[A-Za-z_][A-Za-z0-9_]*, at most {limits.ENV_NAME_CHARS} characters",
-                },
-            )
-        return value
+        return env_names(value, "R-JOB-7")
 
     @field_validator("worker_commands")
     @classmethod

@@ -1,29 +1,156 @@
-"""Composition root of device-fleet.
+"""Composition root of device-fleet: its ports in, its Service out; every subject it handles
+is in the one wiring table below.
 
-Edge devices (Jetson) and their inference configurations (R-DEV-*).
-This release: the service starts, owns its collections and answers health; the
-features follow in their own issues.
+Edge devices (Jetson) and their inference configurations (R-DEV-1..3): an account's devices
+and configurations on its own request subjects; rollouts driven by the devices' own reports
+(`evt.device.status.<minion_id>`) and a round for timeouts; commands to a device through the
+outbox on its own command subject.
 """
 
 from __future__ import annotations
 
-from gpufleet_bus import Ports, Service, ServiceRuntime
-from pymongo import ASCENDING, IndexModel
+from dataclasses import dataclass
+
+from gpufleet_bus import Delivery, Every, Ports, Service, ServiceRuntime
+from gpufleet_contracts.devices import (
+    AddDevice,
+    AddDeviceConfig,
+    ApplyDeviceConfig,
+    CancelRollout,
+    DeployConfig,
+    DeviceAdded,
+    DeviceConfigList,
+    DeviceConfigView,
+    DeviceList,
+    DeviceRemoved,
+    DeviceStatusReported,
+    DeviceTokenIssued,
+    DeviceView,
+    IssueDeviceToken,
+    ListDeviceConfigs,
+    ListDevices,
+    ListRollouts,
+    RemoveDevice,
+    RemoveDeviceConfig,
+    RolloutList,
+    RolloutView,
+    SetDeviceConfig,
+    ShowDevice,
+    ShowDeviceConfig,
+    ShowRollout,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from . import configs, deployments, devices
+from .configs import Configs
+from .deployments import Deployments
+from .devices import Devices
+from .regions import Provisioner
 
 SERVICE = "device-fleet"
-
-INDEXES = {
-    "devices": [
-        IndexModel([("owner", ASCENDING), ("region", ASCENDING), ("name", ASCENDING)], unique=True),
-        IndexModel([("minion_id", ASCENDING)], unique=True),
-    ],
-    "device_configs": [
-        IndexModel([("owner", ASCENDING), ("region", ASCENDING), ("name", ASCENDING)], unique=True)
-    ],
-}
+INDEXES = {**devices.INDEXES, **configs.INDEXES, **deployments.INDEXES}
 
 
-def build_app(ports: Ports) -> Service[None]:
+class DeviceFleetSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_DEVICE_FLEET_", extra="ignore")
+    tick_s: float = 5.0  # how often devices past their rollout's timeout are failed
+
+
+@dataclass(frozen=True)
+class DeviceFleet:
+    """The service's parts (what `build_app` returns as its core)."""
+
+    devices: Devices
+    configs: Configs
+    deployments: Deployments
+
+
+class Handlers:
+    """Requests act for the account of their subject (R-TEN-2): another account's device,
+    configuration or rollout is not found. A device's report counts only on its own subject."""
+
+    def __init__(self, fleet: DeviceFleet) -> None:
+        self.devices = fleet.devices
+        self.configs = fleet.configs
+        self.deployments = fleet.deployments
+
+    async def add_device(self, body: AddDevice, account: str) -> DeviceView:
+        return await self.devices.add(body, account)
+
+    async def list_devices(self, body: ListDevices, account: str) -> DeviceList:
+        return await self.devices.list(account, body.region, body.include_removed)
+
+    async def show_device(self, body: ShowDevice, account: str) -> DeviceView:
+        return await self.devices.show(account, body.device)
+
+    async def remove_device(self, body: RemoveDevice, account: str) -> DeviceView:
+        return await self.devices.remove(account, body.device)
+
+    async def issue_token(self, body: IssueDeviceToken, account: str) -> DeviceTokenIssued:
+        return await self.devices.token(account, body.device, body.ttl_s)
+
+    async def set_config(self, body: SetDeviceConfig, account: str) -> DeviceView:
+        return await self.configs.set_on(account, body.device, body.config)
+
+    async def add_config(self, body: AddDeviceConfig, account: str) -> DeviceConfigView:
+        return await self.configs.add(body, account)
+
+    async def list_configs(self, body: ListDeviceConfigs, account: str) -> DeviceConfigList:
+        return await self.configs.list(account, body.region)
+
+    async def show_config(self, body: ShowDeviceConfig, account: str) -> DeviceConfigView:
+        return await self.configs.show(account, body.region, body.name)
+
+    async def remove_config(self, body: RemoveDeviceConfig, account: str) -> DeviceConfigView:
+        return await self.configs.remove(account, body.region, body.name)
+
+    async def deploy(self, body: DeployConfig, account: str) -> RolloutView:
+        return await self.deployments.deploy(body, account)
+
+    async def show_rollout(self, body: ShowRollout, account: str) -> RolloutView:
+        return await self.deployments.show(account, body.rollout_id)
+
+    async def list_rollouts(self, body: ListRollouts, account: str) -> RolloutList:
+        return await self.deployments.recent(account, body.limit)
+
+    async def cancel_rollout(self, body: CancelRollout, account: str) -> RolloutView:
+        return await self.deployments.cancel(account, body.rollout_id)
+
+    async def status_reported(self, body: DeviceStatusReported, delivery: Delivery) -> None:
+        """A device's report: its state, inference status and its rollout's next step."""
+        await self.deployments.reported(body, delivery.subject, delivery.received_at)
+
+
+def build_app(ports: Ports, settings: DeviceFleetSettings | None = None) -> Service[DeviceFleet]:
+    settings = settings or DeviceFleetSettings()
+    provisioner = Provisioner(ports.broker)
+    found = Devices(ports.db, ports.clock, provisioner)
+    fleet = DeviceFleet(
+        devices=found,
+        configs=Configs(ports.db, ports.clock, provisioner, found),
+        deployments=Deployments(ports.db, ports.clock),
+    )
+    on = Handlers(fleet)
     rt = ServiceRuntime(SERVICE, ports, indexes=INDEXES)
-    rt.wire()  # health and dead letters only, for now
-    return rt.built(None)
+    rt.wire(
+        requests={
+            "add_device": on.add_device,
+            "list_devices": on.list_devices,
+            "show_device": on.show_device,
+            "remove_device": on.remove_device,
+            "issue_token": on.issue_token,
+            "set_config": on.set_config,
+            "add_config": on.add_config,
+            "list_configs": on.list_configs,
+            "show_config": on.show_config,
+            "remove_config": on.remove_config,
+            "deploy": on.deploy,
+            "show_rollout": on.show_rollout,
+            "list_rollouts": on.list_rollouts,
+            "cancel_rollout": on.cancel_rollout,
+        },
+        events={"device-status": on.status_reported},
+        every=[Every(settings.tick_s, fleet.deployments.round, "rollout-timeouts", at_start=False)],
+        publishes=[DeviceAdded, DeviceRemoved, ApplyDeviceConfig],
+    )
+    return rt.built(fleet)

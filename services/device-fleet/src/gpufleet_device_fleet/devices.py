@@ -1,0 +1,155 @@
+"""An account's devices (R-DEV-1, R-NODE-3): add, show, list, set a configuration, remove,
+a join token; `DeviceAdded` / `DeviceRemoved` in the same transaction (outbox), for billing's
+daily fee (R-BILL-3). Touches the database and the outbox; asks the provisioner."""
+
+from __future__ import annotations
+
+import uuid
+
+from gpufleet_bus import emit
+from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.devices import (
+    AddDevice,
+    DeviceAdded,
+    DeviceList,
+    DeviceRemoved,
+    DeviceState,
+    DeviceTokenIssued,
+    DeviceView,
+)
+from gpufleet_contracts.errors import NotFound, Refused
+from gpufleet_store import Doc, Store, Transaction, now_ms
+from pymongo import ASCENDING, IndexModel
+from pymongo.errors import DuplicateKeyError
+
+from .regions import RegionPort
+from .rules import check_region
+from .views import device_view
+
+INDEXES = {
+    # `name_key` / `minion_key` hold the live device's keys; a removed device's are its id,
+    # so its name and minion id can be used again.
+    "devices": [
+        IndexModel([("name_key", ASCENDING)], unique=True),
+        IndexModel([("minion_key", ASCENDING)], unique=True),
+        IndexModel([("owner", ASCENDING), ("region", ASCENDING)]),
+    ],
+}
+
+
+class Devices:
+    def __init__(self, store: Store, clock: Clock, regions: RegionPort) -> None:
+        self.store = store
+        self.db = store.db
+        self.clock = clock
+        self.regions = regions
+
+    async def find(self, account: str, ref: str, tx: Transaction | None = None) -> Doc:
+        """The account's live device named `ref` (name, minion id or device id); another
+        account's is not found (R-TEN-2)."""
+        doc: Doc | None = await self.db.devices.find_one(
+            {
+                "owner": account,
+                "state": {"$ne": DeviceState.removed.value},
+                "$or": [{"name": ref}, {"minion_id": ref}, {"_id": ref}],
+            },
+            session=tx.session if tx else None,
+        )
+        if doc is None:
+            raise NotFound(f"device {ref!r} not found")
+        return doc
+
+    async def add(self, body: AddDevice, account: str) -> DeviceView:
+        facts = await self.regions.facts(account, body.region)
+        check_region(body.region, facts)
+        now = self.clock()
+        device_id = uuid.uuid4().hex
+        doc: Doc = {
+            "_id": device_id,
+            "owner": account,
+            "region": body.region,
+            "region_id": facts.region_id,
+            "name": body.name,
+            "minion_id": body.minion_id,
+            "model": body.model.value,
+            "state": DeviceState.provisioning.value,
+            "config": None,
+            "name_key": f"{facts.region_id}/{body.name}",
+            "minion_key": body.minion_id,
+            "added_at_ms": now_ms(now),
+        }
+
+        async def tx_body(tx: Transaction) -> None:
+            await self.db.devices.insert_one(doc, session=tx.session)
+            emit(
+                tx,
+                DeviceAdded(
+                    device_id=device_id,
+                    account=account,
+                    region=body.region,
+                    model=body.model.value,
+                    at=now,
+                ),
+                msg_id=f"device-added:{device_id}",
+            )
+
+        try:
+            await self.store.transaction(tx_body)
+        except DuplicateKeyError as exc:
+            which = "name" if "name_key" in str(exc) else "minion_id"
+            says = (
+                f"a device named {body.name!r} is already in region {body.region!r}"
+                if which == "name"
+                else f"minion id {body.minion_id!r} is already a device's"
+            )
+            raise Refused.of_field(
+                "conflict", says, field=which, rule="R-DEV-1", says="already in use"
+            ) from None
+        return device_view(doc)
+
+    async def show(self, account: str, ref: str) -> DeviceView:
+        return device_view(await self.find(account, ref))
+
+    async def list(self, account: str, region: str | None, include_removed: bool) -> DeviceList:
+        query: Doc = {"owner": account}
+        if region is not None:
+            query["region"] = region
+        if not include_removed:
+            query["state"] = {"$ne": DeviceState.removed.value}
+        docs = await self.db.devices.find(query).sort([("region", 1), ("name", 1)]).to_list(None)
+        return DeviceList(devices=[device_view(d) for d in docs])
+
+    async def remove(self, account: str, ref: str) -> DeviceView:
+        now = self.clock()
+
+        async def tx_body(tx: Transaction) -> Doc:
+            doc = await self.find(account, ref, tx)
+            update = {
+                "state": DeviceState.removed.value,
+                "removed_at_ms": now_ms(now),
+                "name_key": doc["_id"],
+                "minion_key": doc["_id"],
+            }
+            await self.db.devices.update_one(
+                {"_id": doc["_id"]}, {"$set": update}, session=tx.session
+            )
+            emit(
+                tx,
+                DeviceRemoved(device_id=doc["_id"], account=account, region=doc["region"], at=now),
+                msg_id=f"device-removed:{doc['_id']}",
+            )
+            return {**doc, **update}
+
+        return device_view(await self.store.transaction(tx_body))
+
+    async def token(self, account: str, ref: str, ttl_s: int) -> DeviceTokenIssued:
+        """A one-time join token for the device (the provisioner signs its credential)."""
+        doc = await self.find(account, ref)
+        issued = await self.regions.join_token(account, doc["minion_id"], doc["region"], ttl_s)
+        return DeviceTokenIssued(
+            device=doc["name"],
+            minion_id=issued.minion_id,
+            region=issued.region,
+            expires_at=issued.expires_at,
+            token=issued.token,
+        )

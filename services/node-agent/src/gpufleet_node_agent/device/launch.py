@@ -1,0 +1,48 @@
+"""The argv that runs a configuration's start command (pure): in a container through podman,
+with the Jetson's GPU (CDI `nvidia.com/gpu=all`) and its video devices, the output directory
+mounted at the configuration's output path; or, simulated, as a host process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpufleet_contracts.devices import DeviceConfigSpec
+
+
+def container_name(minion_id: str) -> str:
+    return f"gpufleet-device-{minion_id}"
+
+
+def podman_argv(
+    spec: DeviceConfigSpec, minion_id: str, output_dir: Path, video: list[str], device_model: str
+) -> list[str]:
+    argv = ["podman", "run", "--rm", "--replace", "--name", container_name(minion_id)]
+    argv += ["--device", "nvidia.com/gpu=all", *(a for v in video for a in ("--device", v))]
+    argv += ["--volume", f"{output_dir}:{spec.output_path}:rw"]
+    for key, value in sorted(spec.env.items()):
+        argv += ["--env", f"{key}={value}"]
+    argv += [
+        "--env",
+        f"GPUFLEET_MODEL={spec.model}",
+        "--env",
+        f"GPUFLEET_DEVICE_MODEL={device_model}",
+    ]
+    return [*argv, spec.image, "sh", "-c", spec.start_command]
+
+
+def simulated_argv(spec: DeviceConfigSpec) -> list[str]:
+    return ["sh", "-c", spec.start_command]
+
+
+def simulated_env(
+    spec: DeviceConfigSpec, output_dir: Path, base: dict[str, str], device_model: str
+) -> dict[str, str]:
+    """A simulated run's environment: the configuration's, its model, the Jetson model the
+    profile plays and its output path (the directory standing for the mount)."""
+    return {
+        **base,
+        **spec.env,
+        "GPUFLEET_MODEL": spec.model,
+        "GPUFLEET_DEVICE_MODEL": device_model,
+        "GPUFLEET_OUTPUT": str(output_dir),
+    }
