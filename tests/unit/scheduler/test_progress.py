@@ -48,3 +48,15 @@ def test_local_data_not_sent_says_the_job_waits_for_you() -> None:
     waiting = item(kind="local", names="~/data", state="waiting")
     moving = item(done=1_000, total=2_000, state="fetching")
     assert text([waiting, moving]) == ("waiting for you to connect (~/data: gpufleet job connect)")
+
+
+def test_a_datastore_that_does_not_answer_says_so() -> None:
+    held = item(
+        name="datastore nas",
+        kind="datastore",
+        names="datastore nas",
+        state="waiting",
+        reason="datastore nas unreachable",
+    )
+    local = item(kind="local", names="~/data", state="waiting")
+    assert text([held, local]) == "waiting: datastore nas unreachable"

@@ -17,6 +17,7 @@ from pydantic import (
 
 from . import limits, subjects
 from .base import Command, Event
+from .endpoints import Reservation
 from .errors import ErrorBody
 from .fields import Argv, Cap, EnvValue, Int, Name
 from .images import RegistryAuth
@@ -195,6 +196,8 @@ class StartWorker(Command):
     # An endpoint's worker: how its container serves and what the node's proxy probes
     # (serving.py); None for every other job type.
     serving: Serving | None = None
+    # R-RES-3: the port reservation the worker serves on, which its node publishes with mDNS
+    reservation: Reservation | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -326,6 +329,8 @@ class StagingItem(BaseModel):
     total: Int | None = None
     rate: Int = 0  # bytes a second, since it began
     state: StagingState = StagingState.pending
+    # why a `waiting` item waits when it is not the user (`datastore nas unreachable`)
+    reason: Annotated[str | None, Field(max_length=200)] = None
 
 
 class WorkerStaging(Event):
@@ -367,6 +372,7 @@ class GetJob(Command):
     TYPE = "gpufleet.job.get.v1"
     SUBJECT = subjects.rpc("scheduler", "get_job")
     REPLY = JobView
+    READ = True
     job_id: str
 
 
@@ -378,6 +384,7 @@ class GetJobLogs(Command):
     TYPE = "gpufleet.job.logs.v1"
     SUBJECT = subjects.rpc("scheduler", "job_logs")
     REPLY = JobLogs
+    READ = True
     job_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     after: int = Field(default=0, ge=0, strict=True)
     limit: int = Field(default=256, ge=1, le=1000, strict=True)
@@ -391,6 +398,7 @@ class ListJobs(Command):
     TYPE = "gpufleet.job.list.v1"
     SUBJECT = subjects.rpc("scheduler", "list_jobs")
     REPLY = JobList
+    READ = True
     limit: Int = Field(default=100, ge=1, le=1000)
 
 
@@ -401,6 +409,7 @@ class ListAllJobs(Command):
     TYPE = "gpufleet.job.list_all.v1"
     SUBJECT = subjects.admin("scheduler", "list_all_jobs")
     REPLY = JobList
+    READ = True
     limit: Int = Field(default=100, ge=1, le=1000)
     account: str | None = Field(default=None, pattern=subjects.ACCOUNT_RE.pattern)
     state: JobState | None = None

@@ -81,3 +81,17 @@ def contained_path(path: str, *, rooted: bool) -> str:
         if ".." in segment and not segment.strip(". "):
             raise UnsafePath(f"a {segment!r} segment")
     return text
+
+
+def rooted_join(root: str, path: str) -> str:
+    """A datastore's `root` and a request's `path` inside it, as one absolute path (R-RES-2:
+    root `/dir2` + request `/subdir2` = `/dir2/subdir2`), or UnsafePath. `path` must pass
+    `contained_path` (rooted); `root` is an absolute path that passes it too (a server's
+    export or share, or the directory a node mounted it at). The result never leaves `root`:
+    it is `root` itself or `root` + `/` + the checked path's segments."""
+    base = contained_path(root, rooted=True).rstrip("/")
+    inside = contained_path(path, rooted=True).strip("/")
+    segments = [s for s in inside.split("/") if s not in ("", ".")]
+    if not segments:
+        return base or "/"
+    return f"{base}/{'/'.join(segments)}"

@@ -45,11 +45,17 @@ def line(item: Mapping[str, Any]) -> str:
 
 
 def text(items: Iterable[Mapping[str, Any]]) -> str | None:
-    """WAITING when `local` data waits for the user to send it; else the items being moved
+    """What a waiting item waits for (its reason: `waiting: datastore nas unreachable`), or
+    WAITING when `local` data waits for the user to send it; else the items being moved
     now (`fetching`), or the first still to go, as one line; None when nothing is on its
     way."""
     items = list(items)
-    waiting = [str(i.get("names")) for i in items if i.get("state") == "waiting"]
+    held = [str(i["reason"]) for i in items if i.get("state") == "waiting" and i.get("reason")]
+    if held:
+        return "waiting: " + "; ".join(held)
+    waiting = [
+        str(i.get("names")) for i in items if i.get("state") == "waiting" and not i.get("reason")
+    ]
     if waiting:
         return f"{WAITING} ({', '.join(waiting)}: gpufleet job connect)"
     moving = [i for i in items if i.get("state") == "fetching"]

@@ -131,6 +131,7 @@ class PodmanRuntime:
         mps: Mps | None = None,
         fetchers: Fetchers | None = None,
         uploaders: Uploaders | None = None,
+        regional: Sequence[Step] = (),
     ) -> None:
         self.config = config
         self.minion_id = minion_id
@@ -157,6 +158,7 @@ class PodmanRuntime:
         self.share_step = ShareStep(self)
         self.steps: tuple[Step, ...] = (
             KeysStep(config.uid),  # the worker's user reads its attached keys
+            *regional,  # datastores mounted before the inputs; a reservation published
             DiskStep(config.uid, config.disk_quota),  # what the inputs' fetches count against
             self.share_step,
             InputsStep(

@@ -66,12 +66,14 @@ class ProcessRuntime:
         *,
         fetchers: Fetchers | None = None,
         uploaders: Uploaders | None = None,
+        regional: Sequence[Step] = (),
     ) -> None:
         self.base_env = dict(os.environ) if base_env is None else base_env
         self.notify: Callable[[], None] = _nothing
         self._kill_at: dict[str, asyncio.TimerHandle] = {}
         self.steps: tuple[Step, ...] = (
             KeysStep(os.getuid()),  # the command runs as the agent's user
+            *regional,  # datastores mounted before the inputs; a reservation published
             InputsStep(_input_dirs, fetchers, progress_for=progress_for, writable=True),
             OutputsStep(_output_dirs, uploaders),
         )

@@ -1,5 +1,6 @@
 """The region's datastores (R-RES-2) as this node has them: each one's root directory on the
-node (an NFS or SMB share the operator mounted there, GPUFLEET_REGIONAL_DATASTORES), and a
+node (an NFS or SMB share the operator mounted there, GPUFLEET_REGIONAL_DATASTORES, or one
+the node mounted for its workers: mounts/keeper.py, whose `roots` this reads live), and a
 `DatastoreRef` source copied from `<root>/<path>` into a worker's mount directory, within
 its disk, and a worker's output zip put into `<root>/<path>/` (services/node-agent/README.md,
 "Regional datastores").
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from gpufleet_contracts.fields import name_problem
 from gpufleet_contracts.locations import DatastoreRef, OutputTarget, Source
-from gpufleet_contracts.paths import UnsafePath, contained_path
+from gpufleet_contracts.paths import UnsafePath, rooted_join
 
 from ..steps.base import WorkerFailed
 from .meter import Meter
@@ -73,14 +74,16 @@ class Resolved:
 
 
 class Datastores:
-    """This node's datastores (`roots`, by name) in its `region`."""
+    """This node's datastores (`roots`, by name, read at each use: a mapping the keeper
+    changes as it mounts and heals) in its `region`."""
 
     def __init__(self, roots: Mapping[str, Path], region: str) -> None:
-        self.roots = dict(roots)
+        self.roots = roots
         self.region = region
 
     def _root(self, ref: DatastoreRef) -> tuple[str, str]:
-        """(the root's real path, `ref`'s path checked as the contract checks it)."""
+        """(the root's real path, `ref`'s path joined to it: rooted_join, the one join of a
+        datastore's root and a path in it)."""
         shown = f"datastore {ref.datastore}:{ref.path}"
         if ref.region is not None and ref.region != self.region:
             raise WorkerFailed(
@@ -90,22 +93,22 @@ class Datastores:
         root = self.roots.get(ref.datastore)
         if root is None:
             raise WorkerFailed(f"datastore {ref.datastore} is not mounted on this node")
+        real_root = os.path.realpath(root)
         try:
-            path = contained_path(ref.path, rooted=True)
+            joined = rooted_join(real_root, ref.path)
         except UnsafePath as exc:
             raise WorkerFailed(f"{shown} could resolve outside its root: {exc}") from None
-        real_root = os.path.realpath(root)
         if not os.path.isdir(real_root):
             raise WorkerFailed(
                 f"datastore {ref.datastore} is not mounted on this node ({root} is not a directory)"
             )
-        return real_root, path
+        return real_root, joined
 
     def resolve(self, ref: DatastoreRef) -> Resolved:
         """Where `ref` is on this node, or WorkerFailed saying why it is not."""
         shown = f"datastore {ref.datastore}:{ref.path}"
-        real_root, path = self._root(ref)
-        real = os.path.realpath(os.path.join(real_root, path.lstrip("/")))
+        real_root, joined = self._root(ref)
+        real = os.path.realpath(joined)
         if os.path.commonpath([real_root, real]) != real_root:
             raise WorkerFailed(f"{shown} resolves outside the datastore's root (a symlink)")
         if not os.path.lexists(real):
@@ -125,8 +128,10 @@ class Datastores:
         missing), under its own name, then read back."""
         if not isinstance(target, DatastoreRef):
             raise WorkerFailed(f"not a datastore target: {target.kind}")
-        root, rel = self._root(target)
-        shown = f"datastore {target.datastore}:{rel.rstrip('/')}/{path.name}"
+        root, joined = self._root(target)
+        rel = joined[len(root) :].strip("/") or "."  # rooted_join: the root, then segments
+        inside = "" if rel == "." else f"/{rel}"
+        shown = f"datastore {target.datastore}:{inside}/{path.name}"
         meter = Meter(shown, t, bounded=False)  # its size: when it is opened
         await asyncio.to_thread(put_beneath, root, rel, path, shown, meter)
         meter.finish()

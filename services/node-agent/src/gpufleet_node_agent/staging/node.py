@@ -8,6 +8,9 @@ operator gave the datastore on this node (GPUFLEET_REGIONAL_DATASTORES)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 from ..settings import AgentSettings
 from .azure import Azure
 from .cache import ContentCache, Versioned
@@ -23,13 +26,19 @@ from .web import Web
 
 
 def node_staging(
-    settings: AgentSettings, request: Requester | None = None
+    settings: AgentSettings,
+    request: Requester | None = None,
+    roots: Mapping[str, Path] | None = None,
 ) -> tuple[Fetchers, Uploaders]:
+    """`roots`: the datastores' roots as the node's keeper has them (mounts/keeper.py), read
+    live; by default the operator's (GPUFLEET_REGIONAL_DATASTORES)."""
     guard = AddressGuard.of(settings.staging_allow.split(","))
     ca = settings.staging_ca_file
     s3, gcs, azure = S3(guard, ca), Gcs(guard, settings.staging_gcs_endpoint), Azure(guard, ca)
     web, git = Web(guard, ca), Git(guard, ca)
-    datastores = Datastores(parse_roots(settings.regional_datastores), settings.region)
+    if roots is None:
+        roots = parse_roots(settings.regional_datastores)
+    datastores = Datastores(roots, settings.region)
     budget = settings.staging_cache_bytes
     cache = ContentCache(settings.agent_state_dir / "staging-cache", budget) if budget else None
 

@@ -24,11 +24,13 @@ from ..steps.base import WorkerFailed
 @dataclass(frozen=True)
 class Moved:
     """How far a transfer is: bytes done, of `total` when it is known; `waiting`: it has not
-    begun, waiting for the user to send it (`local` data, `job connect`)."""
+    begun, waiting for the user to send it (`local` data, `job connect`) or, with a `reason`,
+    for something else (a datastore that does not answer)."""
 
     done: int
     total: int | None = None
     waiting: bool = False
+    reason: str | None = None  # what it waits for, when it is not the user
 
 
 class Progress(Protocol):

@@ -29,12 +29,14 @@ if TYPE_CHECKING:
 
 class StepName(StrEnum):
     keys = "keys"
+    datastores = "datastores"
     image = "image"
     disk = "disk"
     share = "share"
     inputs = "inputs"
     outputs = "outputs"
     serve = "serve"
+    reservation = "reservation"
 
 
 class WorkerFailed(Exception):

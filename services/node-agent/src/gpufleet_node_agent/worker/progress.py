@@ -50,6 +50,7 @@ def track(w: Worker, item: StagingItem, clock: Callable[[], float] = time.monoto
                 "total": moved.total,
                 "rate": int(moved.done / elapsed) if elapsed > 0 else 0,
                 "state": StagingState.waiting if moved.waiting else state,
+                "reason": moved.reason,
             }
         )
         w.staging_seq += 1

@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from gpufleet_contracts.endpoints import Reservation
 from gpufleet_contracts.jobs import Mount, StartWorker
 from gpufleet_contracts.jobspec import BaseEnvironment, Packages
 from gpufleet_contracts.locations import OutputTarget, legacy_target
@@ -65,11 +66,18 @@ class WorkerSpec(BaseModel):
     key_types: tuple[str, ...] = ()  # R-JOB-7: its attached keys' types; the values in keys.json
     stop_grace_s: float = STOP_GRACE_S
     serving: Serving | None = None  # an endpoint's worker: how it serves (steps/serve.py)
+    reservation: Reservation | None = None  # published with mDNS (steps/reservation.py)
+    # the job's W3C trace context its StartWorker carried (gpufleet_bus.tracing): its
+    # reports continue it
+    trace: str | None = None
 
     @classmethod
-    def of(cls, cmd: StartWorker, runtime: str, received_at: datetime) -> WorkerSpec:
+    def of(
+        cls, cmd: StartWorker, runtime: str, received_at: datetime, trace: str | None = None
+    ) -> WorkerSpec:
         """The spec of `cmd` (its secrets opened or not: none of them is kept)."""
         return cls(
+            trace=trace,
             placement_id=cmd.placement_id,
             job_id=cmd.job_id,
             job_name=cmd.job_name,
@@ -94,6 +102,7 @@ class WorkerSpec(BaseModel):
             runtime=runtime,
             key_types=tuple(sorted(cmd.attached_keys)),
             serving=cmd.serving,
+            reservation=cmd.reservation,
         )
 
 

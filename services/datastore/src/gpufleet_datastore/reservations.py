@@ -1,0 +1,144 @@
+"""The `reservations` collection: an account's port reservations (R-RES-3), each in one of its
+own regions (R-RES-1, as for datastores: a region with a compute node or device, a `team`+
+plan), unique by name and by hostname + port in that region of that owner (two unique
+indexes: a race of two adds ends with one `conflict`). A node of the region and owner may
+read one to publish it (`for_node`); another account's answers "not found"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet_bus.ask import Asker
+from gpufleet_bus.publish import emit
+from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.datastores import GetNodeFacts, GetRegionFacts, NodeFacts, RegionFacts
+from gpufleet_contracts.errors import NotFound, Refused
+from gpufleet_contracts.fields import name_problem
+from gpufleet_contracts.reservations import (
+    HOSTNAME_VALID,
+    AddReservation,
+    ReservationAdded,
+    ReservationRemoved,
+    ReservationView,
+    hostname_problem,
+)
+from gpufleet_store import Store, Transaction
+from pymongo.errors import DuplicateKeyError
+
+from .shares import check_region
+
+COLLECTION = "reservations"
+
+
+def view(doc: dict[str, Any]) -> ReservationView:
+    return ReservationView.model_validate(doc)
+
+
+def check_reservation(body: AddReservation) -> None:
+    """Its name and hostname (the port's range is the contract's)."""
+    for field, problem, valid in (
+        ("name", name_problem(body.name), None),
+        ("hostname", hostname_problem(body.hostname), HOSTNAME_VALID),
+    ):
+        if problem is not None:
+            raise Refused.of_field(
+                "invalid",
+                f"{field}: {problem}",
+                field=field,
+                rule="R-RES-3",
+                says=problem,
+                valid=valid,
+            )
+
+
+class PortReservations:
+    def __init__(self, store: Store, provisioner: Asker, clock: Clock) -> None:
+        self.store = store
+        self.coll = store.db[COLLECTION]
+        self.provisioner = provisioner
+        self.clock = clock
+
+    async def add(self, account: str, body: AddReservation) -> ReservationView:
+        check_reservation(body)
+        facts = await self.provisioner(
+            GetRegionFacts(owner=account, region=body.region), RegionFacts
+        )
+        check_region(facts, body.region)
+        now = self.clock()
+        doc: dict[str, Any] = {
+            "_id": f"{account}/{body.region}/{body.name}",
+            "owner": account,
+            "region": body.region,
+            "region_id": facts.region_id,
+            "name": body.name,
+            "type": body.type.value,
+            "hostname": body.hostname,
+            "port": body.port,
+            "created_at": now,
+        }
+
+        async def tx_body(tx: Transaction) -> None:
+            try:
+                await self.coll.insert_one(doc, session=tx.session)
+            except DuplicateKeyError as exc:
+                taken = "hostname" if "hostname" in str(exc) else "name"
+                says = (
+                    f"{body.hostname}:{body.port} is reserved already in region {body.region}"
+                    if taken == "hostname"
+                    else f"reservation {body.name!r} exists already in region {body.region}"
+                )
+                raise Refused.of_field(
+                    "conflict", says, field=taken, rule="R-RES-3", says="unique in its region"
+                ) from None
+            emit(
+                tx,
+                ReservationAdded(
+                    account=account,
+                    region_id=facts.region_id,
+                    name=body.name,
+                    hostname=body.hostname,
+                    port=body.port,
+                    at=now,
+                ),
+                msg_id=f"reservation-added:{doc['_id']}:{now.timestamp()}",
+            )
+
+        await self.store.transaction(tx_body)
+        return view(doc)
+
+    async def _own(self, owner: str, region: str, name: str) -> dict[str, Any]:
+        doc: dict[str, Any] | None = await self.coll.find_one(
+            {"owner": owner, "region": region, "name": name}
+        )
+        if doc is None:
+            raise NotFound(f"reservation {name!r} not found in region {region!r}")
+        return doc
+
+    async def list(self, account: str, region: str | None) -> list[ReservationView]:
+        query: dict[str, Any] = {"owner": account}
+        if region is not None:
+            query["region"] = region
+        return [view(d) async for d in self.coll.find(query).sort([("region", 1), ("name", 1)])]
+
+    async def remove(self, account: str, region: str, name: str) -> ReservationView:
+        doc = await self._own(account, region, name)
+        now = self.clock()
+
+        async def tx_body(tx: Transaction) -> None:
+            gone = await self.coll.delete_one({"_id": doc["_id"]}, session=tx.session)
+            if gone.deleted_count:
+                emit(
+                    tx,
+                    ReservationRemoved(
+                        account=account, region_id=doc["region_id"], name=name, at=now
+                    ),
+                    msg_id=f"reservation-removed:{doc['_id']}:{now.timestamp()}",
+                )
+
+        await self.store.transaction(tx_body)
+        return view(doc)
+
+    async def for_node(self, minion_id: str, name: str) -> ReservationView:
+        """The reservation `name` of the asking node's own region and owner."""
+        node = await self.provisioner(GetNodeFacts(minion_id=minion_id), NodeFacts)
+        return view(await self._own(node.owner, node.region, name))
