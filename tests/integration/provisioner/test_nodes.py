@@ -107,9 +107,16 @@ class Bus:
         data: dict[str, Any] = json.loads(reply.data)
         return data
 
+    async def region(self, name: str) -> None:
+        """This account's physical region `name`, made if missing (a join token names one
+        that exists)."""
+        await self.ask("enable_provider", {"provider": "physical"})  # again: a conflict
+        await self.ask("create_region", {"name": name})  # again: a conflict
+
     async def node(self, minion: str, region: str) -> Client:
         """The connection of node `minion`, enrolled in `region` of this account."""
         if minion not in self.nodes:
+            await self.region(region)
             reply = await self.nc.request(
                 subjects.admin("provisioner", "issue_join_token"),
                 json.dumps(
@@ -125,6 +132,8 @@ class Bus:
 
     async def token(self, minion: str, region: str = "lab", account: str | None = None) -> Any:
         """The admin's answer to a join token for `minion` of `account` (this one's)."""
+        if account is None:
+            await self.region(region)
         body = {"account": account or self.account, "minion_id": minion, "region": region}
         reply = await self.nc.request(
             subjects.admin("provisioner", "issue_join_token"), json.dumps(body).encode(), timeout=10
@@ -617,3 +626,57 @@ async def test_an_enrolment_naming_another_minion_on_its_own_subject_is_refused(
         assert await db.enrolments.find_one({"_id": {"$in": [m, other]}}) is None
         spare = await db.join_tokens.find_one({"minion_id": m})
         assert spare is not None and spare["used_at_ms"] is None
+
+
+async def test_a_join_token_names_an_existing_physical_region_of_its_account(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """Enrolment checks what `node add` checks: the region exists (by owner and name), and
+    an account's own token is for a physical region (issue 30, item 1)."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        m = f"jt-{uuid.uuid4().hex[:6]}"
+        for refused in (
+            await bus.ask("issue_join_token", {"minion_id": m, "region": "nowhere"}),
+            json.loads(
+                (
+                    await bus.nc.request(
+                        subjects.admin("provisioner", "issue_join_token"),
+                        json.dumps(
+                            {"account": bus.account, "minion_id": m, "region": "nowhere"}
+                        ).encode(),
+                        timeout=10,
+                    )
+                ).data
+            ),
+        ):
+            field = refused["error"]["fields"][0]
+            assert (field["field"], field["rule"]) == ("region", "R-NODE-2"), refused
+        await bus.region("lab")
+        assert "token" in await bus.ask("issue_join_token", {"minion_id": m, "region": "lab"})
+
+
+async def test_an_enrolled_node_of_a_central_region_waits_for_its_storage_node(
+    nats_server: NatsServer, mongo_server: EmbeddedMongo, db_prefix: str
+) -> None:
+    """A node joining by token a central region without an active storage node is held in
+    maintenance with R-NODE-3 shown, as `node add` refuses it; once the storage node is
+    active the operator can take it out of maintenance (checked again, not remembered)."""
+    async with provisioner(nats_server, mongo_server, db_prefix) as bus:
+        await bus.ask("enable_provider", {"provider": "physical"})
+        await bus.ask("create_region", {"name": "dc", "storage_mode": "central"})
+        m = f"cn-{uuid.uuid4().hex[:6]}"
+        await bus.send(registration(m, bus.account, "dc"))
+
+        async def registered() -> bool:
+            shown = await node(bus, m)
+            return "error" not in shown and shown["state"] == "maintenance"
+
+        await wait_for_async(registered, timeout=10)
+        shown = await node(bus, m)
+        assert any(r.startswith("R-NODE-3.storage-node") for r in shown["failed_rules"]), shown
+        held = await bus.ask("set_maintenance", {"node": m, "maintenance": False})
+        assert held["error"]["code"] == "conflict" and "R-NODE-3" in held["error"]["message"]
+        storage = {"region": "dc", "name": "s", "minion_id": f"s-{db_prefix}", "kind": "storage"}
+        assert (await bus.ask("add_node", storage))["state"] == "active"
+        freed = await bus.ask("set_maintenance", {"node": m, "maintenance": False})
+        assert freed["state"] == "active", freed

@@ -49,6 +49,7 @@ from gpufleet_bus.streams import (
 )
 from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.devices import IssueDeviceJoinToken
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.identity import (
     AccountChanged,
@@ -103,10 +104,13 @@ class Identity:
         bus: BusSettings,
         broker: NatsBroker | None = None,
         logs: NodeLogLimits | None = None,
+        *,
+        open_regions: bool = False,
     ) -> None:
         """`broker`: the service's own, whose connection makes and deletes node consumers
         and log streams (none: neither is touched); `logs`: what each node's log stream
-        keeps at most."""
+        keeps at most; `open_regions` (development, with GPUFLEET_AUTO_ACTIVATE_NODES): a
+        join token may name a region that does not exist yet (registration creates it)."""
         self.store = store
         self.db = store.db
         self.issuer = issuer
@@ -116,6 +120,7 @@ class Identity:
         self.broker = broker
         self.logs = logs or NodeLogLimits()
         self.replicas = bus.stream_replicas
+        self.open_regions = open_regions
 
     async def _js(self) -> JetStreamContext | None:
         return None if self.broker is None else (await self.broker.connect()).jetstream()
@@ -263,24 +268,65 @@ class Identity:
         """A one-time join token for one node of the acting account (shown once); for a
         minion id another account holds, a decoy answered the same way (module docstring)."""
         return await self.join_token(
-            account, body.minion_id, body.region, body.ttl_s, decoy_if_taken=True
+            account, body.minion_id, body.region, body.ttl_s, decoy_if_taken=True, joins="physical"
         )
 
     async def admin_issue_join_token(self, body: AdminIssueJoinToken) -> JoinTokenIssued:
         """An operator's: a one-time join token for one node of any account."""
-        return await self.join_token(body.account, body.minion_id, body.region, body.ttl_s)
+        return await self.join_token(
+            body.account, body.minion_id, body.region, body.ttl_s, joins="any"
+        )
+
+    async def issue_device_join_token(self, body: IssueDeviceJoinToken) -> JoinTokenIssued:
+        """device-fleet's, for a device of the account it acts for: a one-time token whose
+        enrolment gives a device's credential (its own device's subjects only)."""
+        return await self.join_token(
+            body.account,
+            body.minion_id,
+            body.region,
+            body.ttl_s,
+            decoy_if_taken=True,
+            joins="physical",
+            kind="device",
+        )
+
+    async def joinable_region(self, account: str, region: str, joins: str) -> None:
+        """A node joins one of its account's regions: as `node add` checks, the region
+        exists, by owner and name, and, for `joins="physical"` (the account's own token), is
+        a physical one (a cloud region's nodes come from bursting; an operator may enrol one
+        by hand). Development's open regions let an agent create its own."""
+        doc = await self.db.regions.find_one({"owner": account, "name": region})
+        if doc is None:
+            if self.open_regions:
+                return
+            raise invalid("region", "R-NODE-2", f"region {region!r} not found: create it first")
+        if joins == "physical" and doc.get("provider") != "physical":
+            raise invalid(
+                "region", "R-NODE-2", "nodes join only physical regions (cloud nodes burst)"
+            )
 
     async def join_token(
-        self, account: str, minion_id: str, region: str, ttl_s: int, *, decoy_if_taken: bool = False
+        self,
+        account: str,
+        minion_id: str,
+        region: str,
+        ttl_s: int,
+        *,
+        decoy_if_taken: bool = False,
+        joins: str | None = None,
+        kind: str = "node",
     ) -> JoinTokenIssued:
         """A minion id another account holds is refused (`conflict`: an operator, a burst),
         or, `decoy_if_taken` (the account's own request), answered with a decoy: made and
         answered alike, but kept where enrolment never looks, so it cannot enrol (nor
-        reserve the id: `_taken` does not see it)."""
+        reserve the id: `_taken` does not see it). `joins`: which regions a request's
+        token may name (joinable_region)."""
         issuer = self._issuer()
         decoy = await self._taken(account, minion_id)
         if decoy and not decoy_if_taken:
             raise Refused("conflict", f"minion id {minion_id!r} is taken")
+        if joins is not None:  # a request's: the region is checked (burst's exists)
+            await self.joinable_region(account, region, joins)
         secret = secrets.token_urlsafe(32)
         expires = int(time.time()) + ttl_s
         kept = self.db.join_token_decoys if decoy else self.db.join_tokens
@@ -293,6 +339,7 @@ class Identity:
                 "expires_at": expires,
                 "used_at_ms": None,
                 "issued_at_ms": now_ms(self.clock()),
+                "kind": kind,  # node | device: the credential its enrolment gives
             }
         )
         if decoy:
@@ -360,7 +407,8 @@ class Identity:
         if previous is not None and previous.get("public_key") != cmd.public_key:
             # Re-enrolled (a reinstalled host): the old key stops working.
             await self._revoke_key(previous["public_key"], cmd.minion_id)
-        jwt = issuer.node(cmd.minion_id, cmd.public_key, account=account, region=region)
+        credential = issuer.device if spent.get("kind") == "device" else issuer.node
+        jwt = credential(cmd.minion_id, cmd.public_key, account=account, region=region)
         log.info("node %s enrolled for %s in region %s", cmd.minion_id, account, region)
         return NodeEnrolled(jwt=jwt, account=account, region=region, minion_id=cmd.minion_id)
 

@@ -28,7 +28,7 @@ from gpufleet_contracts.nodes import (
 )
 from gpufleet_store import Doc, Transaction, now_ms
 
-from .records import Records, invalid, node_id_for
+from .records import NO_STORAGE_RULE, Records, invalid, node_id_for
 from .views import maintenance_set, node_detail, node_view
 
 MINION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -142,16 +142,30 @@ class NodeRequests:
                 f"node {node['name']!r} is {state}; only an active node or one in "
                 "maintenance can go in or out of maintenance",
             )
-        waived = self.records.settings.waive_hardware_rules  # development only
-        if new == NodeState.active and node.get("failed_rules") and not waived:
-            raise Refused(
-                "conflict",
-                f"node {node['name']!r} fails the hardware requirements and stays out of "
-                "service: " + "; ".join(node["failed_rules"]),
-            )
+        if new == NodeState.active:
+            held = await self.held_by(node)
+            if held:
+                raise Refused(
+                    "conflict",
+                    f"node {node['name']!r} fails rules and stays out of service: "
+                    + "; ".join(held),
+                )
         reason = "maintenance on" if body.maintenance else "maintenance off"
         await self.records.change_state(node, new, f"{reason} (operator)")
         return maintenance_set(await self.records.find_node(account, body.node), changed=True)
+
+    async def held_by(self, node: Doc) -> list[str]:
+        """The rules that keep `node` out of service now: its hardware's (as registered;
+        development may waive them) and, checked again now, its region's storage node."""
+        waived = self.records.settings.waive_hardware_rules
+        failed = [str(r) for r in node.get("failed_rules") or []]
+        held = [] if waived else [r for r in failed if not r.startswith(NO_STORAGE_RULE)]
+        if node.get("kind", "compute") == "compute" and node.get("provider") == "physical":
+            region = await self.records.region(node["owner"], node["region"])
+            missing = await self.records.storage_missing(region)
+            if missing:
+                held.append(missing)
+        return held
 
     async def remove_node(self, body: RemoveNode, account: str) -> NodeView:
         """Remove a node; its credential is revoked first and its workers are requeued."""

@@ -46,6 +46,9 @@ INDEXES = {
     ],
 }
 
+# The rule a compute node fails while its central-storage region lacks its storage node.
+NO_STORAGE_RULE = "R-NODE-3.storage-node"
+
 # Node states that can serve work or wait for an operator; `lost` is entered from these.
 LIVE_STATES = (NodeState.active.value, NodeState.maintenance.value)
 
@@ -181,6 +184,25 @@ class Records:
         if doc is None:
             raise NotFound(f"region {name!r} not found")
         return doc
+
+    async def storage_missing(self, region: Doc, session: object = None) -> str | None:
+        """The failed rule of a compute node in `region` while the region uses central
+        storage and has no active storage node (R-NODE-3), or None."""
+        if region.get("storage_mode") != "central":
+            return None
+        active = await self.db.nodes.find_one(
+            {
+                "owner": region["owner"],
+                "region": region["name"],
+                "kind": "storage",
+                "state": "active",
+            },
+            session=session,
+        )
+        if active is not None:
+            return None
+        name = region["name"]
+        return f"{NO_STORAGE_RULE}: region {name!r} uses central storage; no storage node is active"
 
     # --- nodes --------------------------------------------------------------------------
 

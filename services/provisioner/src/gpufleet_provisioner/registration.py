@@ -99,6 +99,7 @@ class Registration:
                 return
             cloud = region["provider"] == "gcp"
             failures: list[str] = []
+            held: list[str] = []  # the failures that keep it out of service
             if not cloud:
                 failures = [
                     str(f)
@@ -109,7 +110,12 @@ class Registration:
                         allow_public_jobs=bool(region.get("allow_public_jobs")),
                     )
                 ]
-            state = self.registered_state(existing, cloud, failures)
+                held = [] if self.waive_hardware else list(failures)
+                missing = await self.records.storage_missing(region, s)
+                if missing:
+                    failures.append(missing)
+                    held.append(missing)
+            state = self.registered_state(existing, cloud, held)
             cpu_count, cpu_job_cpus = registered_cpus(cmd)
             doc: Doc = {
                 "minion_id": cmd.minion_id,
@@ -153,11 +159,7 @@ class Registration:
             doc.update(verification.fields)
             update: Doc = {"$set": doc}
             if existing is None or existing["state"] != state.value:
-                reason = (
-                    "hardware requirements not met (R-NODE-4)"
-                    if failures and not self.waive_hardware
-                    else "registered by its agent"
-                )
+                reason = "; ".join(held) if held else "registered by its agent"
                 update["$push"] = {
                     "history": {"state": state.value, "at_ms": now_ms(now), "reason": reason}
                 }
@@ -191,11 +193,9 @@ class Registration:
             )
             if failures:
                 log.warning(
-                    "node %s fails the hardware requirements%s: %s",
+                    "node %s fails rules%s: %s",
                     cmd.minion_id,
-                    " (waived: GPUFLEET_WAIVE_HARDWARE_RULES)"
-                    if self.waive_hardware
-                    else " and stays out of service",
+                    " and stays out of service" if held else " (waived: development)",
                     "; ".join(failures),
                 )
 
@@ -208,8 +208,9 @@ class Registration:
             ", simulated" if cmd.simulated else "",
         )
 
-    def registered_state(self, existing: Doc | None, cloud: bool, failures: list[str]) -> NodeState:
-        """The state a registration puts a node in (see the module's docstring)."""
+    def registered_state(self, existing: Doc | None, cloud: bool, held: list[str]) -> NodeState:
+        """The state a registration puts a node in (see the module's docstring); `held`:
+        the failed rules that keep it out of service."""
         current = None if existing is None else existing["state"]
         if current == NodeState.removed.value:
             return NodeState.removed
@@ -218,7 +219,7 @@ class Registration:
             if existing is not None and (existing.get("cloud") or {}).get("state") in LEAVING:
                 return NodeState(current) if current else NodeState.maintenance
             return NodeState.active
-        if failures and not self.waive_hardware:
+        if held:
             return NodeState.maintenance  # out of service, reasons in failed_rules
         if existing is None or current in (NodeState.lost.value, NodeState.provisioning.value):
             previous = (existing or {}).get("state_before_lost")
