@@ -49,7 +49,7 @@ WHEELS=(.devrun/whl/*.whl)
 [ -d .devrun/whl-gcp ] && WHEELS+=(.devrun/whl-gcp/*.whl)
 timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target "$SITE" "${WHEELS[@]}" 2>&1 | grep -v "WARNING: Running pip as" || true
-SRC=$(ls -d "$REPO"/libs/*/src "$REPO"/services/*/src "$REPO"/cli/src "$REPO"/devtools/*/src | paste -sd:)
+SRC=$(ls -d "$REPO"/libs/*/src "$REPO"/services/*/src "$REPO"/cli/src "$REPO"/gateway/src "$REPO"/devtools/*/src | paste -sd:)
 export PYTHONPATH="$SITE:$SRC${EXTRA_SITE:+:$EXTRA_SITE}"
 mkdir -p "$SITE-bin"
 gunzip -c .devrun/nats-server.gz >"$SITE-bin/nats-server" && chmod +x "$SITE-bin/nats-server"
@@ -58,8 +58,8 @@ export PYTHONUNBUFFERED=1
 say "nats-server: $(command -v nats-server) $(nats-server --version 2>&1)"
 say "preflight: the services' imports"
 timeout 90 "$PY" -c "
-import sqlite3, ssl, pydantic, faststream, nats, pymongo, nx_27017, cryptography, nacl, grpc, google.protobuf, typer, rich, httpx, psutil, pynvml, yaml
-import gpufleet_provisioner.__main__, gpufleet_scheduler.__main__, gpufleet_billing.__main__, gpufleet_device_fleet.__main__, gpufleet_datastore.__main__, gpufleet_node_agent.__main__, gpufleet_cli.main, gpufleet_devstack.up
+import sqlite3, ssl, pydantic, faststream, nats, pymongo, nx_27017, cryptography, nacl, grpc, google.protobuf, typer, rich, httpx, psutil, pynvml, yaml, prometheus_client, zeroconf, fastapi, uvicorn
+import gpufleet_provisioner.__main__, gpufleet_scheduler.__main__, gpufleet_billing.__main__, gpufleet_device_fleet.__main__, gpufleet_datastore.__main__, gpufleet_node_agent.__main__, gpufleet_cli.main, gpufleet_devstack.up, gpufleet_gateway.app
 print('imports ok: pydantic', pydantic.VERSION, 'grpc', grpc.__version__, 'protobuf', google.protobuf.__version__)
 " || fail "preflight imports"
 
@@ -224,6 +224,33 @@ if [ -n "$J1" ]; then
     run job logs "$J1"
 fi
 
+# The node agent's /metrics (its port from the agent's environment, as `just up` gave it):
+# no sample of a GPU that jobs hold lacks a job label, and each named job has its own.
+scrape_agent() { # file, job ids...
+    local file=$1 pid port
+    shift
+    pid=$(pgrep -f "gpufleet_node_agent" | head -1)
+    port=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^GPUFLEET_METRICS_PORT=//p')
+    [ -n "$port" ] || { fail "no metrics port in the node agent's environment"; return; }
+    timeout 10 "$PY" -c 'import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=8).read().decode())' \
+        "http://127.0.0.1:$port/metrics" >"$file" || { fail "scrape :$port"; return; }
+    say "agent /metrics on :$port: $(grep -c '^gpufleet_' "$file") samples; the GPU ones:"
+    grep -E '^gpufleet_gpu_(utilization_percent|temperature_celsius|power_watts|ecc_errors|remapped_rows|retired_pages|last_xid|xid_errors_total)' "$file" | head -40
+    "$PY" - "$file" "$@" <<'PYEOF' || fail "GPU samples without their job"
+import re, sys
+text, jobs = open(sys.argv[1]).read(), sys.argv[2:]
+util = [l for l in text.splitlines() if l.startswith("gpufleet_gpu_utilization_percent{")]
+labels = [dict(re.findall(r'(\w+)="([^"]*)"', l)) for l in util]
+held = {l["gpu_uuid"] for l in labels if l.get("job")}
+unlabelled = [l for l in labels if l["gpu_uuid"] in held and not l.get("job")]
+seen = {l.get("job") for l in labels}
+print(f"utilization samples {len(util)}, of held GPUs without a job {len(unlabelled)}, "
+      f"held GPUs {len(held)}, jobs {sorted(j for j in seen if j)}")
+missing = [j for j in jobs if j not in seen]
+sys.exit(1 if unlabelled or missing else 0)
+PYEOF
+}
+
 say "jobs 2 and 3: two 0.5-GPU shares at once"
 J2=$(submit half-a 0.5 "$HALF_PY")
 J3=$(submit half-b 0.5 "$HALF_PY")
@@ -243,6 +270,7 @@ if [ $both -eq 1 ]; then
     say "both shares running at once:"
     run job show "$J2"; run job show "$J3"
     run node show "$NODE"
+    scrape_agent "$OUT/metrics-shared.txt" "$J2" "$J3"
 else
     fail "the two 0.5-GPU jobs were not seen running at the same time"
 fi
