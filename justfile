@@ -10,6 +10,10 @@ export UV_PYTHON_DOWNLOADS := "never"
 up *args: setup
     uv run python -m gpufleet_devstack.up {{args}}
 
+# One job's trace as an indented tree, from the spans `just up` wrote (sampled jobs only).
+trace job *args: setup
+    uv run python -m gpufleet_devstack.trace {{job}} {{args}}
+
 # The whole suite: lint, types, docs freshness, then unit, integration and e2e tests.
 test *args: setup check
     uv run pytest {{args}}
@@ -30,7 +34,7 @@ fmt: setup
     uv run ruff check --fix .
 
 typecheck: setup
-    uv run mypy libs/*/src services/*/src cli/src devtools/*/src
+    uv run mypy libs/*/src services/*/src cli/src gateway/src devtools/*/src
 
 # Regenerate docs/asyncapi/*.json, events.md, permissions.md from the apps; rules.md from the docstrings.
 docs: setup
@@ -42,7 +46,9 @@ docs-check: setup
 # Install what the project needs: uv (from PyPI), the workspace, nats-server, and podman, runc
 # and mmdebstrap for the node agent's container runtime, docker-registry for images (Debian),
 # git's servers (Debian's git and openssh-server: git daemon, git http-backend, sshd) and
-# Azurite (npm, into devtools/devstack/node) for the storage servers.
+# Azurite (npm, into devtools/devstack/node) for the storage servers; the console's uPlot (npm,
+# into gateway/web) and chromium (Debian) for its browser tests.
+# Prometheus (Debian) keeps the metrics' history under `just up`.
 setup:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -68,6 +74,8 @@ setup:
     uv run python -c "from gpufleet_devstack.registry import ensure_registry as e; e()"
     uv run python -c "from gpufleet_devstack.storage.repos import ensure_git as e; e()"
     uv run python -c "from gpufleet_devstack.storage.azurite import ensure_azurite as e; e()"
+    uv run python -c "from gpufleet_devstack.prometheus import ensure_prometheus as e; e()"
+    uv run python -c "from gpufleet_devstack.webconsole import ensure_console as e; e()"
 
 # The compose stack's keys, TLS certificates and credentials (deploy/secrets/, git-ignored).
 compose-secrets: setup

@@ -26,6 +26,7 @@ from gpufleet_cli.ops import HEALTH
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import GetJob
 from gpufleet_devstack import EmbeddedMongo, NatsServer, ServiceProcess, identities, wait_for
+from gpufleet_devstack.children import CONSOLE, DEVICE_AGENT
 from gpufleet_devstack.cluster import NatsCluster
 from gpufleet_devstack.up import NODE_NAME, SERVICES, ServiceSpec
 
@@ -69,6 +70,9 @@ class System:
             GPUFLEET_LOG_LEVEL="INFO",
             GPUFLEET_CONFIG_DIR=str(self.root / "cli-config"),
             PYTHONUNBUFFERED="1",
+            # every job's trace sampled, its spans in <root>/traces within half a second
+            GPUFLEET_TRACE_SAMPLE_RATIO="1",
+            OTEL_BSP_SCHEDULE_DELAY="500",
         )
         if self.cluster is not None:
             env.update(GPUFLEET_STREAM_REPLICAS=str(len(self.cluster.members)))
@@ -132,8 +136,9 @@ class System:
         """One more process of a service, once the system runs: a standby scheduler (its
         own GPUFLEET_SCHEDULER_INSTANCE; the same service credential, so the same
         permissions), a second node agent (its own minion id and state directory; it
-        enrols with a join token of its own)."""
-        spec = next(s for s in SERVICES if s.name == service)
+        enrols with a join token of its own), the web console's gateway (`gateway`), an edge
+        device's agent (`device-agent`, with its device's token)."""
+        spec = next(s for s in (*SERVICES, CONSOLE, DEVICE_AGENT) if s.name == service)
         self._spawn(spec, name, extra)
 
     def _ready(self) -> bool:

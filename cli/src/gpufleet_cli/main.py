@@ -6,7 +6,11 @@ import typer
 from gpufleet_contracts.locations import PlatformAsset
 
 from . import (
+    alerts,
     billing,
+    console,
+    datastores,
+    devices,
     endpoints,
     identity,
     jobs,
@@ -17,6 +21,7 @@ from . import (
     projects,
     provider,
     region,
+    reservations,
 )
 
 app = typer.Typer(
@@ -41,9 +46,14 @@ app.add_typer(endpoints.app, name="endpoint")
 for _asset in PlatformAsset:
     app.add_typer(platform.asset_app(_asset), name=_asset.value)
 app.add_typer(nodes.app, name="node")
+app.add_typer(devices.app, name="device")
+app.add_typer(alerts.app, name="alert")
 app.add_typer(provider.app, name="provider")
 app.add_typer(region.app, name="region")
+app.add_typer(datastores.app, name="datastore")
+app.add_typer(reservations.app, name="reservation")
 app.add_typer(billing.app, name="billing")
+app.add_typer(console.app, name="console")
 app.add_typer(ops.dlq_app, name="dlq")
 app.command()(ops.health)
 app.command()(identity.login)

@@ -46,13 +46,15 @@ def documents() -> dict[str, dict[str, Any]]:
     return Documents()
 
 
-@pytest.mark.parametrize("service", [*permissions.SERVICES, "node-agent"])
+@pytest.mark.parametrize("service", [*permissions.SERVICES, "node-agent", "device-agent"])
 def test_every_subject_of_the_wiring_is_allowed(
     documents: dict[str, dict[str, Any]], service: str
 ) -> None:
     grant = (
         permissions.for_node(MINION, INBOX)
         if service == "node-agent"
+        else permissions.for_device(MINION, INBOX)
+        if service == "device-agent"
         else permissions.for_service(service, INBOX)
     )
     refused = []
@@ -63,7 +65,7 @@ def test_every_subject_of_the_wiring_is_allowed(
             ok = grant.may_publish(subject)
         elif stream is None:
             ok = grant.may_subscribe(address)
-        elif service == "node-agent":
+        elif service in ("node-agent", "device-agent"):
             ok = grant.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.node-{MINION}")
         else:
             ok = grant.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{service}-x")

@@ -21,6 +21,9 @@ class ServiceSpec:
 
 
 NODE_NAME: Final = "local-node-1"
+# Every child writes the spans of the sampled jobs here, as JSON lines (gpufleet_telemetry
+# .spanfile); `just trace <job>` shows one job's trace.
+TRACES: Final = {"GPUFLEET_TRACE_DIR": "{run_dir}/traces"}
 
 # Started in this order, stopped in the reverse order.
 SERVICES: Final[tuple[ServiceSpec, ...]] = (
@@ -29,12 +32,12 @@ SERVICES: Final[tuple[ServiceSpec, ...]] = (
         "provisioner",
         "gpufleet_provisioner",
         health="provisioner",
-        defaults={"GPUFLEET_AUTO_ACTIVATE_NODES": "true"},
+        defaults={**TRACES, "GPUFLEET_AUTO_ACTIVATE_NODES": "true"},
     ),
-    ServiceSpec("scheduler", "gpufleet_scheduler", health="scheduler"),
-    ServiceSpec("billing", "gpufleet_billing", health="billing"),
-    ServiceSpec("device-fleet", "gpufleet_device_fleet", health="device-fleet"),
-    ServiceSpec("datastore", "gpufleet_datastore", health="datastore"),
+    ServiceSpec("scheduler", "gpufleet_scheduler", health="scheduler", defaults=TRACES),
+    ServiceSpec("billing", "gpufleet_billing", health="billing", defaults=TRACES),
+    ServiceSpec("device-fleet", "gpufleet_device_fleet", health="device-fleet", defaults=TRACES),
+    ServiceSpec("datastore", "gpufleet_datastore", health="datastore", defaults=TRACES),
     ServiceSpec(
         "node-agent",
         "gpufleet_node_agent",
@@ -50,12 +53,33 @@ SERVICES: Final[tuple[ServiceSpec, ...]] = (
         # Its 16 (simulated) CPUs: 8 offered to CPU-only jobs (R-JOB-2), 8 for GPU work.
         # The local node goes with the stack: Ctrl-C stops its workers too.
         defaults={
+            **TRACES,
             "GPUFLEET_SIMULATED_GPUS": "1",
             "GPUFLEET_CPU_JOB_CPUS": "8",
             "GPUFLEET_STOP_WORKERS_ON_EXIT": "1",
         },
         stop_timeout=30.0,  # its workers' grace period (10 s), then their reports
     ),
+)
+
+# An edge device's agent (the node agent in device mode), started by whoever runs one: it
+# enrols with its device's join token (GPUFLEET_JOIN_TOKEN, GPUFLEET_MINION_ID and
+# GPUFLEET_DEVICE_STATE_DIR given), simulated unless told otherwise.
+DEVICE_AGENT: Final = ServiceSpec(
+    "device-agent",
+    "gpufleet_node_agent.device",
+    health=None,
+    defaults={"GPUFLEET_DEVICE_RUNTIME": "simulated"},
+)
+
+# The web console's gateway: started after the services, on its own narrow identity (it may
+# only redeem sign-in codes; each person's requests go on that person's credential).
+CONSOLE_PORT: Final = 8470
+CONSOLE: Final = ServiceSpec(
+    "gateway",
+    "gpufleet_gateway",
+    health=None,
+    defaults={"GPUFLEET_CONSOLE_PORT": str(CONSOLE_PORT)},
 )
 
 

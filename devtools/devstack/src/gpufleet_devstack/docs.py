@@ -35,6 +35,8 @@ def _services() -> dict[str, Callable[[], Service[Any]]]:
     from gpufleet_datastore.app import build_app as datastore
     from gpufleet_device_fleet.app import build_app as device_fleet
     from gpufleet_node_agent.app import build_app as node_agent
+    from gpufleet_node_agent.device.app import build_device_app as device_agent
+    from gpufleet_node_agent.device.settings import DeviceSettings
     from gpufleet_node_agent.settings import AgentSettings
     from gpufleet_provisioner.app import build_app as provisioner
     from gpufleet_scheduler.app import build_app as scheduler
@@ -48,6 +50,11 @@ def _services() -> dict[str, Callable[[], Service[Any]]]:
         settings = AgentSettings(minion_id="MINION_ID")  # no inventory is read here
         return node_agent(Ports(broker=make_broker("node-agent")), settings)
 
+    def device() -> Service[Any]:
+        # the node agent in device mode (one edge device), the same placeholder minion id
+        settings = DeviceSettings(minion_id="MINION_ID")
+        return device_agent(Ports(broker=make_broker("device-agent")), settings)
+
     return {
         "scheduler": svc("scheduler", scheduler),
         "provisioner": svc("provisioner", provisioner),
@@ -55,6 +62,7 @@ def _services() -> dict[str, Callable[[], Service[Any]]]:
         "device-fleet": svc("device-fleet", device_fleet),
         "datastore": svc("datastore", datastore),
         "node-agent": agent,
+        "device-agent": device,
     }
 
 
@@ -68,7 +76,38 @@ def _apps() -> dict[str, Callable[[], FastStream]]:
 def asyncapi(app: FastStream) -> dict[str, Any]:
     spec = app.schema.to_specification()
     data: dict[str, Any] = json.loads(spec.to_json())
-    return _one_server(data)
+    return _trace_headers(_one_server(data))
+
+
+def _trace_headers(data: dict[str, Any]) -> dict[str, Any]:
+    """Every message may carry its job's W3C trace context (gpufleet_bus.tracing): one
+    message trait with the two headers, named on each message."""
+    from gpufleet_contracts import subjects
+
+    trait = {
+        "headers": {
+            "type": "object",
+            "properties": {
+                subjects.TRACEPARENT: {
+                    "type": "string",
+                    "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+                    "description": "W3C traceparent of the job's trace; its sampled flag "
+                    "decides whether the step makes a span. Not followed on an account's "
+                    "request.",
+                },
+                subjects.TRACESTATE: {
+                    "type": "string",
+                    "maxLength": 512,
+                    "description": "W3C tracestate, carried along with the traceparent.",
+                },
+            },
+        }
+    }
+    components = data.setdefault("components", {})
+    components.setdefault("messageTraits", {})["TraceContext"] = trait
+    for message in components.get("messages", {}).values():
+        message["traits"] = [{"$ref": "#/components/messageTraits/TraceContext"}]
+    return data
 
 
 def _one_server(data: dict[str, Any]) -> dict[str, Any]:

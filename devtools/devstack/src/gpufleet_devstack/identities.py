@@ -27,7 +27,7 @@ from .processes import DevstackError
 LOCAL_ACCOUNT = "local"
 LOCAL_USER = "dev"
 LOCAL_REGION = "local"
-SECRET_KEY_SERVICES = frozenset({"provisioner", "scheduler"})  # they store secrets
+SECRET_KEY_SERVICES = frozenset({"provisioner", "scheduler", "datastore"})  # they store secrets
 
 
 def secret_key(server: NatsServer, adopt: Path | None = None) -> str:
@@ -47,8 +47,10 @@ def secret_key(server: NatsServer, adopt: Path | None = None) -> str:
 
 def service_env(server: NatsServer, service: str) -> dict[str, str]:
     """A service's (or the node agent's: none) identity settings."""
-    if service == "node-agent":
+    if service in ("node-agent", "device-agent"):  # they enrol (a device with its token)
         return {}
+    if service == "gateway":  # the console: it may only redeem sign-in codes
+        return {"GPUFLEET_NATS_CREDS": str(server.creds("gateway"))}
     env = {"GPUFLEET_NATS_CREDS": str(server.creds("service", service))}
     if service in SECRET_KEY_SERVICES:
         env["GPUFLEET_SECRET_KEY"] = secret_key(server)

@@ -179,6 +179,8 @@ class NatsServer(ServerProcess):
             made = issuer.user(account, name or "dev")
         elif kind == "operator":
             made = issuer.operator(name or "admin")
+        elif kind == "gateway":
+            made = issuer.gateway(name or "console")
         elif kind == "node":
             from gpufleet_auth.creds import new_user_key, public
 

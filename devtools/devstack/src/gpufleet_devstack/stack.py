@@ -14,19 +14,28 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpufleet_devstack import identities
-from gpufleet_devstack.children import NODE_NAME, SERVICES, ServiceSpec, child_env
+from gpufleet_devstack.children import CONSOLE, NODE_NAME, SERVICES, ServiceSpec, child_env
 from gpufleet_devstack.config import DEFAULT_REGISTRY_PORT, DEFAULT_STORAGE_PORT, find_repo_root
 from gpufleet_devstack.console import Out, rel
 from gpufleet_devstack.mongo import EmbeddedMongo
 from gpufleet_devstack.nats import NatsServer
 from gpufleet_devstack.podman import node_runtime_env
-from gpufleet_devstack.processes import DevstackError, ServiceProcess, log_tail
+from gpufleet_devstack.processes import (
+    DevstackError,
+    ServiceProcess,
+    free_port,
+    log_tail,
+    port_in_use,
+)
+from gpufleet_devstack.prometheus import PrometheusServer, find_prometheus
 from gpufleet_devstack.registry import LocalRegistry, find_registry
 from gpufleet_devstack.storage.servers import StoragePorts, StorageServers
 
 RESTART_BACKOFF: Final = 1.0
 MAX_RESTARTS_PER_MINUTE: Final = 5
 SUPERVISE_INTERVAL: Final = 0.5
+SCRAPE_INTERVAL_S: Final = 5.0
+PROMETHEUS_RETENTION: Final = "7d"
 
 
 @dataclass
@@ -97,6 +106,13 @@ class Stack:
         self.storage: StorageServers | None = None
         self.storage_ports = StoragePorts(storage_port)
         self._node_runtime: dict[str, str] | None = None
+        # Each service's and the node agent's /metrics (the same port across restarts), and
+        # the Prometheus that scrapes them every SCRAPE_INTERVAL_S (its data in run_dir).
+        self.metrics_ports = {spec.name: free_port() for spec in SERVICES}
+        self.prometheus: PrometheusServer | None = None
+        # Its port, chosen before the services start (`plan_prometheus`): the provisioner
+        # evaluates its alert rules against it (GPUFLEET_PROMETHEUS_URL).
+        self.prometheus_port: int | None = None
 
     @property
     def node_runtime(self) -> dict[str, str]:
@@ -110,6 +126,12 @@ class Stack:
         the bucket made by the datastore at its start. Without `--data`: none, and platform
         objects are refused as not configured (services/datastore/README.md)."""
         return {} if self.storage is None else self.storage.platform_env()
+
+    @property
+    def console_url(self) -> str:
+        """Where the web console listens (GPUFLEET_CONSOLE_PORT, as its child reads it)."""
+        port = os.environ.get("GPUFLEET_CONSOLE_PORT") or CONSOLE.defaults["GPUFLEET_CONSOLE_PORT"]
+        return f"http://127.0.0.1:{port}"
 
     def service_env(self, spec: ServiceSpec) -> dict[str, str]:
         stack = {
@@ -129,6 +151,16 @@ class Stack:
                 else {}
             ),
             **(self.platform_env() if spec.name == "datastore" else {}),
+            **(
+                {"GPUFLEET_METRICS_PORT": str(self.metrics_ports[spec.name])}
+                if spec.name in self.metrics_ports
+                else {}
+            ),
+            **(
+                {"GPUFLEET_PROMETHEUS_URL": f"http://127.0.0.1:{self.prometheus_port}"}
+                if spec.name == "provisioner" and self.prometheus_port is not None
+                else {}
+            ),
         }
         if os.environ.get("GPUFLEET_SECRET_KEY"):  # one of the developer's: theirs wins
             stack.pop("GPUFLEET_SECRET_KEY", None)
@@ -200,7 +232,7 @@ class Stack:
 
     def start_services(self) -> None:
         (self.run_dir / "agent").mkdir(parents=True, exist_ok=True)
-        for spec in SERVICES:
+        for spec in (*SERVICES, CONSOLE):
             if spec.name == "node-agent":
                 # A node enrols like a real one: a join token from the provisioner.
                 self.node_env[spec.name] = {
@@ -220,6 +252,29 @@ class Stack:
             proc.start()
             self.children.append(Supervised(spec, proc))
             self.out.step(f"started {spec.name} (pid {proc.pid}, log {rel(proc.log_file)})")
+
+    def plan_prometheus(self, port: int) -> None:
+        """Prometheus's port: `port`, or another free one if it is taken (a developer's own
+        Prometheus, say); none without Debian's `prometheus`."""
+        if find_prometheus() is not None:
+            self.prometheus_port = free_port() if port_in_use(port) else port
+
+    def start_prometheus(self) -> None:
+        """Prometheus over every metrics port, on the planned port."""
+        if self.prometheus_port is None:
+            self.out.warn("no metrics history: prometheus is not installed (`just setup`)")
+            return
+        targets = [f"127.0.0.1:{p}" for p in self.metrics_ports.values()]
+        self.prometheus = PrometheusServer(
+            self.run_dir / "prometheus",
+            targets,
+            SCRAPE_INTERVAL_S,
+            port=self.prometheus_port,
+            retention=PROMETHEUS_RETENTION,
+        )
+        self.out.step(f"starting prometheus (data: {rel(self.prometheus.data_dir)})")
+        self.prometheus.start()
+        self.out.ok(f"prometheus up on {self.prometheus.url}, scraping {len(targets)} targets")
 
     def supervise_once(self) -> None:
         """Restart children that died on their own: after RESTART_BACKOFF seconds, and at
@@ -256,6 +311,8 @@ class Stack:
 
     def stop_all(self) -> None:
         self.stopping = True
+        if self.prometheus is not None:
+            self.prometheus.stop()
         for child in reversed(self.children):
             name = child.spec.name
             agent = name == "node-agent"

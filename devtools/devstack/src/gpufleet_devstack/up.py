@@ -25,7 +25,10 @@ use), GPUFLEET_MONGO_PORT (default 27027), GPUFLEET_REGISTRY_PORT (default 5055:
 image registry, when docker-registry is installed), GPUFLEET_STORAGE_PORT (default 5060:
 `--data`'s servers take it and the next six, FTP's data connections 5070..5079),
 GPUFLEET_RUN_DIR (default `<repo>/.run`), GPUFLEET_SIMULATED_GPUS (default `1`: the node
-agent reports simulated 2 x RTX 3090; `0` for the machine's real GPUs through NVML).
+agent reports simulated 2 x RTX 3090; `0` for the machine's real GPUs through NVML),
+GPUFLEET_PROMETHEUS_PORT (default 9090, another free port if taken: the Prometheus that
+scrapes every service's and the node agent's /metrics every 5 s, its data in
+`<run dir>/prometheus`; docs/metrics.md).
 
 This module is the entry point; the parts are beside it: `children` (what is started, each
 one's environment), `stack` (starting, supervising and stopping it all), `health` (the
@@ -45,11 +48,12 @@ import time
 from collections.abc import Sequence
 
 from gpufleet_devstack import identities
-from gpufleet_devstack.children import NODE_NAME, SERVICES, ServiceSpec, child_env
+from gpufleet_devstack.children import CONSOLE_PORT, NODE_NAME, SERVICES, ServiceSpec, child_env
 from gpufleet_devstack.cli_context import Saved, save_local_context
 from gpufleet_devstack.config import (
     DEFAULT_MONGO_PORT,
     DEFAULT_NATS_PORT,
+    DEFAULT_PROMETHEUS_PORT,
     DEFAULT_REGISTRY_PORT,
     DEFAULT_STORAGE_PORT,
     find_repo_root,
@@ -126,6 +130,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         mongo_port = port_from_env("GPUFLEET_MONGO_PORT", DEFAULT_MONGO_PORT)
         registry_port = port_from_env("GPUFLEET_REGISTRY_PORT", DEFAULT_REGISTRY_PORT)
         storage_port = port_from_env("GPUFLEET_STORAGE_PORT", DEFAULT_STORAGE_PORT)
+        console_port = port_from_env("GPUFLEET_CONSOLE_PORT", CONSOLE_PORT)
         out.step("checking nats-server")
         binary = ensure_nats_server(log=out.step)
         out.ok(f"nats-server: {binary}")
@@ -137,6 +142,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     ports = [
         ("NATS", nats_port, "GPUFLEET_NATS_PORT"),
         ("MongoDB", mongo_port, "GPUFLEET_MONGO_PORT"),
+        ("the web console", console_port, "GPUFLEET_CONSOLE_PORT"),
     ]
     if find_registry():
         ports.append(("the image registry", registry_port, "GPUFLEET_REGISTRY_PORT"))
@@ -162,7 +168,9 @@ def run(argv: Sequence[str] | None = None) -> int:
             stack.start_gcp()
         if args.data:
             stack.start_storage()
+        stack.plan_prometheus(port_from_env("GPUFLEET_PROMETHEUS_PORT", DEFAULT_PROMETHEUS_PORT))
         stack.start_services()
+        stack.start_prometheus()
         out.step(f"waiting up to {args.health_timeout:.0f}s for the services' health replies")
         status = asyncio.run(check_health(stack, args.health_timeout))
         print_status(stack, status)

@@ -3,6 +3,7 @@ terminal, each line as it can be typed."""
 
 from __future__ import annotations
 
+from gpufleet_cli.console import DEFAULT_URL as DEFAULT_CONSOLE_URL
 from gpufleet_node_agent.baseimage import BASE_IMAGE
 
 from gpufleet_devstack import identities
@@ -31,6 +32,10 @@ def print_what_to_try(stack: Stack, context: Saved | None) -> None:
             f"The CLI's context `{context.name}` talks to this stack; yours, "
             f"`{context.other}`, stays current: {CLI} context use {context.name}"
         )
+    login = f"{CLI} console login"
+    if stack.console_url != DEFAULT_CONSOLE_URL:
+        login = f"GPUFLEET_CONSOLE_URL={stack.console_url} {login}"
+    out.plain(f"The web console: {stack.console_url} (sign in with the link `{login}` prints)")
     out.plain("")
     out.plain("What to try (in another terminal, in this directory):")
     lines = [

@@ -168,16 +168,21 @@ class Issuer:
     def service(self, name: str) -> Creds:
         return self.creds(f"service:{name}", lambda inbox: permissions.for_service(name, inbox))
 
-    def user(self, account: str, user: str) -> Creds:
+    def user(self, account: str, user: str, *, expires: int | None = None) -> Creds:
         return self.creds(
             f"user:{account}:{user}",
             lambda inbox: permissions.for_user(account, inbox),
+            expires=expires,
             tags=(f"account:{account}", f"user:{user}"),
             inboxes=subjects.account_inbox(account),
         )
 
-    def operator(self, name: str = "admin") -> Creds:
-        return self.creds(f"operator:{name}", permissions.for_operator)
+    def operator(self, name: str = "admin", *, expires: int | None = None) -> Creds:
+        return self.creds(f"operator:{name}", permissions.for_operator, expires=expires)
+
+    def gateway(self, name: str = "console") -> Creds:
+        """The web console gateway's own identity: it may only redeem sign-in codes."""
+        return self.creds(f"gateway:{name}", permissions.for_gateway)
 
     def enroll(self, minion_id: str, ttl_s: int) -> Creds:
         return self.creds(
@@ -195,6 +200,18 @@ class Issuer:
         return self.user_jwt(
             node_public,
             f"node:{account}:{region}:{minion_id}",
+            grant,
+            tags=(f"account:{account}", f"region:{region}", f"minion:{minion_id}"),
+        )
+
+    def device(self, minion_id: str, device_public: str, *, account: str, region: str) -> str:
+        """The JWT of an edge device agent's own key: its device's subjects only."""
+        grant = permissions.for_device(
+            minion_id, inbox_prefix(device_public, subjects.node_inbox(minion_id))
+        )
+        return self.user_jwt(
+            device_public,
+            f"device:{account}:{region}:{minion_id}",
             grant,
             tags=(f"account:{account}", f"region:{region}", f"minion:{minion_id}"),
         )

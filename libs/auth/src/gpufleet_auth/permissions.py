@@ -190,11 +190,22 @@ SERVICES: dict[str, Grant] = {
             f"{S}.evt.node.*",
             f"{S}.evt.provider.*",
             f"{S}.evt.account.*",
+            f"{S}.evt.alert.*",  # alerts fired and resolved (its alert rules)
             f"{S}.node.*.*",  # asks a node agent for its health
             f"{S}.cmd.node.*.verify_gpus",  # asks a node for its GPU check
         ),
         reads=(EVENTS, COMMANDS, REPORTS),
-        sub=(f"{S}.enroll.*", f"{S}.hb.*"),
+        # the console gateway redeeming a sign-in code (only it and operators may ask)
+        sub=(
+            f"{S}.enroll.*",
+            f"{S}.hb.*",
+            f"{S}.svc.provisioner.redeem_console_code",
+            # a region's and a node's facts for regional resources (the datastore service's)
+            f"{S}.svc.provisioner.region_facts",
+            f"{S}.svc.provisioner.node_facts",
+            # a device's join token (only device-fleet asks, for the acting account's device)
+            f"{S}.svc.provisioner.issue_device_join_token",
+        ),
         extra=node_log_streams(),
         never=NEVER_BUT_NODE_LOGS,
     ),
@@ -206,17 +217,32 @@ SERVICES: dict[str, Grant] = {
     ),
     "device-fleet": _service(
         "device-fleet",
-        "edge devices",
-        pub=(f"{S}.evt.device.*",),
-        reads=(EVENTS,),
+        "edge devices, their configurations and rollouts; the only sender of a device's "
+        "configuration",
+        pub=(
+            f"{S}.evt.device.*",
+            f"{S}.cmd.node.*.apply_device_config",
+            # a device's region (R-DEV-1, R-NODE-3) and its join token, asked of the provisioner
+            f"{S}.svc.provisioner.region_facts",
+            f"{S}.svc.provisioner.issue_device_join_token",
+        ),
+        # the devices' own reports (evt.device.status.<minion_id>)
+        reads=(EVENTS, REPORTS),
     ),
     "datastore": _service(
         "datastore",
         "regional datastores and platform objects; grants a platform object's URL to the "
         "scheduler only",
-        pub=(f"{S}.evt.datastore.*",),
+        # asks the provisioner for a region's nodes and its owner's plan (R-RES-1, R-TEN-3),
+        # and who a node asking to mount a datastore is
+        pub=(
+            f"{S}.evt.datastore.*",
+            f"{S}.svc.provisioner.region_facts",
+            f"{S}.svc.provisioner.node_facts",
+        ),
         reads=(EVENTS,),
-        sub=(f"{S}.svc.datastore.*",),
+        # a node's request for a datastore of its region (nrpc.datastore.<verb>.<minion_id>)
+        sub=(f"{S}.svc.datastore.*", f"{S}.nrpc.datastore.*.*"),
     ),
 }
 
@@ -243,6 +269,10 @@ NODE = Grant(
         # its placements' `local` data, relayed from and to the user's machine
         f"{S}.nrpc.scheduler.stage_local_data.{{minion_id}}",
         f"{S}.nrpc.scheduler.complete_local_upload.{{minion_id}}",
+        # a datastore of its region to mount, its SMB password sealed to this node; a port
+        # reservation of its region to publish with mDNS
+        f"{S}.nrpc.datastore.mount_datastore.{{minion_id}}",
+        f"{S}.nrpc.datastore.node_reservation.{{minion_id}}",
         # whether a key a caller presented opens an endpoint it serves
         f"{S}.nrpc.scheduler.verify_endpoint_key.{{minion_id}}",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
@@ -251,6 +281,25 @@ NODE = Grant(
     ),
     sub=(f"{S}.node.{{minion_id}}.*", INBOX),
     responses=True,
+)
+
+DEVICE = Grant(
+    kind="device",
+    summary="one edge device's agent: only its own device's subjects",
+    pub=(
+        f"{S}.evt.device.status.{{minion_id}}",
+        f"{S}.hb.{{minion_id}}",
+        f"{S}.dlq.node-{{minion_id}}._",
+        f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
+        f"$JS.ACK.{COMMANDS}.node-{{minion_id}}.>",
+    ),
+    sub=(f"{S}.node.{{minion_id}}.*", INBOX),
+    responses=True,
+    notes=(
+        "reads its configuration from its own command consumer (made at enrolment) and "
+        "reports on its own status subject; never a worker's, a log's or a request's subject",
+    ),
 )
 
 ENROLL = Grant(
@@ -282,6 +331,19 @@ OPERATOR = Grant(
     responses=True,
 )
 
+GATEWAY = Grant(
+    kind="gateway",
+    summary="the web console's gateway: redeems sign-in codes, nothing else; each person's "
+    "requests go on that person's own short-lived credential",
+    pub=(f"{S}.svc.provisioner.redeem_console_code",),
+    sub=(INBOX,),
+    notes=(
+        "a redeemed code gives the gateway the short-lived credential of the person who "
+        "asked for it (`gpufleet console login`): a user's of that account, or an "
+        "operator's; it never acts for an account on its own identity",
+    ),
+)
+
 # In the system account: the provisioner's right to push a new account JWT (revocations).
 CLAIMS_PUSHER = Grant(
     kind="system:claims",
@@ -299,6 +361,10 @@ def for_node(minion_id: str, inbox: str) -> Grant:
     return NODE.bind(minion_id=minion_id, inbox=inbox)
 
 
+def for_device(minion_id: str, inbox: str) -> Grant:
+    return DEVICE.bind(minion_id=minion_id, inbox=inbox)
+
+
 def for_enroll(minion_id: str, inbox: str) -> Grant:
     return ENROLL.bind(minion_id=minion_id, inbox=inbox)
 
@@ -311,9 +377,13 @@ def for_operator(inbox: str) -> Grant:
     return OPERATOR.bind(inbox=inbox)
 
 
+def for_gateway(inbox: str) -> Grant:
+    return GATEWAY.bind(inbox=inbox)
+
+
 def table() -> list[Grant]:
     """Every row, with its placeholders, in the order the docs show them."""
-    return [*SERVICES.values(), NODE, ENROLL, USER, OPERATOR, CLAIMS_PUSHER]
+    return [*SERVICES.values(), NODE, DEVICE, ENROLL, USER, OPERATOR, GATEWAY, CLAIMS_PUSHER]
 
 
 # --- subject matching (NATS wildcard semantics) ----------------------------------------
@@ -369,9 +439,11 @@ def _sample(subject: str) -> str:
 
 
 def _label(grant: Grant) -> str:
-    return {"node": "node (its own)", "user": "user (its own account)"}.get(
-        grant.kind, grant.kind.removeprefix("service:")
-    )
+    return {
+        "node": "node (its own)",
+        "device": "device (its own)",
+        "user": "user (its own account)",
+    }.get(grant.kind, grant.kind.removeprefix("service:"))
 
 
 def who_may(subject: str, stream: str | None) -> tuple[list[str], list[str]]:
@@ -390,7 +462,7 @@ def who_may(subject: str, stream: str | None) -> tuple[list[str], list[str]]:
             if grant.may_subscribe(literal):
                 readers.append(_label(row))
         elif grant.may_publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.any") or (
-            row.kind == "node"
+            row.kind in ("node", "device")
             and stream == COMMANDS
             and literal.startswith(f"{S}.cmd.node.{SAMPLE['minion_id']}.")
         ):

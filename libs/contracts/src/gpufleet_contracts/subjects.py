@@ -49,6 +49,10 @@ NODE_RPC = f"{ROOT}.nrpc"
 SERVICE_CALLS = f"{ROOT}.svc"
 # Headers this project defines (CloudEvents' own `ce-*` are in base.Envelope).
 # No header carries an identity: the acting account is a subject token (see above).
+# W3C trace context (https://www.w3.org/TR/trace-context/): every message of a job's work
+# carries its trace (gpufleet_bus.tracing); one from an account's request is not followed.
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 NO_ACCOUNT = "_"  # the account token of a dead letter whose account is unknown
 # An account name or a minion id is one subject token: letters, digits, '-', '_'.
 ACCOUNT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

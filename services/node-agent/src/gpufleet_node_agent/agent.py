@@ -24,8 +24,11 @@ from .environments import offer, parse_env_map
 from .host.gpu_access import GpuAccess, host_access
 from .host.gpuchecks import GpuChecks, gpus_in_use
 from .host.inventory import Inventory, offered_cpus, read_inventory
+from .host.mdns import MdnsPublisher, parse_interfaces
+from .host.metrics import NodeLabels, NodeMetrics
 from .host.mps import Mps, find_control
 from .host.telemetry import GpuSampler, HostSampler, NoGpus, gpu_sampler
+from .mounts.node import node_datastores
 from .proxy.app import ProxyApp
 from .proxy.auth import Verdicts
 from .proxy.hosts import UrlTemplate
@@ -41,8 +44,13 @@ from .settings import AgentSettings, retired_settings
 from .staging.node import node_staging
 from .staging.platform import Requester
 from .staging.registry import Fetchers, Uploaders
+from .steps.base import Step, WorkerFailed
+from .steps.datastores import DatastoresStep
 from .steps.outputs import prune_kept
+from .steps.reservation import ReservationStep, reservation_asker
 from .worker.manager import SOURCE, Recovery, WorkerManager
+from .worker.progress import track
+from .worker.workdir import Worker
 
 log = logging.getLogger("gpufleet.node_agent")
 KEPT_OUTPUTS_PRUNE_S = 3600.0  # kept output archives past their time, removed this often
@@ -57,6 +65,7 @@ def container_runtime(
     control_plane: Sequence[str] = (),
     fetchers: Fetchers | None = None,
     uploaders: Uploaders | None = None,
+    regional: Sequence[Step] = (),
 ) -> PodmanRuntime:
     """The container runtime `GPUFLEET_WORKER_RUNTIME` names (podman, the only one yet);
     `control_plane`: the NATS servers' URLs, which its package builds never reach;
@@ -85,7 +94,9 @@ def container_runtime(
             control_plane=tuple(control_plane),
         ),
     )
-    return PodmanRuntime(config, settings.minion_id, fetchers=fetchers, uploaders=uploaders)
+    return PodmanRuntime(
+        config, settings.minion_id, fetchers=fetchers, uploaders=uploaders, regional=regional
+    )
 
 
 def gpu_runtime(settings: AgentSettings) -> tuple[GpuAccess, Mps]:
@@ -177,7 +188,18 @@ class Agent:
         # location (staging/node.py), shared by both runtimes' steps.
         # `platform` objects are asked of the scheduler over the node's own connection (its
         # answers come back to the node's inbox, `_INBOX.node.<minion_id>`).
-        fetchers, uploaders = node_staging(settings, bus_requester(broker))
+        # The region's datastores its workers read and write, mounted while they need them
+        # and healed by `heal_datastores` (mounts/keeper.py); the staging reads their roots.
+        self.datastores = node_datastores(settings, bus_requester(broker), sealing_key)
+        fetchers, uploaders = node_staging(settings, bus_requester(broker), self.datastores.roots)
+        # Port reservations its workers serve on, published with mDNS (host/mdns.py).
+        self.mdns = MdnsPublisher(parse_interfaces(settings.mdns_interfaces))
+        self.regional: tuple[Step, ...] = (
+            DatastoresStep(self.datastores, track, wait_s=settings.datastore_wait_s),
+            ReservationStep(
+                self.mdns, reservation_asker(settings.minion_id, bus_requester(broker))
+            ),
+        )
         self.workers = WorkerManager(
             settings.agent_state_dir,
             settings.minion_id,
@@ -185,16 +207,22 @@ class Agent:
             log_chunk_bytes=settings.log_chunk_bytes,
             log_max_bytes=settings.worker_log_max_bytes,
             clock=clock,
-            runtime=container_runtime(settings, control_plane, fetchers, uploaders),
+            runtime=container_runtime(settings, control_plane, fetchers, uploaders, self.regional),
             # Bare processes: the owner's own jobs when allowed, and to re-attach workers a
             # previous run started that way.
-            others=[ProcessRuntime(fetchers=fetchers, uploaders=uploaders)],
+            others=[ProcessRuntime(fetchers=fetchers, uploaders=uploaders, regional=self.regional)],
             policy=runtime_policy(settings),
             sealing_key=sealing_key,
         )
         self.registered = asyncio.Event()
         self._host = HostSampler(disk=settings.agent_state_dir)
         self._gpus: GpuSampler = NoGpus()  # its GPUs' sampler, once the inventory is read
+        # Its /metrics (host/metrics.py): the heartbeat's last sample, labelled with the jobs
+        # that hold each GPU at the scrape.
+        self.metrics = NodeMetrics(
+            NodeLabels(settings.minion_id, settings.region, settings.account),
+            lambda: [w.spec for w in self.workers.active.values()],
+        )
         # The control plane's GPU checks (verified nodes), answered out of process.
         self.checks = GpuChecks(
             settings.minion_id,
@@ -227,6 +255,7 @@ class Agent:
         inv = await asyncio.to_thread(self.read_inventory, self.settings)
         self.inventory = inv
         self._gpus = gpu_sampler(inv, self.settings.agent_state_dir, self.clock)
+        self.metrics.inventory(inv.gpus)
         # Real, simulated or none, and how many: the first thing an operator needs to see.
         level = logging.WARNING if inv.simulated or not inv.gpus else logging.INFO
         log.log(level, "node agent %s: %s", self.minion_id, inv.describe())
@@ -283,6 +312,22 @@ class Agent:
         s = self.settings
         self._spawn(self.workers.run(s.worker_poll_s, s.worker_check_s), "workers")
         self._spawn(self._prune_kept_outputs(), "kept-outputs")
+        self._spawn(self._regional_again(), "regional-again")
+
+    async def _regional_again(self) -> None:
+        """The datastores and reservations of the workers a previous run launched, held and
+        published again: their steps do not run again after a launch (pipeline.py), yet
+        their outputs are put into a datastore and their names answered until they end."""
+
+        async def again(w: Worker) -> None:
+            for step in self.regional:
+                try:
+                    await step.setup(w)
+                except WorkerFailed as exc:
+                    log.warning("worker %s: %s", w.key, exc.reason)
+
+        launched = [w for w in self.workers.active.values() if not w.setting_up]
+        await asyncio.gather(*(again(w) for w in launched))
 
     async def stop(self) -> None:
         """Stop the loops. Workers are detached and keep running; a restart picks them up,
@@ -297,6 +342,7 @@ class Agent:
             else:
                 log.info("stopped and reported %d worker(s)", count)
         await self.checks.stop()
+        await self.mdns.close()  # its names withdrawn: no responder is left behind them
         if self.proxy is not None:
             await self.proxy[1].stop()
         tasks, self._tasks = self._tasks, []
@@ -388,6 +434,7 @@ class Agent:
     async def heartbeat(self) -> NodeHeartbeat:
         gpus = await asyncio.to_thread(self._gpus.sample, gpus_in_use(self.workers))
         host = await asyncio.to_thread(self._host.sample)
+        self.metrics.sampled(gpus, host)
         self._heartbeat_seq += 1
         return NodeHeartbeat(
             minion_id=self.minion_id,

@@ -3,7 +3,7 @@ every subject it handles is in the one wiring table below."""
 
 from __future__ import annotations
 
-from gpufleet_bus import Events, Ports, Service, ServiceRuntime
+from gpufleet_bus import Events, Every, Ports, Service, ServiceRuntime
 from gpufleet_bus.streams import node_consumer_config
 from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import (
@@ -17,6 +17,7 @@ from gpufleet_contracts.jobs import (
 from gpufleet_contracts.nodes import NodeHeartbeat, RegisterNode
 from gpufleet_contracts.serving import EndpointMetered, EndpointReady
 from gpufleet_contracts.verification import GpuCheckReported, VerifyGpus
+from gpufleet_telemetry.exposition import Source
 
 from . import sealing
 from .agent import Agent
@@ -73,6 +74,17 @@ def build_app(ports: Ports, settings: AgentSettings | None = None) -> Service[Ag
             GpuCheckReported,
             EndpointReady,  # its endpoints' proxy (proxy/served.py)
             EndpointMetered,
+        ],
+        # Its GPUs (attributed to the jobs holding them) and host (host/metrics.py).
+        metrics=[Source("node", agent.metrics.collect)],
+        # The datastores it mounted, probed and healed (mounts/keeper.py).
+        every=[
+            Every(
+                settings.datastore_probe_s,
+                agent.datastores.heal,
+                "datastore-probes",
+                at_start=False,
+            )
         ],
         # Before the broker consumes: the GPUs and the workers a previous run left.
         prepare=[agent.prepare],

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .baseimage import BASE_IMAGE
 from .buildnet import parse_allow
 from .environments import parse_env_map
+from .host.mdns import parse_interfaces
 from .proxy.hosts import UrlTemplate, parse_listen
 from .staging.datastores import parse_roots
 
@@ -169,6 +170,22 @@ class AgentSettings(BaseSettings):
     # one's root directory here (the NFS or SMB share the operator mounted), as
     # `name=/abs/root,name2=/root2`; a job's `regional_datastore` path is copied from under it.
     regional_datastores: str = ""
+    # The datastores this node mounts for its workers (README "Regional resources"): by the
+    # kernel (`kernel`: mount -t nfs / cifs; the agent needs root or CAP_SYS_ADMIN), or by
+    # bind-mounting `<datastore_bind_root>/<address>/<root path>` in their place (`bind`:
+    # development and tests, where no NFS or SMB client or server can run). Each mount is
+    # probed every `datastore_probe_s` (a probe bounded by `datastore_probe_timeout_s`), so a
+    # server that stops answering is seen within their sum (keep it under 60 s) and mounted
+    # again; a worker waits `datastore_wait_s` for one that does not answer, then fails.
+    datastore_mounter: Literal["kernel", "bind"] = "kernel"
+    datastore_bind_root: Path | None = None
+    datastore_probe_s: float = Field(default=20.0, gt=0)
+    datastore_probe_timeout_s: float = Field(default=10.0, gt=0)
+    datastore_wait_s: float = Field(default=600.0, ge=0)
+    # The interfaces (names, comma-separated) on whose addresses this node publishes its
+    # workers' port reservations with mDNS (R-RES-3): the region's LAN, never a container
+    # bridge (refused at start-up). Empty: it publishes none (a reserved job fails here).
+    mdns_interfaces: str = ""
     # Endpoints (README "Endpoints: the proxy and its trust model"): where the node's proxy
     # listens (`host:port`; 0.0.0.0 for a node others reach; `off`: no proxy, the node
     # serves no endpoint URL), the URL template it registers (one origin per job; empty:
@@ -247,6 +264,12 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _datastore_roots(cls, value: str) -> str:
         parse_roots(value)  # refused at start-up, not at a job's
+        return value
+
+    @field_validator("mdns_interfaces")
+    @classmethod
+    def _mdns_interfaces(cls, value: str) -> str:
+        parse_interfaces(value)  # a bridge is refused at start-up
         return value
 
     @field_validator("package_build_allow")

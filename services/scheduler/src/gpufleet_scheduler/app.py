@@ -84,6 +84,7 @@ from gpufleet_contracts.serving import (
     VerifyEndpointKey,
 )
 from gpufleet_contracts.verification import NodeVerified
+from gpufleet_telemetry.exposition import Source
 from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 
@@ -91,6 +92,7 @@ from . import endpointkeys, keystore, projects
 from .endpointkeys import EndpointKeys
 from .leadership import Lease
 from .localdata import LocalRelay
+from .metrics import SchedulerMetrics
 from .notebooks import Notebooks
 from .platform import PlatformStaging
 from .reports import REPORTS_BATCH, REPORTS_LINGER_S, Report
@@ -406,6 +408,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             ),
         },
         signals={subjects.SCHEDULER_SYNC: on.on_sync},
+        metrics=[Source("queue", SchedulerMetrics(sched).collect)],
         every=[
             # Renew the lease through a pass; a newly elected leader rebuilds its memory.
             Every(settings.lease_ttl_s / 3, sched.renew, "scheduler-lease", at_start=False),
