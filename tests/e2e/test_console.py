@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from gpufleet_contracts.billing import LedgerSeriesQuery
 from gpufleet_devstack import identities, wait_for
+from gpufleet_devstack.processes import free_port
 from gpufleet_devstack.up import NODE_NAME
 
 from .conftest import System
@@ -42,12 +42,6 @@ WAIT_REASON = "offers 8 CPUs to CPU-only jobs, job needs 12"
 PRINT_AND_RUN = "import time; print('hello from the console test', flush=True); time.sleep(2)"
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no chromium (just setup)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def answers(url: str) -> bool:

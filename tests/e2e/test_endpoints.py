@@ -20,7 +20,6 @@ import http.server
 import io
 import json
 import shutil
-import socket
 import subprocess
 import tarfile
 import threading
@@ -34,6 +33,7 @@ import httpx
 import pytest
 import yaml
 from gpufleet_devstack import identities
+from gpufleet_devstack.processes import free_port
 from gpufleet_devstack.pyindex import LocalIndex, image_python, wheels_index
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
@@ -80,13 +80,6 @@ ROUTES = [
         "body": [{"name": "y", "type": "string"}, {"name": "x", "type": "string"}],
     },
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def model_archive() -> bytes:

@@ -20,7 +20,6 @@ from typing import Any, TypeVar, overload
 import gpufleet_client as gc
 import nats
 import nats.errors
-import nats.js.errors
 from gpufleet_auth import Creds
 from gpufleet_client import Refusals
 from gpufleet_contracts import subjects
@@ -113,11 +112,6 @@ def _said() -> Iterator[None]:
         raise cli_error(exc) from exc
 
 
-def rpc_type(subject: str) -> str:
-    """Default CloudEvents type of a request: rpc.billing.balance -> gpufleet.billing.balance.v1."""
-    return gc.addressing.rpc_type(subject)
-
-
 def request_headers(subject: str, ce_type: str | None = None) -> dict[str, str]:
     """CloudEvents headers. No identity: the server knows who is asking."""
     return gc.headers_of(subject, ce_type, SOURCE)
@@ -157,10 +151,6 @@ def typed(model: type[R], subject: str, raw: dict[str, Any]) -> R:
     """A reply object as its model (a service answering something else: `internal`)."""
     with _said():
         return gc.client.validated(model, subject, raw)
-
-
-def _forbidden(subject: str) -> CliError:
-    return cli_error(gc.client.forbidden(subject))
 
 
 def _no_answer(subject: str) -> CliError:
@@ -233,7 +223,6 @@ class Session:
         return typed(reply, base, parse_reply(base, data))
 
 
-LOGS_SUBJECT = GetJobLogs.SUBJECT
 Cursor = dict[str, int]  # per node, the last sequence read of its log stream
 
 

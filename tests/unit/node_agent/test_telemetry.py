@@ -21,7 +21,6 @@ from gpufleet_node_agent.host.telemetry import (
     NvmlSampler,
     SimulatedSampler,
     gpu_sampler,
-    ram_used_mb,
 )
 from gpufleet_node_agent.settings import AgentSettings
 
@@ -333,7 +332,7 @@ def test_host_sampler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (x.disk_read_bytes, x.disk_write_bytes) == (1024, 2048)
     assert (x.disk_used_bytes, x.disk_total_bytes) == (91_358_024_000, 214_814_813_012)
     assert x.ram_total_mb == 16384000 // 1024
-    assert ram_used_mb(tmp_path / "missing") is None
+    assert tel.ram_mb(tmp_path / "missing") is None
 
 
 def test_host_sampler_without_disks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

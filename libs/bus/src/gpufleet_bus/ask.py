@@ -33,8 +33,7 @@ async def ask(
     nc = await broker.connect()
     try:
         # the running task's trace, if any (tracing.py): a node's request of a job's step
-        trace = tracing.current()
-        headers = tracing.add_headers({}, trace) if trace else None
+        headers = tracing.add_headers({}) or None
         answer = await nc.request(to, message.to_bytes(), timeout=timeout_s, headers=headers)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
         raise Refused("unavailable", f"no answer on {to}") from None

@@ -9,6 +9,7 @@ provisioner says who the asking node is, and the password is sealed to that node
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from gpufleet_auth import sealing
@@ -28,10 +29,11 @@ from gpufleet_contracts.datastores import (
     RegionFacts,
     SealedPassword,
 )
-from gpufleet_contracts.errors import NotFound, Refused
+from gpufleet_contracts.errors import Refused
 from gpufleet_store import SecretBox, Store, Transaction
 from pymongo.errors import DuplicateKeyError
 
+from .inregion import InRegion
 from .shares import check_region, check_share
 
 COLLECTION = "datastores"
@@ -61,7 +63,8 @@ class RegionalDatastores:
 
     def __init__(self, store: Store, box: SecretBox, provisioner: Asker, clock: Clock) -> None:
         self.store = store
-        self.coll = store.db[COLLECTION]
+        self.records = InRegion(store, COLLECTION, "datastore", clock)
+        self.coll = self.records.coll
         self.box = box
         self.provisioner = provisioner
         self.clock = clock
@@ -118,47 +121,23 @@ class RegionalDatastores:
         await self.store.transaction(tx_body)
         return view(doc)
 
-    async def _own(self, account: str, region: str, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] | None = await self.coll.find_one(
-            {"owner": account, "region": region, "name": name}
-        )
-        if doc is None:
-            raise NotFound(f"datastore {name!r} not found in region {region!r}")
-        return doc
-
     async def get(self, account: str, region: str, name: str) -> DatastoreView:
-        return view(await self._own(account, region, name))
+        return view(await self.records.own(account, region, name))
 
     async def list(self, account: str, region: str | None) -> list[DatastoreView]:
-        query: dict[str, Any] = {"owner": account}
-        if region is not None:
-            query["region"] = region
-        found = self.coll.find(query).sort([("region", 1), ("name", 1)])
-        return [view(d) async for d in found]
+        return [view(d) for d in await self.records.docs(account, region)]
 
     async def remove(self, account: str, region: str, name: str) -> DatastoreView:
-        doc = await self._own(account, region, name)
-        now = self.clock()
+        def removed(doc: dict[str, Any], now: datetime) -> DatastoreRemoved:
+            return DatastoreRemoved(account=account, region_id=doc["region_id"], name=name, at=now)
 
-        async def tx_body(tx: Transaction) -> None:
-            gone = await self.coll.delete_one({"_id": doc["_id"]}, session=tx.session)
-            if gone.deleted_count:
-                emit(
-                    tx,
-                    DatastoreRemoved(
-                        account=account, region_id=doc["region_id"], name=name, at=now
-                    ),
-                    msg_id=f"datastore-removed:{doc['_id']}:{now.timestamp()}",
-                )
-
-        await self.store.transaction(tx_body)
-        return view(doc)
+        return view(await self.records.remove(account, region, name, removed))
 
     async def mount(self, minion_id: str, body: MountDatastore) -> DatastoreMount:
         """The datastore `body.name` of the asking node's own region and owner, its SMB
         password sealed to that node; NotFound alike for another's and one that is not."""
         node = await self.provisioner(GetNodeFacts(minion_id=minion_id), NodeFacts)
-        doc = await self._own(node.owner, node.region, body.name)
+        doc = await self.records.own(node.owner, node.region, body.name)
         password: SealedPassword | None = None
         sealed = doc.get("password_sealed")
         if sealed is not None:

@@ -6,13 +6,14 @@ read one to publish it (`for_node`); another account's answers "not found"."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from gpufleet_bus.ask import Asker
 from gpufleet_bus.publish import emit
 from gpufleet_contracts.clock import Clock
 from gpufleet_contracts.datastores import GetNodeFacts, GetRegionFacts, NodeFacts, RegionFacts
-from gpufleet_contracts.errors import NotFound, Refused
+from gpufleet_contracts.errors import Refused
 from gpufleet_contracts.fields import name_problem
 from gpufleet_contracts.reservations import (
     HOSTNAME_VALID,
@@ -25,7 +26,8 @@ from gpufleet_contracts.reservations import (
 from gpufleet_store import Store, Transaction
 from pymongo.errors import DuplicateKeyError
 
-from .shares import check_region
+from .inregion import InRegion
+from .shares import check_region, invalid
 
 COLLECTION = "reservations"
 
@@ -41,20 +43,14 @@ def check_reservation(body: AddReservation) -> None:
         ("hostname", hostname_problem(body.hostname), HOSTNAME_VALID),
     ):
         if problem is not None:
-            raise Refused.of_field(
-                "invalid",
-                f"{field}: {problem}",
-                field=field,
-                rule="R-RES-3",
-                says=problem,
-                valid=valid,
-            )
+            raise invalid(field, "R-RES-3", problem, valid)
 
 
 class PortReservations:
     def __init__(self, store: Store, provisioner: Asker, clock: Clock) -> None:
         self.store = store
-        self.coll = store.db[COLLECTION]
+        self.records = InRegion(store, COLLECTION, "reservation", clock)
+        self.coll = self.records.coll
         self.provisioner = provisioner
         self.clock = clock
 
@@ -106,39 +102,18 @@ class PortReservations:
         await self.store.transaction(tx_body)
         return view(doc)
 
-    async def _own(self, owner: str, region: str, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] | None = await self.coll.find_one(
-            {"owner": owner, "region": region, "name": name}
-        )
-        if doc is None:
-            raise NotFound(f"reservation {name!r} not found in region {region!r}")
-        return doc
-
     async def list(self, account: str, region: str | None) -> list[ReservationView]:
-        query: dict[str, Any] = {"owner": account}
-        if region is not None:
-            query["region"] = region
-        return [view(d) async for d in self.coll.find(query).sort([("region", 1), ("name", 1)])]
+        return [view(d) for d in await self.records.docs(account, region)]
 
     async def remove(self, account: str, region: str, name: str) -> ReservationView:
-        doc = await self._own(account, region, name)
-        now = self.clock()
+        def removed(doc: dict[str, Any], now: datetime) -> ReservationRemoved:
+            return ReservationRemoved(
+                account=account, region_id=doc["region_id"], name=name, at=now
+            )
 
-        async def tx_body(tx: Transaction) -> None:
-            gone = await self.coll.delete_one({"_id": doc["_id"]}, session=tx.session)
-            if gone.deleted_count:
-                emit(
-                    tx,
-                    ReservationRemoved(
-                        account=account, region_id=doc["region_id"], name=name, at=now
-                    ),
-                    msg_id=f"reservation-removed:{doc['_id']}:{now.timestamp()}",
-                )
-
-        await self.store.transaction(tx_body)
-        return view(doc)
+        return view(await self.records.remove(account, region, name, removed))
 
     async def for_node(self, minion_id: str, name: str) -> ReservationView:
         """The reservation `name` of the asking node's own region and owner."""
         node = await self.provisioner(GetNodeFacts(minion_id=minion_id), NodeFacts)
-        return view(await self._own(node.owner, node.region, name))
+        return view(await self.records.own(node.owner, node.region, name))

@@ -253,8 +253,9 @@ class Deployments:
             doc = await self.db.rollouts.find_one({"_id": rollout_id}, session=tx.session)
             if doc is None:
                 return
-            r, effects = rollout.expire(rollout_of(doc), now)
-            if r != rollout_of(doc):
+            before = rollout_of(doc)
+            r, effects = rollout.expire(before, now)
+            if r != before:
                 await self._apply(tx, doc, r, effects, now)
 
         await self.store.transaction(tx_body)

@@ -185,12 +185,9 @@ class Records:
             raise NotFound(f"region {name!r} not found")
         return doc
 
-    async def storage_missing(self, region: Doc, session: object = None) -> str | None:
-        """The failed rule of a compute node in `region` while the region uses central
-        storage and has no active storage node (R-NODE-3), or None."""
-        if region.get("storage_mode") != "central":
-            return None
-        active = await self.db.nodes.find_one(
+    async def storage_node_active(self, region: Doc, session: object = None) -> bool:
+        """Whether `region` has an active storage node (R-NODE-3)."""
+        found = await self.db.nodes.find_one(
             {
                 "owner": region["owner"],
                 "region": region["name"],
@@ -199,7 +196,14 @@ class Records:
             },
             session=session,
         )
-        if active is not None:
+        return found is not None
+
+    async def storage_missing(self, region: Doc, session: object = None) -> str | None:
+        """The failed rule of a compute node in `region` while the region uses central
+        storage and has no active storage node (R-NODE-3), or None."""
+        if region.get("storage_mode") != "central" or await self.storage_node_active(
+            region, session
+        ):
             return None
         name = region["name"]
         return f"{NO_STORAGE_RULE}: region {name!r} uses central storage; no storage node is active"

@@ -40,9 +40,6 @@ class RegionFactsRequests:
             counts[row["_id"]] = row["n"]
         account = await self.db.accounts.find_one({"_id": body.owner})
         plan = account["plan"] if account is not None else Plan.free.value
-        storage = await self.db.nodes.find_one(
-            {"owner": body.owner, "region": body.region, "kind": "storage", "state": "active"}
-        )
         return RegionFacts(
             region_id=str(region["_id"]),
             compute_nodes=counts["compute"],
@@ -50,7 +47,7 @@ class RegionFactsRequests:
             plan=plan,
             provider=str(region.get("provider") or "physical"),
             storage_mode=region.get("storage_mode"),
-            storage_node_active=storage is not None,
+            storage_node_active=await self.records.storage_node_active(region),
         )
 
     async def node_facts(self, body: GetNodeFacts) -> NodeFacts:

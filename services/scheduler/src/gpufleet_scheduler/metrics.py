@@ -79,7 +79,7 @@ class SchedulerMetrics:
     async def collect(self) -> list[Metric]:
         st = self.sched.state
         if st.loaded:
-            families = queue_families(list(st.jobs.values()), st.requests, now_ms(st.clock()))
+            families = queue_families(st.jobs.values(), st.requests, now_ms(st.clock()))
         else:
             families = queue_families([], {}, 0)
         return [*families, placement_family(self.sched.passes.placed_by_region)]

@@ -31,6 +31,7 @@ from gpufleet_contracts.devices import (
 )
 from gpufleet_contracts.health import HealthCheck, NodeHealth
 
+from ..worker.files import write_json_atomic
 from . import launch
 from .settings import DeviceSettings
 
@@ -100,9 +101,7 @@ class DeviceKeeper:
 
     def _save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.desired.doc()))
-        os.replace(tmp, self.file)
+        write_json_atomic(self.file, self.desired.doc())
 
     async def _say(
         self,

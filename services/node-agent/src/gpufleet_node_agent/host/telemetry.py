@@ -329,12 +329,6 @@ def ram_mb(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int] | None:
     return (total_kb - avail_kb) // 1024, total_kb // 1024
 
 
-def ram_used_mb(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    """MemTotal - MemAvailable, in MiB."""
-    ram = ram_mb(meminfo)
-    return None if ram is None else ram[0]
-
-
 @dataclass(frozen=True)
 class HostSample:
     cpu_pct: float | None = None

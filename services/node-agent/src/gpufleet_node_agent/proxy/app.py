@@ -218,11 +218,11 @@ class ProxyApp:
         if query:
             target += b"?" + query
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+        length = int(declared) if declared is not None and declared.isdigit() else None
+        if length is not None and length > self.max_body:
             return JSONResponse({"detail": "request body too large"}, status_code=413)
         headers = [h for h in self.headers(request, served) if h[0].lower() != b"content-length"]
         has_body = declared not in (None, "0") or "transfer-encoding" in request.headers
-        length = int(declared) if declared is not None and declared.isdigit() else None
         outgoing = forward.Outgoing(request.method.encode(), target, headers, has_body, length)
         meter = served.meter
         try:

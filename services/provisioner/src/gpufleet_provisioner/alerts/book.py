@@ -18,7 +18,7 @@ from gpufleet_contracts.alerts import AlertFired, AlertResolved, AlertState
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.nodes import NodeState
 from gpufleet_store import Doc, Transaction, now_ms
-from pymongo import ASCENDING, DESCENDING, IndexModel
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReturnDocument
 
 from ..records import Records
 from .states import Instance, Step
@@ -186,12 +186,15 @@ class AlertBook:
             await self.db.alerts.insert_one(doc, session=s)
         else:
             fields = instance_fields(rule, after)
-            res = await self.db.alerts.update_one(
-                {"_id": stored, "state": before.state.value}, {"$set": fields}, session=s
+            changed: Doc | None = await self.db.alerts.find_one_and_update(
+                {"_id": stored, "state": before.state.value},
+                {"$set": fields},
+                session=s,
+                return_document=ReturnDocument.AFTER,
             )
-            if res.matched_count == 0:
+            if changed is None:
                 return  # changed meanwhile (another evaluation): stated there
-            doc = await self.db.alerts.find_one({"_id": stored}, session=s) or {}
+            doc = changed
         if step.fired:
             emit(tx, AlertFired(alert=alert_view(doc)), msg_id=f"alert-fired:{doc['_id']}")
             if rule.spec.maintenance:
@@ -227,7 +230,9 @@ class AlertBook:
         )
         for rid in rule_ids:
             old = (
-                await self.db.alerts.find({"rule_id": rid, "state": AlertState.resolved.value})
+                await self.db.alerts.find(
+                    {"rule_id": rid, "state": AlertState.resolved.value}, {"_id": 1}
+                )
                 .sort("resolved_at_ms", -1)
                 .skip(per_rule)
                 .to_list(None)
