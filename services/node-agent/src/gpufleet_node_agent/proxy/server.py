@@ -15,6 +15,7 @@ import uvicorn
 
 from .app import ProxyApp
 from .hosts import parse_listen
+from .joined import JoinedHttpTools
 
 log = logging.getLogger("gpufleet.node_agent.proxy")
 
@@ -83,6 +84,7 @@ class ProxyServer:
         self.sock = self.bind()
         config = uvicorn.Config(
             self.app,
+            http=JoinedHttpTools,  # an answer's head and body in one write (joined.py)
             lifespan="off",
             log_level="warning",
             access_log=False,
