@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.server
-import io
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -36,6 +31,9 @@ from gpufleet_contracts import subjects
 from gpufleet_contracts.jobs import CancelJob, JobSpec, SubmitJob
 from gpufleet_contracts.serving import CreateEndpointKey
 from gpufleet_devstack import identities
+from gpufleet_devstack.processes import free_port
+from gpufleet_devstack.storage.archives import tar_gz
+from gpufleet_devstack.storage.web import WebServer
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
 
@@ -60,38 +58,6 @@ ROUTES = [
         "body": [{"name": "a", "type": "integer"}, {"name": "b", "type": "integer"}],
     }
 ]
-
-
-def model_archive() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("calc.py")
-        info.size, info.mode = len(MODEL), 0o644
-        tar.addfile(info, io.BytesIO(MODEL))
-    return buf.getvalue()
-
-
-class _Files(http.server.BaseHTTPRequestHandler):
-    archive = b""
-
-    def do_HEAD(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.archive)))
-        self.end_headers()
-
-    def do_GET(self) -> None:
-        self.do_HEAD()
-        self.wfile.write(self.archive)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def ask(nc: Any, base: str, body: bytes, ce_type: str | None = None) -> dict[str, Any]:
@@ -232,12 +198,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if error:
         raise RuntimeError(error)
     result["base_image"] = {"name": BASE_IMAGE, "ensure_s": round(time.perf_counter() - t, 2)}
-    _Files.archive = model_archive()
-    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    threading.Thread(target=files.serve_forever, daemon=True).start()
-    files_port = files.server_address[1]
     proxy_port = free_port()
     root = Path(tempfile.mkdtemp(prefix="gfb-cold-", dir="/tmp"))
+    (root / "models").mkdir()
+    (root / "models" / "calc.tar.gz").write_bytes(tar_gz({"calc.py": MODEL}))
+    files = WebServer(root / "models")
+    files.start()
     fleet = Fleet(root)
     try:
         t = time.perf_counter()
@@ -247,7 +213,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         env = {
             "GPUFLEET_PROXY_LISTEN": f"127.0.0.1:{proxy_port}",
             "GPUFLEET_STOP_WORKERS_ON_EXIT": "true",
-            "GPUFLEET_STAGING_ALLOW": f"127.0.0.1:{files_port}",
+            "GPUFLEET_STAGING_ALLOW": files.address,
         }
         await fleet.start_agents([AgentSpec(MINION, ACCOUNT, env)])
         nc_admin = await connect_admin(fleet)
@@ -256,7 +222,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await fleet.wait_nodes_up(nc_admin, [MINION])
         user = await connect_user(fleet, ACCOUNT)
         result["system_start_s"] = round(time.perf_counter() - t, 1)
-        bench = Bench(fleet, proxy_port, f"http://127.0.0.1:{files_port}/calc.tar.gz")
+        bench = Bench(fleet, proxy_port, files.url("calc.tar.gz"))
         runs = []
         for i in range(1 + args.cold_runs):
             out = await bench.one(user, watch, f"cold{i}")
@@ -275,7 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await user.close()
     finally:
         fleet.stop()
-        files.shutdown()
+        files.stop()
         if args.keep:
             print(f"kept {root}", file=sys.stderr)
         else:

@@ -16,13 +16,9 @@ the endpoint starts.
 from __future__ import annotations
 
 import asyncio
-import http.server
-import io
 import json
 import shutil
 import subprocess
-import tarfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +31,8 @@ import yaml
 from gpufleet_devstack import identities
 from gpufleet_devstack.processes import free_port
 from gpufleet_devstack.pyindex import LocalIndex, image_python, wheels_index
+from gpufleet_devstack.storage.archives import tar_gz
+from gpufleet_devstack.storage.web import running_web
 from gpufleet_node_agent.baseimage import BASE_IMAGE, default_containers_conf, ensure_image
 from gpufleet_node_agent.baseimage import podman_env as make_podman_env
 from gpufleet_node_agent.environments import JUPYTERLAB
@@ -80,32 +78,6 @@ ROUTES = [
         "body": [{"name": "y", "type": "string"}, {"name": "x", "type": "string"}],
     },
 ]
-
-
-def model_archive() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        data = MODEL.encode()
-        info = tarfile.TarInfo("calc.py")
-        info.size, info.mode = len(data), 0o644
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-class _Files(http.server.BaseHTTPRequestHandler):
-    archive = b""
-
-    def do_HEAD(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(self.archive)))
-        self.end_headers()
-
-    def do_GET(self) -> None:
-        self.do_HEAD()
-        self.wfile.write(self.archive)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 @dataclass
@@ -168,28 +140,26 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
     podman_env = make_podman_env(default_containers_conf())
     error = asyncio.run(ensure_image(BASE_IMAGE, podman_env))  # once: the base image
     assert error is None, error
-    _Files.archive = model_archive()
-    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    threading.Thread(target=files.serve_forever, daemon=True).start()
-    files_port = files.server_address[1]
-    proxy_port = free_port()
-    agent_env = {  # containers (the default): endpoints never run as bare processes
-        "GPUFLEET_PROXY_LISTEN": f"127.0.0.1:{proxy_port}",
-        "GPUFLEET_STOP_WORKERS_ON_EXIT": "true",  # its containers go with the system
-        "GPUFLEET_STAGING_ALLOW": f"127.0.0.1:{files_port}",
-    }
-    index = _notebook_index(tmp_path_factory, podman_env)
-    if index is not None:  # the notebook's environment is built from it
-        agent_env["GPUFLEET_PACKAGE_INDEX_URL"] = index.url
-    system = System(tmp_path_factory.mktemp("endpoints"), agent_env=agent_env)
-    try:
-        system.start()
-        yield Endpoints(system, proxy_port, f"http://127.0.0.1:{files_port}/calc.tar.gz")
-    finally:
-        system.stop()
-        files.shutdown()
-        if index is not None:
-            index.stop()
+    models = tmp_path_factory.mktemp("models")
+    (models / "calc.tar.gz").write_bytes(tar_gz({"calc.py": MODEL.encode()}))
+    with running_web(models) as files:
+        proxy_port = free_port()
+        agent_env = {  # containers (the default): endpoints never run as bare processes
+            "GPUFLEET_PROXY_LISTEN": f"127.0.0.1:{proxy_port}",
+            "GPUFLEET_STOP_WORKERS_ON_EXIT": "true",  # its containers go with the system
+            "GPUFLEET_STAGING_ALLOW": files.address,
+        }
+        index = _notebook_index(tmp_path_factory, podman_env)
+        if index is not None:  # the notebook's environment is built from it
+            agent_env["GPUFLEET_PACKAGE_INDEX_URL"] = index.url
+        system = System(tmp_path_factory.mktemp("endpoints"), agent_env=agent_env)
+        try:
+            system.start()
+            yield Endpoints(system, proxy_port, files.url("calc.tar.gz"))
+        finally:
+            system.stop()
+            if index is not None:
+                index.stop()
 
 
 def _notebook_index(
