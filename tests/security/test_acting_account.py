@@ -84,6 +84,7 @@ async def test_publishing_on_the_victims_subject_is_refused(
         subjects.rpc("scheduler", "get_job"),  # no account token at all
         f"{subjects.RPC}.scheduler.cancel_job.{VICTIM_ACCOUNT}.x",
         subjects.admin("provisioner", "add_user"),  # an operator's verb
+        subjects.admin("provisioner", "remove_account"),  # the victim's account itself
         subjects.admin("provisioner", "issue_join_token"),
         subjects.admin("scheduler", "list_all_jobs"),  # every account's jobs
     ],

@@ -11,12 +11,18 @@ from pathlib import Path
 
 from gpufleet_auth import Creds
 from gpufleet_contracts import subjects
-from gpufleet_contracts.console import SESSION_TTL_S, AdminOpenConsoleSession, RedeemConsoleCode
+from gpufleet_contracts.console import (
+    SESSION_TTL_S,
+    AdminOpenConsoleSession,
+    EndConsoleSession,
+    RedeemConsoleCode,
+)
 
-from .attack import Client
+from .attack import Client, connect_refused
 from .conftest import ATTACKER_ACCOUNT, VICTIM_ACCOUNT, System, attacker_subject
 
 REDEEM = RedeemConsoleCode.SUBJECT
+END = EndConsoleSession.SUBJECT
 
 
 def victims(service: str, verb: str) -> str:
@@ -48,6 +54,15 @@ async def test_a_code_is_redeemed_once_by_the_gateway_alone_for_its_own_account(
         assert "jobs" in own
         await console.request_refused(victims("scheduler", "list_jobs"))
         await console.request_refused(REDEEM, {"code": code})
+    # only the gateway ends a session (at its sign-out), and only a console credential: the
+    # attacker's own user key is not one; the ended credential is refused from then on
+    async with Client(system.nats.url, eve) as attacker:
+        await attacker.request_refused(END, {"public_key": creds.public_key})
+    async with Client(system.nats.url, system.nats.creds("gateway"), name="gateway") as gateway:
+        users = await gateway.request(END, {"public_key": Creds.read(eve).public_key})
+        assert users["error"]["code"] == "not_found"
+        assert (await gateway.request(END, {"public_key": creds.public_key}))["revoked"] is True
+    await connect_refused(system.nats.url, creds)
 
 
 async def test_the_gateways_identity_may_do_nothing_but_redeem(system: System) -> None:

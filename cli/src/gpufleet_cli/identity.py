@@ -13,6 +13,7 @@ from gpufleet_contracts.identity import (
     AdminIssueJoinToken,
     CreateAccount,
     ListAccounts,
+    RemoveAccount,
     RevokeUser,
     SetPlan,
 )
@@ -138,6 +139,22 @@ def account_plan(
     reply = ask(SetPlan, as_json, account=account, plan=plan)
     if not as_json:
         render.out().print(f"account {escape(account)} is on plan {reply.get('plan')}")
+
+
+@account_app.command("remove")
+def account_remove(
+    account: Annotated[str, typer.Argument()],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove an account that holds no node: its users' and console credentials are revoked
+    at once, and its name is never given out again (refused while it has nodes)."""
+    if not yes:
+        typer.confirm(f"remove account {account} and revoke all its credentials?", abort=True)
+    reply = ask(RemoveAccount, as_json, account=account)
+    if not as_json:
+        users = ", ".join(reply.get("users") or []) or "none"
+        render.out().print(f"account {escape(account)} removed (users revoked: {escape(users)})")
 
 
 @account_app.command("list")

@@ -23,7 +23,12 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 from gpufleet_auth import Creds
 from gpufleet_client import Client, ClientError
-from gpufleet_contracts.console import ConsoleSession, RedeemConsoleCode
+from gpufleet_contracts.console import (
+    ConsoleSession,
+    ConsoleSessionEnded,
+    EndConsoleSession,
+    RedeemConsoleCode,
+)
 from pydantic import ValidationError
 
 from .api import COOKIE, refusal_body, refusal_status, router
@@ -149,8 +154,9 @@ def same_origin(request: Request) -> bool:
 
 
 def bus_sessions(settings: GatewaySettings, gateway: Client) -> Sessions:
-    """Sessions whose codes are redeemed on the gateway's own connection and whose people
-    connect to the bus with their own credentials."""
+    """Sessions whose codes are redeemed, and whose credentials are revoked at sign-out, on
+    the gateway's own connection, and whose people connect to the bus with their own
+    credentials."""
 
     async def redeem(code: str) -> ConsoleSession:
         return await gateway.ask(RedeemConsoleCode.model_validate({"code": code}), ConsoleSession)
@@ -165,7 +171,10 @@ def bus_sessions(settings: GatewaySettings, gateway: Client) -> Sessions:
             source="gpufleet/console",
         )
 
-    return Sessions(redeem, connect)
+    async def end(creds: Creds) -> None:
+        await gateway.ask(EndConsoleSession(public_key=creds.public_key), ConsoleSessionEnded)
+
+    return Sessions(redeem, connect, end)
 
 
 async def serve(settings: GatewaySettings) -> None:

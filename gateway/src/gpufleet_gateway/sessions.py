@@ -3,13 +3,15 @@ redeemed for that person, and the person's own connections to the bus.
 
 Nothing here is written to disk: a restarted gateway has forgotten every session (people sign
 in again). A session ends at sign-out, at its credential's expiry or when the gateway stops,
-and its connections are closed then; its credential still expires by itself on the server.
+and its connections are closed then. At sign-out its credential is also revoked on the servers
+(`end`); otherwise it expires by itself there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +24,10 @@ from gpufleet_contracts.console import ConsoleSession
 # A connection as `creds`, acting for an account (an operator's, for its own subjects: None).
 Connector = Callable[[Creds, str | None], Awaitable[Client]]
 Redeemer = Callable[[str], Awaitable[ConsoleSession]]
+# Revoke a signed-out person's credential on the servers (the provisioner's EndConsoleSession).
+Ender = Callable[[Creds], Awaitable[None]]
+
+log = logging.getLogger("gpufleet.gateway.sessions")
 
 
 @dataclass
@@ -64,10 +70,15 @@ class Sessions:
     """Every signed-in person by session id."""
 
     def __init__(
-        self, redeem: Redeemer, connect: Connector, clock: Callable[[], float] = time.time
+        self,
+        redeem: Redeemer,
+        connect: Connector,
+        end: Ender,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.redeem = redeem
         self.connect = connect
+        self.end = end
         self.clock = clock
         self.people: dict[str, Person] = {}
 
@@ -94,16 +105,28 @@ class Sessions:
         return person
 
     async def sign_out(self, session_id: str) -> None:
+        """The person's connections closed and their credential revoked; a revocation that
+        fails (the provisioner unreachable) is logged, and the credential then expires."""
+        person = await self._drop(session_id)
+        if person is None:
+            return
+        try:
+            await self.end(person.creds)
+        except Exception as exc:
+            log.warning("a signed-out console credential was not revoked: %s", exc)
+
+    async def _drop(self, session_id: str) -> Person | None:
         person = self.people.pop(session_id, None)
         if person is not None:
             await person.close()
+        return person
 
     async def expire(self) -> None:
         """Drop every session whose credential has expired, closing its connections."""
         now = self.clock()
         for session_id in [s for s, p in self.people.items() if p.expires_at <= now]:
-            await self.sign_out(session_id)
+            await self._drop(session_id)
 
     async def close(self) -> None:
         for session_id in list(self.people):
-            await self.sign_out(session_id)
+            await self._drop(session_id)

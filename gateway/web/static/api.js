@@ -27,6 +27,10 @@ export async function post(path, body = {}) {
   }));
 }
 
+export async function remove(path) {
+  return answer(await fetch(path, { method: "DELETE", credentials: "same-origin" }));
+}
+
 // An operator's action goes on the connection of the account that owns the object.
 export function forAccount(path, me, account) {
   return me.operator && account ? `${path}?account=${encodeURIComponent(account)}` : path;

@@ -348,3 +348,22 @@ def test_admin_node_token_with_out_writes_the_token_and_never_prints_it(
         assert json.loads(result.output) == {"minion_id": "m1", "written_to": str(out)}
     else:
         assert str(out) in result.output.replace("\n", "")
+
+
+def test_admin_account_remove_asks_for_confirmation_then_removes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def request(subject: str, payload: bytes, **kw: Any) -> dict[str, Any]:
+        sent.append((subject, json.loads(payload)))
+        return {"account": "beta", "removed_at": "2025-01-02T10:00:00Z", "users": ["al"]}
+
+    monkeypatch.setattr(client, "request", request)
+    declined = runner.invoke(app, ["admin", "account", "remove", "beta"], input="n\n")
+    assert declined.exit_code == 1 and sent == []
+    result = runner.invoke(app, ["admin", "account", "remove", "beta"], input="y\n")
+    assert result.exit_code == 0, result.output
+    assert "account beta removed (users revoked: al)" in result.output
+    assert sent == [(subjects.admin("provisioner", "remove_account"), {"account": "beta"})]
+    assert runner.invoke(app, ["admin", "account", "remove", "beta", "--yes"]).exit_code == 0

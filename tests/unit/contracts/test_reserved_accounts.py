@@ -12,6 +12,7 @@ from gpufleet_contracts.identity import (
     AddUser,
     AdminIssueJoinToken,
     CreateAccount,
+    RemoveAccount,
     SetPlan,
 )
 from pydantic import BaseModel, ValidationError
@@ -21,6 +22,7 @@ MODELS: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (SetPlan, {"plan": "team"}),
     (AddUser, {"user": "alice"}),
     (AdminIssueJoinToken, {"minion_id": "m-1", "region": "east"}),
+    (RemoveAccount, {}),
 ]
 
 

@@ -22,7 +22,10 @@ class Connection:
         self.is_closed = True
 
 
-def sessions(account: str | None, expires_at: int, now: list[float]) -> tuple[Sessions, list[Any]]:
+def sessions(
+    account: str | None, expires_at: int, now: list[float], ended: list[str] | None = None
+) -> tuple[Sessions, list[Any]]:
+    """Sessions over a fake redeemer and connector; `ended`: the public keys revoked."""
     issuer = Authority.load_or_create(tempfile.mkdtemp()).issuer
     creds = issuer.operator("console") if account is None else issuer.user(account, "console")
     opened: list[Any] = []
@@ -36,7 +39,12 @@ def sessions(account: str | None, expires_at: int, now: list[float]) -> tuple[Se
         opened.append(Connection(acting_for))
         return opened[-1]
 
-    return Sessions(redeem, connect, clock=lambda: now[0]), opened
+    async def end(c: Creds) -> None:
+        if ended is None:
+            raise ConnectionError("the provisioner cannot be reached")
+        ended.append(c.public_key)
+
+    return Sessions(redeem, connect, end, clock=lambda: now[0]), opened
 
 
 async def test_a_users_connection_acts_for_its_own_account_whatever_is_asked() -> None:
@@ -53,7 +61,8 @@ async def test_a_users_connection_acts_for_its_own_account_whatever_is_asked() -
 
 
 async def test_an_operator_gets_one_connection_per_account_and_sign_out_closes_them() -> None:
-    people, opened = sessions(None, 5000, [0.0])
+    ended: list[str] = []
+    people, opened = sessions(None, 5000, [0.0], ended)
     person = await people.sign_in("code")
     await person.client("acme")
     await person.client("acme")
@@ -61,3 +70,13 @@ async def test_an_operator_gets_one_connection_per_account_and_sign_out_closes_t
     assert [c.acting_for for c in opened] == [None, "acme", "beta"]
     await people.sign_out(person.session_id)
     assert all(c.is_closed for c in opened) and people.find(person.session_id) is None
+    assert ended == [person.creds.public_key]  # revoked on the servers too
+    await people.sign_out(person.session_id)  # again: nothing more to end
+    assert ended == [person.creds.public_key]
+
+
+async def test_a_revocation_that_fails_still_signs_the_person_out() -> None:
+    people, opened = sessions("acme", 5000, [0.0])  # its `end` cannot reach the provisioner
+    person = await people.sign_in("code")
+    await people.sign_out(person.session_id)
+    assert opened[0].is_closed and people.find(person.session_id) is None

@@ -63,3 +63,22 @@ class RedeemConsoleCode(Command):
     SUBJECT = subjects.service_call("provisioner", "redeem_console_code")
     REPLY = ConsoleSession
     code: str = Field(pattern=CODE_PATTERN, repr=False)
+
+
+class ConsoleSessionEnded(Message):
+    """The reply to EndConsoleSession: the credential's key, now on the revocation list."""
+
+    public_key: str
+    revoked: bool = True
+
+
+class EndConsoleSession(Command):
+    """The console gateway at a person's sign-out: revoke that session's credential on the
+    servers at once, instead of letting it live until it expires. Only a console credential
+    the provisioner minted is ended (any other key answers not found), so the gateway's
+    identity can end sessions, never cut off a user's or a node's own credential."""
+
+    TYPE = "gpufleet.console.end_session.v1"
+    SUBJECT = subjects.service_call("provisioner", "end_console_session")
+    REPLY = ConsoleSessionEnded
+    public_key: str = Field(pattern=r"^U[A-Z2-7]{55}$")

@@ -152,6 +152,38 @@ class AccountChanged(Event):
     at: datetime
 
 
+class RemovedAccount(Message):
+    """The reply to RemoveAccount: what was cut off with the account."""
+
+    account: str
+    removed_at: datetime
+    users: list[str] = Field(default_factory=list)  # whose credentials were revoked
+    console_sessions: int = 0  # console credentials revoked
+    join_tokens: int = 0  # unspent join tokens voided
+
+
+class RemoveAccount(Command):
+    """Operator request: remove a tenant account. Refused (`conflict`, naming the field)
+    while it still holds nodes or enrolled nodes or devices; its users' and console
+    credentials are revoked at once and its unspent join tokens voided. The name is kept
+    as a tombstone: it cannot be created again (its jobs and ledger stay under it). An
+    unknown or already removed account is not found."""
+
+    TYPE = "gpufleet.account.remove.v1"
+    SUBJECT = subjects.admin("provisioner", "remove_account")
+    REPLY = RemovedAccount
+    account: AccountName
+
+
+class AccountRemoved(Event):
+    """An account was removed (its credentials are revoked; its name is never reused)."""
+
+    TYPE = "gpufleet.account.removed.v1"
+    SUBJECT = subjects.event("account", "removed")
+    account: str
+    at: datetime
+
+
 class JoinTokenIssued(Message):
     """The reply to IssueJoinToken: the token, shown once (only its secret's hash is kept)."""
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
-from gpufleet_auth import Issuer
+from gpufleet_auth import Creds, Issuer
 from gpufleet_auth.codes import code_id, new_code, open_under, seal_under
 from gpufleet_auth.sealing import SealError
 from gpufleet_contracts.clock import Clock
@@ -25,6 +26,8 @@ from gpufleet_contracts.console import (
     AdminOpenConsoleSession,
     ConsoleCode,
     ConsoleSession,
+    ConsoleSessionEnded,
+    EndConsoleSession,
     OpenConsoleSession,
     RedeemConsoleCode,
 )
@@ -34,15 +37,22 @@ from pymongo import IndexModel
 
 log = logging.getLogger("gpufleet.provisioner.console")
 
-INDEXES: dict[str, list[IndexModel]] = {"console_codes": []}
+# `console_credentials`: each credential's public key, its account and expiry, so that a
+# removed account's sessions are revoked with it (identity.py).
+INDEXES: dict[str, list[IndexModel]] = {"console_codes": [], "console_credentials": []}
 UNKNOWN = "no such console code (unknown, spent or expired)"
 
 
+# Put a public key on the revocation list and push it (identity.Identity.revoke_key).
+Revoker = Callable[[str, str], Awaitable[None]]
+
+
 class ConsoleSignIn:
-    def __init__(self, store: Store, issuer: Issuer | None, clock: Clock) -> None:
+    def __init__(self, store: Store, issuer: Issuer | None, clock: Clock, revoke: Revoker) -> None:
         self.db = store.db
         self.issuer = issuer
         self.clock = clock
+        self.revoke = revoke
 
     def _issuer(self) -> Issuer:
         if self.issuer is None:
@@ -53,21 +63,24 @@ class ConsoleSignIn:
         """A user's: a console session acting for the account of the asking connection."""
         expires = int(time.time()) + body.ttl_s
         creds = self._issuer().user(account, "console", expires=expires)
-        return await self._keep(creds.text(), account, expires)
+        return await self._keep(creds, account, expires)
 
     async def admin_open(self, body: AdminOpenConsoleSession) -> ConsoleCode:
         """An operator's: a console session that sees every account."""
         expires = int(time.time()) + body.ttl_s
         creds = self._issuer().operator("console", expires=expires)
-        return await self._keep(creds.text(), None, expires)
+        return await self._keep(creds, None, expires)
 
-    async def _keep(self, creds: str, account: str | None, expires: int) -> ConsoleCode:
+    async def _keep(self, creds: Creds, account: str | None, expires: int) -> ConsoleCode:
         code = new_code()
         code_expires = int(time.time()) + CODE_TTL_S
+        await self.db.console_credentials.insert_one(
+            {"_id": creds.public_key, "account": account, "expires_at": expires}
+        )
         await self.db.console_codes.insert_one(
             {
                 "_id": code_id(code),
-                "box": seal_under(code, creds),
+                "box": seal_under(code, creds.text()),
                 "account": account,
                 "expires_at": code_expires,
                 "session_expires_at": expires,
@@ -94,6 +107,19 @@ class ConsoleSignIn:
             expires_at=int(doc["session_expires_at"]),
         )
 
+    async def end(self, body: EndConsoleSession) -> ConsoleSessionEnded:
+        """The gateway's, at sign-out: the session's credential revoked on the servers now.
+        Only a console credential of this provisioner's is ended (not found otherwise)."""
+        doc = await self.db.console_credentials.find_one_and_delete({"_id": body.public_key})
+        if doc is None:
+            raise NotFound("no such console session (unknown, ended or expired)")
+        whose = f"console:{doc.get('account') or 'operator'}"
+        await self.revoke(body.public_key, whose)
+        log.info("console session of %s ended", doc.get("account") or "an operator")
+        return ConsoleSessionEnded(public_key=body.public_key)
+
     async def expire(self) -> None:
-        """Forget codes never redeemed."""
-        await self.db.console_codes.delete_many({"expires_at": {"$lte": int(time.time())}})
+        """Forget codes never redeemed, and credentials expired."""
+        now = int(time.time())
+        await self.db.console_codes.delete_many({"expires_at": {"$lte": now}})
+        await self.db.console_credentials.delete_many({"expires_at": {"$lte": now}})

@@ -53,6 +53,7 @@ from gpufleet_contracts.devices import IssueDeviceJoinToken
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.identity import (
     AccountChanged,
+    AccountRemoved,
     Accounts,
     AccountView,
     AddUser,
@@ -63,6 +64,8 @@ from gpufleet_contracts.identity import (
     JoinTokenIssued,
     ListAccounts,
     NodeEnrolled,
+    RemoveAccount,
+    RemovedAccount,
     RevokeUser,
     SetPlan,
     UserAdded,
@@ -76,6 +79,7 @@ from pymongo import ASCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError
 
 from .records import invalid
+from .removal import Holdings, check_removal, removed
 
 log = logging.getLogger("gpufleet.provisioner.identity")
 NO_ROOM = 10047  # JetStream: "insufficient storage resources available"
@@ -178,7 +182,17 @@ class Identity:
 
         async def tx_body(tx: Transaction) -> Doc:
             s = tx.session
-            if await self.db.accounts.find_one({"_id": account}, session=s):
+            known = await self.db.accounts.find_one({"_id": account}, session=s)
+            if removed(known):
+                raise Refused.of_field(
+                    "conflict",
+                    f"account {account!r} was removed; its name is not given out again",
+                    field="account",
+                    rule="R-TEN-1",
+                    says="the name of a removed account (its jobs and ledger keep it)",
+                    valid="another name",
+                )
+            if known:
                 raise Refused("conflict", f"account {account!r} already exists")
             doc: Doc = {
                 "_id": account,
@@ -198,7 +212,7 @@ class Identity:
 
         async def tx_body(tx: Transaction) -> Doc:
             doc: Doc | None = await self.db.accounts.find_one_and_update(
-                {"_id": account},
+                {"_id": account, "removed_at_ms": None},
                 {"$set": {"plan": plan.value}},
                 session=tx.session,
                 return_document=True,
@@ -211,8 +225,78 @@ class Identity:
         return account_view(await self.store.transaction(tx_body))
 
     async def account(self, account: str) -> Doc | None:
+        """The stored account (None: unknown or removed)."""
         doc: Doc | None = await self.db.accounts.find_one({"_id": account})
-        return doc
+        return None if removed(doc) else doc
+
+    async def remove_account(self, body: RemoveAccount) -> RemovedAccount:
+        """Operator request: remove an account that holds no node (removal.py). In one
+        transaction its document becomes a tombstone, its users' and unexpired console
+        credentials and its remaining enrolments (devices, nodes never added) are put on the
+        revocation list, its unspent join tokens are voided and `AccountRemoved` is written;
+        then the revocations are pushed to the servers (their connections close at once)
+        and the enrolled machines' consumers and log streams deleted."""
+        account = body.account
+        self._issuer()
+        now = self.clock()
+
+        async def tx_body(tx: Transaction) -> tuple[RemovedAccount, list[str]]:
+            s = tx.session
+            doc = await self.db.accounts.find_one({"_id": account}, session=s)
+            live = self.db.nodes.find(
+                {"owner": account, "state": {"$ne": "removed"}}, {"minion_id": 1}, session=s
+            )
+            nodes = tuple([str(n["minion_id"]) async for n in live])
+            check_removal(account, doc, Holdings(nodes=nodes))
+            await self.db.accounts.update_one(
+                {"_id": account}, {"$set": {"removed_at_ms": now_ms(now)}}, session=s
+            )
+            users = await self.db.users.find({"account": account}, session=s).to_list(None)
+            consoles = await self.db.console_credentials.find(
+                {"account": account, "expires_at": {"$gt": int(time.time())}}, session=s
+            ).to_list(None)
+            enrolled = await self.db.enrolments.find(
+                {"account": account, "state": "active"}, session=s
+            ).to_list(None)
+            revoked = {
+                **{str(u["public_key"]): f"user:{account}/{u['user']}" for u in users},
+                **{str(c["_id"]): f"console:{account}" for c in consoles},
+                **{str(e["public_key"]): str(e["_id"]) for e in enrolled},
+            }
+            at = int(time.time()) + 1
+            for key, whose in revoked.items():
+                await self.db.revocations.update_one(
+                    {"_id": key}, {"$set": {"at": at, "minion_id": whose}}, upsert=True, session=s
+                )
+            await self.db.users.delete_many({"account": account}, session=s)
+            await self.db.console_credentials.delete_many({"account": account}, session=s)
+            await self.db.enrolments.update_many(
+                {"account": account, "state": "active"},
+                {"$set": {"state": "revoked", "revoked_at_ms": now_ms(now)}},
+                session=s,
+            )
+            voided = await self.db.join_tokens.delete_many(
+                {"account": account, "used_at_ms": None}, session=s
+            )
+            emit(tx, AccountRemoved(account=account, at=now), msg_id=f"account-removed:{account}")
+            reply = RemovedAccount(
+                account=account,
+                removed_at=now,
+                users=sorted(str(u["user"]) for u in users),
+                console_sessions=len(consoles),
+                join_tokens=voided.deleted_count,
+            )
+            return reply, [str(e["_id"]) for e in enrolled]
+
+        reply, machines = await self.store.transaction(tx_body)
+        await self.push_revocations()
+        js = await self._js()
+        if js is not None:
+            for minion_id in machines:
+                await delete_node_consumer(js, minion_id)
+                await delete_node_logs(js, minion_id)
+        log.warning("account %s removed (%d users revoked)", account, len(reply.users))
+        return reply
 
     async def list_accounts(self, body: ListAccounts) -> Accounts:
         """Every account, its plan and its users."""
@@ -223,6 +307,7 @@ class Identity:
             accounts=[
                 account_view(d, sorted(users.get(d["_id"], [])))
                 async for d in self.db.accounts.find().sort("_id", ASCENDING)
+                if not removed(d)
             ]
         )
 
@@ -247,7 +332,7 @@ class Identity:
             upsert=True,
         )
         if previous is not None and previous.get("public_key") != creds.public_key:
-            await self._revoke_key(str(previous["public_key"]), f"user:{account}/{user}")
+            await self.revoke_key(str(previous["public_key"]), f"user:{account}/{user}")
         return UserAdded(account=account, user=user, creds=creds.text())
 
     async def revoke_user(self, body: RevokeUser) -> UserRevoked:
@@ -258,7 +343,7 @@ class Identity:
         doc = await self.db.users.find_one_and_delete({"_id": f"{account}/{user}"})
         if doc is None:
             raise NotFound(f"no user {user!r} in account {account!r}")
-        await self._revoke_key(str(doc["public_key"]), f"user:{account}/{user}")
+        await self.revoke_key(str(doc["public_key"]), f"user:{account}/{user}")
         log.warning("user %s of %s revoked", user, account)
         return UserRevoked(account=account, user=user)
 
@@ -272,7 +357,10 @@ class Identity:
         )
 
     async def admin_issue_join_token(self, body: AdminIssueJoinToken) -> JoinTokenIssued:
-        """An operator's: a one-time join token for one node of any account."""
+        """An operator's: a one-time join token for one node of any account (not a removed
+        one: its machines could never be spoken for)."""
+        if removed(await self.db.accounts.find_one({"_id": body.account})):
+            raise NotFound(f"no account {body.account!r}")
         return await self.join_token(
             body.account, body.minion_id, body.region, body.ttl_s, joins="any"
         )
@@ -406,7 +494,7 @@ class Identity:
             await ensure_node_consumer(js, cmd.minion_id)
         if previous is not None and previous.get("public_key") != cmd.public_key:
             # Re-enrolled (a reinstalled host): the old key stops working.
-            await self._revoke_key(previous["public_key"], cmd.minion_id)
+            await self.revoke_key(previous["public_key"], cmd.minion_id)
         credential = issuer.device if spent.get("kind") == "device" else issuer.node
         jwt = credential(cmd.minion_id, cmd.public_key, account=account, region=region)
         log.info("node %s enrolled for %s in region %s", cmd.minion_id, account, region)
@@ -456,12 +544,13 @@ class Identity:
             await delete_node_logs(js, minion_id)  # the logs it kept go with it
         if doc is None:
             return False
-        await self._revoke_key(doc["public_key"], minion_id)
+        await self.revoke_key(doc["public_key"], minion_id)
         log.warning("node %s revoked", minion_id)
         return True
 
-    async def _revoke_key(self, public_key: str, whose: str) -> None:
-        """Revoke every JWT of `public_key` (a node's minion id, or `user:<account>/<user>`)."""
+    async def revoke_key(self, public_key: str, whose: str) -> None:
+        """Revoke every JWT of `public_key` (a node's minion id, `user:<account>/<user>` or
+        `console:<account>`)."""
         await self.db.revocations.update_one(
             {"_id": public_key},
             {"$set": {"at": int(time.time()) + 1, "minion_id": whose}},
