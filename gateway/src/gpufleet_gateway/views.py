@@ -2,7 +2,9 @@
 
 The fleet groups nodes by region with each node's last heartbeat (CPU, RAM, disk, each GPU);
 the queue numbers the waiting jobs in the order they were queued (the scheduler places the
-oldest first within what fits), with each one's reason and how long it has waited.
+oldest first within what fits), with each one's reason and when it was queued. How long it has
+waited is counted in the browser from that time: a view holds nothing derived from now, so the
+live stream sends a queue again only when it changed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from gpufleet_contracts.nodes import NodeView
 from pydantic import BaseModel
 
 RUNNING = frozenset({"starting", "running", "uploading"})
+LATEST = datetime.max.replace(tzinfo=UTC)
 LOG_TAIL_CHARS = 8000
 
 
@@ -68,8 +71,7 @@ class QueueRow(BaseModel):
     owner: str
     reason: str | None
     detail: list[dict[str, Any]]
-    queued_at: str | None
-    waiting_s: float | None
+    queued_at: str | None  # ISO 8601 with its offset (a stored time without one is UTC)
 
 
 class RunningRow(BaseModel):
@@ -171,13 +173,13 @@ def _running_row(job: JobView) -> RunningRow:
     )
 
 
-def queue(jobs: Iterable[JobView], now: datetime, recent: int = 20) -> Queue:
+def queue(jobs: Iterable[JobView], recent: int = 20) -> Queue:
     """The waiting jobs numbered from the oldest queued (a stable order: rows do not jump on
-    refresh), the running ones, and the latest ended."""
+    refresh; one without a time last), the running ones, and the latest ended."""
     listed = list(jobs)
     waiting = sorted(
         (j for j in listed if j.state == "queued"),
-        key=lambda j: (_when(j.queued_at) or now, j.id),
+        key=lambda j: (_when(j.queued_at) or LATEST, j.id),
     )
     rows = []
     for position, job in enumerate(waiting, start=1):
@@ -190,8 +192,7 @@ def queue(jobs: Iterable[JobView], now: datetime, recent: int = 20) -> Queue:
                 owner=job.owner,
                 reason=job.queue_reason,
                 detail=job.queue_detail,
-                queued_at=job.queued_at,
-                waiting_s=round((now - queued).total_seconds(), 1) if queued else None,
+                queued_at=queued.isoformat() if queued else job.queued_at,
             )
         )
     running = [_running_row(j) for j in listed if j.state in RUNNING]

@@ -1,7 +1,7 @@
 // The console's one page: who is signed in, the view the path names, live updates (SSE).
 
 import { get, post, Refused } from "./api.js";
-import { h } from "./dom.js";
+import { h, tick } from "./dom.js";
 import * as pages from "./pages.js";
 
 const page = document.getElementById("page");
@@ -98,6 +98,8 @@ document.addEventListener("click", (event) => {
   render();
 });
 window.addEventListener("popstate", () => render());
+
+setInterval(() => tick(page), 1000);
 
 try {
   me = await get("/api/me");

@@ -33,6 +33,24 @@ export function duration(seconds) {
   return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
 }
 
+// Seconds from `iso` to now, by this browser's clock; null without a time.
+export function since(iso) {
+  const at = iso ? Date.parse(iso) : NaN;
+  return isNaN(at) ? null : (Date.now() - at) / 1000;
+}
+
+// A cell of how long it has been since `iso`, kept counting by `tick`.
+export function waited(iso) {
+  return h("td", { "data-since": iso }, duration(since(iso)));
+}
+
+// Each cell `waited` made, counted again (the live stream sends nothing while it is unchanged).
+export function tick(root) {
+  for (const cell of root.querySelectorAll("[data-since]")) {
+    cell.textContent = duration(since(cell.dataset.since));
+  }
+}
+
 export function when(iso) {
   if (!iso) return "-";
   const at = new Date(iso);

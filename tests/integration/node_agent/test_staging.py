@@ -517,9 +517,13 @@ async def test_git_over_ssh_refuses_another_host_key_and_a_job_without_a_key(
 async def test_the_inputs_step_fills_a_workers_mounts_with_the_nodes_fetchers(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """And the bytes it staged and an upload put are counted, as the agent's /metrics
+    serve them."""
     from gpufleet_contracts.jobs import Mount, MountKind
+    from gpufleet_node_agent.host.metrics import NodeLabels, transfer_families
     from gpufleet_node_agent.settings import AgentSettings
     from gpufleet_node_agent.staging.node import node_staging
+    from gpufleet_node_agent.staging.tally import TransferTally
     from gpufleet_node_agent.steps import keys as keyfiles
     from gpufleet_node_agent.steps.inputs import InputsStep
     from gpufleet_node_agent.worker.files import write_json_atomic
@@ -528,7 +532,8 @@ async def test_the_inputs_step_fills_a_workers_mounts_with_the_nodes_fetchers(
 
     monkeypatch.setattr(keyfiles.os, "geteuid", lambda: 1000)  # no tmpfs, no chown
     settings = AgentSettings(minion_id="n1", staging_allow=f"127.0.0.1:{s3_server.port}")
-    fetchers, _ = node_staging(settings)
+    tally = TransferTally()
+    fetchers, uploaders = node_staging(settings, tally=tally)
     endpoint = s3_server.endpoint.url
 
     def worker(d: Path, url: str) -> Worker:
@@ -541,7 +546,12 @@ async def test_the_inputs_step_fills_a_workers_mounts_with_the_nodes_fetchers(
             source=S3Source(url=url, endpoint=endpoint),
         )
         spec = WorkerSpec(
-            placement_id="p", job_id="j", worker=0, command=("true",), mounts=(mount,)
+            placement_id="p",
+            job_id="j",
+            worker=0,
+            command=("true",),
+            mounts=(mount,),
+            owner="acct",
         )
         return Worker(spec, d)
 
@@ -553,3 +563,21 @@ async def test_the_inputs_step_fills_a_workers_mounts_with_the_nodes_fetchers(
     with pytest.raises(WorkerFailed, match=r"^s3://demo/sets/none\.tar\.gz not found$"):
         await step.setup(failed)
     assert sorted(os.listdir(tmp_path)) == ["failed", "ok"]  # nothing written beside them
+
+    output = tmp_path / "j.zip"
+    output.write_bytes(b"output" * 1000)
+    out = S3Source(url="s3://demo/out/", endpoint=endpoint)
+    await uploaders.put(output, out, transfer(_wasabi(s3_server), job_id="j", account="acct"))
+    client = boto3.client("s3", **s3_server.endpoint.boto3_kwargs())
+    staged = client.head_object(Bucket="demo", Key="sets/coco.tar.gz")["ContentLength"]
+    served = {
+        (sample.name, sample.labels["job"], sample.labels["account"], sample.labels["kind"]): (
+            sample.value
+        )
+        for family in transfer_families(NodeLabels("n1", "r", "o"), tally)
+        for sample in family.samples
+    }
+    assert served == {
+        ("gpufleet_staged_bytes_total", "j", "acct", "s3"): staged,
+        ("gpufleet_uploaded_bytes_total", "j", "acct", "s3"): 6000,
+    }

@@ -20,8 +20,10 @@ from gpufleet_node_agent.host.metrics import (
     XidTally,
     gpu_families,
     host_families,
+    transfer_families,
 )
 from gpufleet_node_agent.host.telemetry import HostSample
+from gpufleet_node_agent.staging.tally import Counted, Direction, TransferTally
 from gpufleet_provisioner.metrics import node_families
 from gpufleet_scheduler.metrics import placement_family, queue_families
 from gpufleet_telemetry.exposition import render
@@ -69,11 +71,15 @@ def families_of_every_source() -> list[Metric]:
         {"_id": "a", "state": "queued", "owner": "o", "queued_ms": 0},
         {"_id": "b", "state": "running", "owner": "o", "workers": []},
     ]
+    transfers = TransferTally()
+    for direction in Direction:
+        transfers.add(Counted(direction, "j", "o", "s3"), 1)
     totals = LedgerTotals()
     totals.spent["o"] = totals.earned[("o", "m", "r")] = totals.node_cost[("m", "r", "o")] = 1
     return [
         *gpu_families(node, [info], [gpu], {0: [Holder("j", "o")]}, xids),
         *host_families(node, host),
+        *transfer_families(node, transfers),
         *node_families([{"minion_id": "m", "state": "active", "last_seen_ms": 0}], 0, lambda n: 1),
         *queue_families(jobs, {}, 0),
         placement_family({"r": 1}),

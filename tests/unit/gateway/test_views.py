@@ -1,16 +1,13 @@
-"""The console's views: queue positions and waiting times, the fleet by region and node."""
+"""The console's views: queue positions and queued times, the fleet by region and node."""
 
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet_contracts.jobviews import JobLogs, JobView, LogChunk
 from gpufleet_contracts.nodes import NodeView
 from gpufleet_gateway import views
-
-NOW = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
 
 
 def job(job_id: str, state: str, queued_at: str | None = None, **extra: Any) -> JobView:
@@ -55,19 +52,23 @@ def node(name: str, region: str, **telemetry: Any) -> NodeView:
     )
 
 
-def test_waiting_jobs_are_numbered_oldest_first_with_their_reason_and_wait() -> None:
+def test_waiting_jobs_are_numbered_oldest_first_with_their_reason_and_queued_time() -> None:
     jobs = [
         job("late", "queued", "2026-11-27T11:59:00+00:00", queue_reason="busy"),
         job("runs", "running"),
         job("early", "queued", "2026-11-27T11:50:00", queue_reason="no node has 8 GPUs"),
         job("done", "finished"),
     ]
-    queue = views.queue(jobs, NOW)
+    queue = views.queue(jobs)
     assert [(r.position, r.id, r.reason) for r in queue.queued] == [
         (1, "early", "no node has 8 GPUs"),
         (2, "late", "busy"),
     ]
-    assert [r.waiting_s for r in queue.queued] == [600.0, 60.0]  # a naive time is UTC
+    # the browser counts each wait from it: with its offset, a naive time being UTC
+    assert [r.queued_at for r in queue.queued] == [
+        "2026-11-27T11:50:00+00:00",
+        "2026-11-27T11:59:00+00:00",
+    ]
     assert [r.id for r in queue.running] == ["runs"]
     assert [r.id for r in queue.recent] == ["done"]
 

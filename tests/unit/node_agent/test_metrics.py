@@ -1,10 +1,13 @@
 """The node's series: each GPU labelled with the jobs holding it (shares: one series each),
-idle GPUs with empty job and account, XIDs tallied."""
+idle GPUs with empty job and account, XIDs tallied, the bytes each job's staging moved."""
 
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
+from gpufleet_contracts.locations import S3Source, WebSource
 from gpufleet_contracts.nodes import GpuInfo, GpuSample, XidEvent
 from gpufleet_node_agent.host.metrics import (
     GPU_LABELS,
@@ -14,8 +17,11 @@ from gpufleet_node_agent.host.metrics import (
     gpu_families,
     holders,
     host_families,
+    transfer_families,
 )
 from gpufleet_node_agent.host.telemetry import HostSample
+from gpufleet_node_agent.staging.registry import Fetchers, Moved, Transfer, Uploaders
+from gpufleet_node_agent.staging.tally import TransferTally
 from gpufleet_node_agent.worker.spec import WorkerSpec
 
 NODE = NodeLabels("m-1", "eu", "alice")
@@ -118,3 +124,42 @@ def test_host_series() -> None:
         "gpufleet_node_disk_total_bytes": (labels, 10),
         "gpufleet_node_disk_read_bytes_total": (labels, 7),
     }
+
+
+async def test_a_jobs_staged_and_uploaded_bytes_count_what_its_transfers_tell() -> None:
+    now = [0.0]
+    tally = TransferTally(clock=lambda: now[0], keep_s=60)
+
+    async def fetch(source: Any, dest: Path, t: Transfer) -> None:
+        for moved in (Moved(0, waiting=True), Moved(3, 10), Moved(10, 10), Moved(10, 10)):
+            t.progress(moved)
+        t.progress(Moved(4, 10))  # a retry from the start: counted past the furthest only
+        t.progress(Moved(12, 12))
+
+    async def put(path: Path, target: Any, t: Transfer) -> None:
+        t.progress(Moved(7, 7))
+
+    heard: list[Moved] = []
+    fetchers = tally.fetchers(Fetchers({"web": fetch}))
+    uploaders = tally.uploaders(Uploaders({"s3": put}))
+    t = Transfer({}, 100, heard.append, job_id="j-1", account="bob")
+    await fetchers.fetch(WebSource(url="https://example.org/a.zip"), Path("."), t)
+    await uploaders.put(Path("out.zip"), S3Source(url="s3://b/out/"), t)
+    assert heard[-2:] == [Moved(12, 12), Moved(7, 7)]  # the worker's progress still told
+
+    def served() -> dict[tuple[str, str, str, str], float]:
+        return {
+            (s.name, s.labels["job"], s.labels["account"], s.labels["kind"]): s.value
+            for f in transfer_families(NODE, tally)
+            for s in f.samples
+            if s.labels["node"] == "m-1"
+        }
+
+    assert served() == {
+        ("gpufleet_staged_bytes_total", "j-1", "bob", "web"): 12,
+        ("gpufleet_uploaded_bytes_total", "j-1", "bob", "s3"): 7,
+    }
+    now[0] = 59.0
+    assert len(served()) == 2  # kept for the scrapes after the job's last transfer
+    now[0] = 61.0
+    assert served() == {}

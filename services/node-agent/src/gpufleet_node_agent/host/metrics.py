@@ -1,5 +1,5 @@
 """The node's Prometheus series (docs/metrics.md): its GPUs, each attributed to the jobs that
-hold it, and the host, from the last heartbeat's sample.
+hold it, and the host, from the last heartbeat's sample; the bytes its staging moved per job.
 
 Attribution is by construction: the labels come from the placements this agent holds at the
 scrape, so no sample of a held GPU lacks its job. A GPU shared by fractional workers
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gpufleet_contracts.nodes import GpuInfo, GpuSample
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ..staging.tally import Direction, TransferTally
 from ..worker.spec import WorkerSpec
 from .telemetry import HostSample
 
@@ -218,13 +219,40 @@ def host_families(node: NodeLabels, host: HostSample) -> list[Metric]:
     return out
 
 
+TRANSFERS = {
+    Direction.staged: (
+        "gpufleet_staged_bytes",
+        "Bytes staged into a job's mounts on the node, by the kind of source.",
+    ),
+    Direction.uploaded: (
+        "gpufleet_uploaded_bytes",
+        "Bytes of a job's output uploaded from the node, by the kind of target.",
+    ),
+}
+
+
+def transfer_families(node: NodeLabels, tally: TransferTally) -> list[Metric]:
+    """The bytes each job staged and uploaded (`kind`: the source's or target's)."""
+    labels = (*NODE_LABELS, "job", "account", "kind")
+    out = {d: CounterMetricFamily(name, doc, labels=labels) for d, (name, doc) in TRANSFERS.items()}
+    for key, n in tally.counts().items():
+        out[key.direction].add_metric([*node.values(), key.job, key.account, key.kind], n)
+    return list(out.values())
+
+
 class NodeMetrics:
     """The agent's metrics source: the last sample its heartbeat took (`sampled`), labelled
-    at each scrape with the placements `specs` returns."""
+    at each scrape with the placements `specs` returns, and what `transfers` counted."""
 
-    def __init__(self, node: NodeLabels, specs: Callable[[], Iterable[WorkerSpec]]) -> None:
+    def __init__(
+        self,
+        node: NodeLabels,
+        specs: Callable[[], Iterable[WorkerSpec]],
+        transfers: TransferTally | None = None,
+    ) -> None:
         self.node = node
         self.specs = specs
+        self.transfers = transfers or TransferTally()
         self.gpus: Sequence[GpuInfo] = ()
         self.samples: Sequence[GpuSample] = ()
         self.host: HostSample | None = None
@@ -241,4 +269,4 @@ class NodeMetrics:
         out = gpu_families(self.node, self.gpus, self.samples, holders(self.specs()), self.xids)
         if self.host is not None:
             out += host_families(self.node, self.host)
-        return out
+        return out + transfer_families(self.node, self.transfers)

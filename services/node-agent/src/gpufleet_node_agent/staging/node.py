@@ -4,7 +4,8 @@ web's and git's through the node's content cache (cache.py) unless its budget is
 (platform.py) and `local` (local.py: relayed through the platform's store) when the agent
 gives it a way to ask the scheduler (`request`: always in production; unit tests may build
 the registries without a bus). `datastore` (datastores.py), in and out: under the root the
-operator gave the datastore on this node (GPUFLEET_REGIONAL_DATASTORES)."""
+operator gave the datastore on this node (GPUFLEET_REGIONAL_DATASTORES). Each one's bytes are
+counted on `tally` (tally.py) when one is given: the agent's."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .local import LocalRelay
 from .platform import Platform, Requester, quiet_http_logs
 from .registry import Fetcher, Fetchers, Uploaders
 from .s3 import S3
+from .tally import TransferTally
 from .web import Web
 
 
@@ -29,6 +31,7 @@ def node_staging(
     settings: AgentSettings,
     request: Requester | None = None,
     roots: Mapping[str, Path] | None = None,
+    tally: TransferTally | None = None,
 ) -> tuple[Fetchers, Uploaders]:
     """`roots`: the datastores' roots as the node's keeper has them (mounts/keeper.py), read
     live; by default the operator's (GPUFLEET_REGIONAL_DATASTORES)."""
@@ -64,4 +67,6 @@ def node_staging(
         local = LocalRelay(platform)
         fetchers = Fetchers({**fetchers.by_kind, "platform": platform.fetch, "local": local.fetch})
         uploaders = Uploaders({**uploaders.by_kind, "platform": platform.put, "local": local.put})
+    if tally is not None:
+        return tally.fetchers(fetchers), tally.uploaders(uploaders)
     return fetchers, uploaders

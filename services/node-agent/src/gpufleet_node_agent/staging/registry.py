@@ -52,7 +52,8 @@ class Transfer:
     (cache.py) copies a hit for it instead of linking its read-only files. `job_id`,
     `placement_id`, `worker`: whose transfer it is, for the `platform` and `local` fetchers'
     and uploaders' requests to the scheduler (platform.py, local.py), and `mount` the target
-    of the mount it fills (`local`'s); the others ignore them."""
+    of the mount it fills (`local`'s); the others ignore them. `account`: who the job runs
+    for, the label of the bytes it moved (tally.py)."""
 
     keys: Keys
     limit_bytes: int
@@ -63,6 +64,7 @@ class Transfer:
     placement_id: str | None = None
     worker: int = 0
     mount: str | None = None
+    account: str | None = None
 
 
 class Fetcher(Protocol):

@@ -117,6 +117,7 @@ class InputsStep:
                 placement_id=w.placement_id,
                 worker=w.worker,
                 mount=m.target,
+                account=w.spec.owner,
             )
             await self.fetchers.fetch(m.source, dest, t)
 

@@ -97,6 +97,7 @@ class OutputsStep:
                 job_id=w.job_id,
                 placement_id=w.placement_id,
                 worker=w.worker,
+                account=w.spec.owner,
             )
             await self.uploaders.put(path, target, t)
         except WorkerFailed as exc:
