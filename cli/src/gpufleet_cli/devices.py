@@ -88,12 +88,15 @@ def list_(
     all_: Annotated[bool, typer.Option("--all", help="removed devices too")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Your devices: state, configuration, deployment, inference, last deployed."""
+    """Your devices: state, online or offline (last seen), configuration, deployment,
+    inference, last deployed."""
     request = build(ListDevices, as_json, region=region, include_removed=all_)
     reply = answer(request, DeviceList, as_json)
     if as_json:
         return
-    table = Table("Region", "Name", "Model", "State", "Config", "Deploy", "Inference", "Deployed")
+    table = Table(
+        "Region", "Name", "Model", "State", "Seen", "Config", "Deploy", "Inference", "Deployed"
+    )
     for d in reply.devices:
         deploy = d.deploy_state.value + (f" ({d.deploy_reason})" if d.deploy_reason else "")
         table.add_row(
@@ -101,6 +104,8 @@ def list_(
             escape(d.name),
             d.model.value,
             d.state.value,
+            d.presence.value
+            + (f" ({render.when(d.last_seen.isoformat(), short=True)})" if d.last_seen else ""),
             escape(d.config or "-"),
             escape(deploy),
             d.inference.value if d.inference else "-",
@@ -111,8 +116,9 @@ def list_(
 
 @app.command("show")
 def show(device: DeviceArg, as_json: JsonFlag = False) -> None:
-    """One device: its state, configuration, deployment state with its reason, inference
-    status and when its configuration was last deployed."""
+    """One device: its state, whether it is online (its last heartbeat and telemetry), its
+    configuration, deployment state with its reason, inference status and when its
+    configuration was last deployed."""
     _act(build(ShowDevice, as_json, device=device), as_json, f"device {device}")
 
 

@@ -1,7 +1,8 @@
 """Regional datastores on the real servers (NATS with its permissions, MongoDB), the datastore
-service asking the provisioner for the region's facts: a `team` plan and a region with a
-compute node (R-TEN-3, R-RES-1), unique names in a region, the SMB password sealed and never
-in a reply or an event, and another account's datastore "not found"."""
+service asking the provisioner for the region's facts and device-fleet for its devices: a
+`team` plan and a region with a compute node or a device (R-TEN-3, R-RES-1), unique names
+in a region, the SMB password sealed and never in a reply or an event, and another account's
+datastore "not found"."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gpufleet_contracts.datastores import (
     RemoveDatastore,
 )
 from gpufleet_datastore.app import build_app
+from gpufleet_device_fleet.app import build_app as build_device_fleet
 from gpufleet_devstack import EmbeddedMongo, NatsServer, wait_for_async
 from pymongo import AsyncMongoClient
 
@@ -51,7 +53,17 @@ async def services(
             store_for("datastore", mongo_server.url, db_prefix),
         )
     ).app
-    async with provisioner(nats_server, mongo_server, db_prefix) as bus, running(app):
+    devices = build_device_fleet(
+        Ports(
+            broker_for("device-fleet", nats_server),
+            store_for("device-fleet", mongo_server.url, db_prefix),
+        )
+    ).app
+    async with (
+        provisioner(nats_server, mongo_server, db_prefix) as bus,
+        running(app),
+        running(devices),
+    ):
         yield bus
 
 
@@ -138,6 +150,35 @@ async def test_datastores_need_a_team_plan_and_a_region_with_a_compute_node(
     await wait_for_async(lambda: len(events) >= 2, timeout=10)
     assert [e["subject"].rsplit(".", 1)[-1] for e in events] == ["added", "removed"]
     assert all(SECRET not in e["data"] for e in events)
+
+
+async def test_a_region_whose_only_machine_is_a_device_takes_a_datastore(
+    services: Bus, nats_server: NatsServer
+) -> None:
+    """R-RES-1 counts devices (device-fleet's), not only the provisioner's compute nodes."""
+    bus = services
+    await admin(bus, "create_account", {"account": bus.account, "plan": "team"})
+    await bus.ask("enable_provider", {"provider": "physical"})
+    await bus.ask("create_region", {"name": "lab-1", "storage_mode": "central"})
+    storage = f"st{uuid.uuid4().hex[:8]}"
+    node = {"region": "lab-1", "name": "st", "minion_id": storage, "kind": "storage"}
+    assert (await bus.ask("add_node", node))["state"] == "active"
+    async with as_user(nats_server, bus.account, "u") as me:
+        add_smb = json.dumps(SMB).encode()
+        empty = await me.call(AddDatastore.SUBJECT, add_smb)  # a storage node runs no job
+        assert empty["error"]["fields"][0]["rule"] == "R-RES-1", empty
+        device = {"region": "lab-1", "name": "cam", "minion_id": f"j{uuid.uuid4().hex[:8]}"}
+        added = await me.call(
+            subjects.rpc("device-fleet", "add_device"),
+            json.dumps({**device, "model": "jetson-orin-nano"}).encode(),
+        )
+        assert added["state"] == "provisioning", added
+        taken = await me.call(AddDatastore.SUBJECT, add_smb)
+        assert taken["region_id"] == f"{bus.account}/lab-1", taken
+        gone = await me.call(subjects.rpc("device-fleet", "remove_device"), b'{"device": "cam"}')
+        assert gone["state"] == "removed", gone
+        again = await me.call(AddDatastore.SUBJECT, json.dumps({**SMB, "name": "n2"}).encode())
+        assert again["error"]["fields"][0]["rule"] == "R-RES-1", again
 
 
 async def mount_as(nats_server: NatsServer, minion: str, account: str, name: str) -> Any:

@@ -83,14 +83,14 @@ def test_hard_needs_its_timeouts() -> None:
     assert options_problem(DatastoreType.nfs, ["hard", "timeo=600"]) is not None
 
 
-def facts(plan: str = "team", compute: int = 1, devices: int = 0) -> RegionFacts:
-    return RegionFacts(region_id="a/lab", compute_nodes=compute, devices=devices, plan=plan)
+def facts(plan: str = "team", compute: int = 1) -> RegionFacts:
+    return RegionFacts(region_id="a/lab", compute_nodes=compute, plan=plan)
 
 
 def test_the_region_needs_a_team_plan_and_a_compute_node_or_device() -> None:
-    check_region(facts(), "lab")
-    check_region(facts("enterprise", 0, 1), "lab")
-    for bad, rule in ((facts("free"), "R-TEN-3"), (facts(compute=0), "R-RES-1")):
+    check_region(facts(), 0, "lab")
+    check_region(facts("enterprise", 0), 1, "lab")  # a device alone is enough
+    for bad, devices, rule in ((facts("free"), 0, "R-TEN-3"), (facts(compute=0), 0, "R-RES-1")):
         with pytest.raises(Refused) as caught:
-            check_region(bad, "lab")
+            check_region(bad, devices, "lab")
         assert caught.value.fields[0].rule == rule

@@ -13,7 +13,6 @@ from pydantic import ValidationError
 CENTRAL = RegionFacts(
     region_id="acme/lab",
     compute_nodes=0,
-    devices=0,
     plan="team",
     provider="physical",
     storage_mode="central",

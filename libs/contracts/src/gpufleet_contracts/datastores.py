@@ -279,8 +279,7 @@ class RegionFacts(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     region_id: str  # `<owner>/<region>`
-    compute_nodes: int  # not removed
-    devices: int  # not removed
+    compute_nodes: int  # not removed (devices are device-fleet's: CountRegionDevices)
     plan: str
     # what devices need of it (R-DEV-1, R-NODE-3)
     provider: str = "physical"

@@ -18,10 +18,12 @@ from pydantic_core import PydanticCustomError
 
 from . import limits, subjects
 from .base import Command, Event
+from .datastores import NodeFacts
 from .errors import rule
 from .fields import EnvValue, Int, Name
 from .identity import NAME, JoinTokenIssued
 from .jobspec import THIRD_PARTY_KEYS
+from .nodes import GpuSample
 from .spec import env_names
 
 DeviceName = Annotated[Name, Field(min_length=1, max_length=limits.NAME_CHARS)]
@@ -74,6 +76,15 @@ class InferenceStatus(StrEnum):
     failed = "failed"
 
 
+class DevicePresence(StrEnum):
+    """Whether a device's agent is heard: `online` while its last heartbeat (or report) is
+    younger than a few of its heartbeat periods, `offline` after that or before the first.
+    An offline device is still charged its daily fee (R-BILL-3)."""
+
+    online = "online"
+    offline = "offline"
+
+
 # --- events ---------------------------------------------------------------------------------
 
 
@@ -109,6 +120,33 @@ class DeviceStatusReported(Event):
     reason: str | None = Field(default=None, max_length=1024)
     inference: InferenceStatus | None = None
     at: datetime
+
+
+class DeviceTelemetry(BaseModel):
+    """A device's host in one heartbeat: CPU busy %, RAM, the disk of its agent's state
+    directory, and its SoC GPU (None where it is not read: a real Jetson has no NVML)."""
+
+    cpu_pct: float | None = None
+    ram_used_mb: Int | None = None
+    ram_total_mb: Int | None = None
+    disk_used_pct: float | None = None
+    disk_free_gb: float | None = None
+    gpu: GpuSample | None = None
+
+
+class DeviceHeartbeat(Event):
+    """Core NATS, every `period_s` (a lost one is harmless), on the device's own subject
+    `gpufleet.v1.hb.device.<minion_id>`, which only that device's credential may publish:
+    device-fleet takes the device from the subject, never from the body. Apart from compute
+    nodes' `hb.<minion_id>` (the provisioner's): a device never refreshes a node."""
+
+    TYPE = "gpufleet.device.heartbeat.v1"
+    SUBJECT = subjects.HEARTBEATS + ".device.{minion_id}"
+    minion_id: str
+    at: datetime  # when the device sent it
+    seq: Int | None = None  # counted since its agent started
+    period_s: float = Field(gt=0, le=3600)  # its heartbeat period (how soon it is offline)
+    telemetry: DeviceTelemetry = Field(default_factory=DeviceTelemetry)
 
 
 # --- configurations (R-DEV-2) -------------------------------------------------------------
@@ -230,7 +268,9 @@ class DeviceView(BaseModel):
     deployment_id: str | None = None
     inference: InferenceStatus | None = None
     deployed_at: datetime | None = None  # when its configuration was last deployed (running)
-    last_seen: datetime | None = None
+    presence: DevicePresence = DevicePresence.offline  # from its heartbeats' age
+    last_seen: datetime | None = None  # its last heartbeat or report
+    telemetry: DeviceTelemetry | None = None  # its last heartbeat's
     added_at: datetime
     removed_at: datetime | None = None
 
@@ -417,6 +457,38 @@ class ApplyDeviceConfig(Command):
     deployment_id: str
     config_name: str | None = None
     config: DeviceConfigSpec | None = None
+
+
+# --- what the datastore service asks device-fleet (svc.device-fleet.<verb>) -----------------
+
+
+class RegionDevices(BaseModel):
+    region_id: str
+    devices: Int  # not removed
+
+
+class CountRegionDevices(Command):
+    """How many devices (not removed) a region has, by its owner's region id `<owner>/<name>`
+    (R-RES-1: regional resources need a compute node or a device there). The datastore
+    service asks."""
+
+    READ = True
+    TYPE = "gpufleet.device.count_region_devices.v1"
+    SUBJECT = subjects.service_call("device-fleet", "region_devices")
+    REPLY = RegionDevices
+    region_id: str = Field(min_length=3, max_length=2 * limits.NAME_CHARS + 1)
+
+
+class GetDeviceFacts(Command):
+    """Who a device is (its owner and region, as NodeFacts; NotFound if there is no such
+    live device): the datastore service asks when a device asks to mount a datastore of its
+    region, which the provisioner does not know (devices are device-fleet's)."""
+
+    READ = True
+    TYPE = "gpufleet.device.device_facts.v1"
+    SUBJECT = subjects.service_call("device-fleet", "device_facts")
+    REPLY = NodeFacts
+    minion_id: str = Field(pattern=NAME)
 
 
 # --- what device-fleet asks the provisioner (svc.provisioner.<verb>; its region facts are

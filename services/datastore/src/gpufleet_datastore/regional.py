@@ -23,18 +23,18 @@ from gpufleet_contracts.datastores import (
     DatastoreRemoved,
     DatastoreView,
     GetNodeFacts,
-    GetRegionFacts,
     MountDatastore,
     NodeFacts,
-    RegionFacts,
     SealedPassword,
 )
+from gpufleet_contracts.devices import GetDeviceFacts
 from gpufleet_contracts.errors import Refused
 from gpufleet_store import SecretBox, Store, Transaction
 from pymongo.errors import DuplicateKeyError
 
 from .inregion import InRegion
-from .shares import check_region, check_share
+from .regionfacts import checked_region
+from .shares import check_share
 
 COLLECTION = "datastores"
 
@@ -71,10 +71,7 @@ class RegionalDatastores:
 
     async def add(self, account: str, body: AddDatastore) -> DatastoreView:
         check_share(body)
-        facts = await self.provisioner(
-            GetRegionFacts(owner=account, region=body.region), RegionFacts
-        )
-        check_region(facts, body.region)
+        facts = await checked_region(self.provisioner, account, body.region)
         now = self.clock()
         doc: dict[str, Any] = {
             "_id": datastore_id(account, body.region, body.name),
@@ -133,10 +130,20 @@ class RegionalDatastores:
 
         return view(await self.records.remove(account, region, name, removed))
 
+    async def _who(self, minion_id: str) -> NodeFacts:
+        """The asking machine: a node the provisioner enrolled, else a device of
+        device-fleet's (NotFound when neither knows it)."""
+        try:
+            return await self.provisioner(GetNodeFacts(minion_id=minion_id), NodeFacts)
+        except Refused as exc:
+            if exc.code != "not_found":
+                raise
+        return await self.provisioner(GetDeviceFacts(minion_id=minion_id), NodeFacts)
+
     async def mount(self, minion_id: str, body: MountDatastore) -> DatastoreMount:
         """The datastore `body.name` of the asking node's own region and owner, its SMB
         password sealed to that node; NotFound alike for another's and one that is not."""
-        node = await self.provisioner(GetNodeFacts(minion_id=minion_id), NodeFacts)
+        node = await self._who(minion_id)
         doc = await self.records.own(node.owner, node.region, body.name)
         password: SealedPassword | None = None
         sealed = doc.get("password_sealed")

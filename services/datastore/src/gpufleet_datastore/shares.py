@@ -1,6 +1,6 @@
 """What a regional datastore may be (R-RES-1, R-RES-2, R-TEN-3): pure rules over an
-AddDatastore and the facts the provisioner gave of its region. Each refusal names its field
-and rule; the first one found is raised."""
+AddDatastore and the facts given of its region (the provisioner's, device-fleet's count).
+Each refusal names its field and rule; the first one found is raised."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def check_share(body: AddDatastore) -> None:
             raise invalid("password", "R-RES-2", problem)
 
 
-def check_region(facts: RegionFacts, region: str) -> None:
+def check_region(facts: RegionFacts, devices: int, region: str) -> None:
     """R-TEN-3: a `team` or higher plan; R-RES-1: a region with a compute node or device."""
     if not plan_allows_regional(facts.plan):
         raise invalid(
@@ -67,7 +67,7 @@ def check_region(facts: RegionFacts, region: str) -> None:
             f"regional datastores need a team or enterprise plan; this account's is {facts.plan}",
             "team | enterprise",
         )
-    if facts.compute_nodes + facts.devices == 0:
+    if facts.compute_nodes + devices == 0:
         raise invalid(
             "region",
             "R-RES-1",

@@ -138,7 +138,7 @@ class Configs:
             )
             return {**device, "config": name}
 
-        return device_view(await self.store.transaction(tx_body))
+        return device_view(await self.store.transaction(tx_body), self.clock())
 
 
 _SPEC = set(DeviceConfigSpec.model_fields)

@@ -9,6 +9,9 @@ from gpufleet_contracts.devices import (
     DeployState,
     DeviceConfigSpec,
     DeviceConfigView,
+    DevicePresence,
+    DeviceState,
+    DeviceTelemetry,
     DeviceView,
     RolloutDeviceView,
     RolloutPhase,
@@ -17,10 +20,14 @@ from gpufleet_contracts.devices import (
 )
 from gpufleet_store import Doc, from_ms, now_ms
 
+from .presence import presence
 from .rollout import Rollout, Target
 
 
-def device_view(doc: Doc) -> DeviceView:
+def device_view(doc: Doc, now: datetime) -> DeviceView:
+    """`now` tells whether it is online (its last heartbeat's age)."""
+    last_seen = from_ms(doc.get("last_seen_ms"))
+    telemetry = doc.get("telemetry")
     return DeviceView(
         device_id=doc["_id"],
         name=doc["name"],
@@ -34,7 +41,13 @@ def device_view(doc: Doc) -> DeviceView:
         deployment_id=doc.get("deployment_id"),
         inference=doc.get("inference"),
         deployed_at=from_ms(doc.get("deployed_at_ms")),
-        last_seen=from_ms(doc.get("last_seen_ms")),
+        presence=(
+            DevicePresence.offline
+            if doc["state"] == DeviceState.removed.value
+            else presence(last_seen, doc.get("heartbeat_s"), now)
+        ),
+        last_seen=last_seen,
+        telemetry=DeviceTelemetry.model_validate(telemetry) if telemetry else None,
         added_at=at(doc["added_at_ms"]),
         removed_at=from_ms(doc.get("removed_at_ms")),
     )

@@ -1,7 +1,7 @@
 """What regional resources need to know of an account's region (R-RES-1, R-TEN-3), answered
-to the datastore service: the region's id, its compute nodes and devices that are not
-removed, and the owner's plan; and of a node that asks to mount a datastore, its owner,
-region and sealing key. Reads only."""
+to the datastore service and device-fleet: the region's id, its compute nodes that are not
+removed (its devices are device-fleet's), and the owner's plan; and of a node that asks to
+mount a datastore, its owner, region and sealing key. Reads only."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from gpufleet_contracts.errors import NotFound
 from gpufleet_contracts.identity import Plan
 
 from .records import Records
-
-COUNTED = ("compute", "device")  # a storage node runs no job (R-RES-1 counts the others)
 
 
 class RegionFactsRequests:
@@ -22,28 +20,19 @@ class RegionFactsRequests:
     async def region_facts(self, body: GetRegionFacts) -> RegionFacts:
         """`body.owner`'s region `body.region` (NotFound alike if there is none)."""
         region = await self.records.region(body.owner, body.region)
-        counts = dict.fromkeys(COUNTED, 0)
-        found = await self.db.nodes.aggregate(
-            [
-                {
-                    "$match": {
-                        "owner": body.owner,
-                        "region": body.region,
-                        "kind": {"$in": list(COUNTED)},
-                        "state": {"$ne": "removed"},
-                    }
-                },
-                {"$group": {"_id": "$kind", "n": {"$sum": 1}}},
-            ]
+        compute = await self.db.nodes.count_documents(
+            {
+                "owner": body.owner,
+                "region": body.region,
+                "kind": "compute",  # a storage node runs no job (R-RES-1)
+                "state": {"$ne": "removed"},
+            }
         )
-        async for row in found:
-            counts[row["_id"]] = row["n"]
         account = await self.db.accounts.find_one({"_id": body.owner})
         plan = account["plan"] if account is not None else Plan.free.value
         return RegionFacts(
             region_id=str(region["_id"]),
-            compute_nodes=counts["compute"],
-            devices=counts["device"],
+            compute_nodes=compute,
             plan=plan,
             provider=str(region.get("provider") or "physical"),
             storage_mode=region.get("storage_mode"),

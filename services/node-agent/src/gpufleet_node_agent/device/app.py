@@ -9,9 +9,14 @@ from gpufleet_bus import Events, Every, Ports, Service, ServiceRuntime, publish
 from gpufleet_bus.publish import Publisher
 from gpufleet_bus.streams import node_consumer_config
 from gpufleet_contracts import subjects
-from gpufleet_contracts.devices import ApplyDeviceConfig, DeviceStatusReported
+from gpufleet_contracts.devices import ApplyDeviceConfig, DeviceHeartbeat, DeviceStatusReported
 
+from ..agent import bus_requester
+from ..mounts.keeper import DatastoreMounts
+from ..mounts.node import MOUNTS_DIR, asker, make_mounter, opener
+from .heartbeat import Heartbeat
 from .keeper import DeviceKeeper
+from .output import DeviceOutput
 from .settings import DeviceSettings
 
 SERVICE = "device-agent"
@@ -24,7 +29,26 @@ def build_device_app(ports: Ports, settings: DeviceSettings) -> Service[DeviceKe
     async def report(msg: DeviceStatusReported) -> None:
         await publish(publisher, msg, source=SOURCE)
 
-    keeper = DeviceKeeper(settings, report, ports.clock)
+    async def send(msg: DeviceHeartbeat) -> None:
+        await publish(publisher, msg, source=SOURCE)  # core NATS: no stream holds it
+
+    # its configuration's datastore: asked of the datastore service on its own subject; no
+    # sealing key yet, so an SMB share's password cannot reach it (README)
+    mounts = DatastoreMounts(
+        make_mounter(
+            settings.datastore_mounter,
+            settings.datastore_bind_root,
+            settings.datastore_probe_timeout_s,
+            settings.device_state_dir / MOUNTS_DIR,
+        ),
+        settings.device_state_dir / MOUNTS_DIR,
+        asker(settings.minion_id, bus_requester(ports.broker)),
+        opener(None),
+    )
+    keeper = DeviceKeeper(
+        settings, report, ports.clock, DeviceOutput(settings.device_state_dir, mounts)
+    )
+    heartbeat = Heartbeat(settings, send, ports.clock, keeper.running)
     mid = settings.minion_id
     rt = ServiceRuntime(SERVICE, ports, infrastructure=False)
     rt.wire(
@@ -38,8 +62,12 @@ def build_device_app(ports: Ports, settings: DeviceSettings) -> Service[DeviceKe
                 consumer=node_consumer_config(mid),
             ),
         },
-        every=[Every(settings.device_watch_s, keeper.watch, "device-watch", at_start=False)],
-        publishes=[DeviceStatusReported],
+        every=[
+            Every(settings.device_watch_s, keeper.watch, "device-watch", at_start=False),
+            Every(settings.heartbeat_s, heartbeat.beat, "device-heartbeat"),
+            Every(settings.datastore_probe_s, mounts.heal, "datastore-probe", at_start=False),
+        ],
+        publishes=[DeviceStatusReported, DeviceHeartbeat],
         startup=[keeper.start],
         shutdown=[keeper.stop],
     )

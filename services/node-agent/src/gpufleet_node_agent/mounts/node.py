@@ -3,6 +3,8 @@ datastore service asked over the node's own connection, the node's key for SMB p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpufleet_auth.sealing import SealError
 from gpufleet_contracts.datastores import DatastoreMount, MountDatastore, SealedPassword
 
@@ -21,12 +23,22 @@ MOUNTS_DIR = "datastores"  # under the agent's state directory
 
 def mounter(settings: AgentSettings) -> Mounter:
     """The adapter GPUFLEET_DATASTORE_MOUNTER names (bind: under GPUFLEET_DATASTORE_BIND_ROOT)."""
-    timeout = settings.datastore_probe_timeout_s
-    if settings.datastore_mounter == "bind":
-        if settings.datastore_bind_root is None:
+    return make_mounter(
+        settings.datastore_mounter,
+        settings.datastore_bind_root,
+        settings.datastore_probe_timeout_s,
+        settings.agent_state_dir / MOUNTS_DIR,
+    )
+
+
+def make_mounter(kind: str, bind_root: Path | None, timeout_s: float, base: Path) -> Mounter:
+    """`kind` `bind` (under `bind_root`) or `kernel` (its credentials files under `base`),
+    for a node agent and a device agent alike."""
+    if kind == "bind":
+        if bind_root is None:
             raise ValueError("GPUFLEET_DATASTORE_MOUNTER=bind needs GPUFLEET_DATASTORE_BIND_ROOT")
-        return BindMounter(settings.datastore_bind_root, timeout)
-    return KernelMounter(settings.agent_state_dir / MOUNTS_DIR / ".credentials", timeout * 3)
+        return BindMounter(bind_root, timeout_s)
+    return KernelMounter(base / ".credentials", timeout_s * 3)
 
 
 def asker(minion_id: str, request: Requester) -> AskMount:
