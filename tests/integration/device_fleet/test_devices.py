@@ -129,7 +129,7 @@ async def fleet(
             store_for("device-fleet", mongo_server.url, db_prefix),
             bus=bus_settings,
         ),
-        DeviceFleetSettings(tick_s=0.2),
+        DeviceFleetSettings(tick_s=0.2, heartbeats_s=0.2),
     )
     async with provisioner(nats_server, mongo_server, db_prefix) as bus, running(svc.app):
         f = Fleet(bus)

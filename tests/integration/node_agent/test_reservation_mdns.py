@@ -2,12 +2,15 @@
 machine's LAN interface and real multicast: its hostname resolves through an mDNS browser
 (python-zeroconf, as any host of the LAN asks) while the worker holds it and is gone after;
 a name another host of the LAN answers gets one rename (`-2`), said in the worker's log,
-and a second conflict fails the worker instead of renaming again; a bridge is refused."""
+and a second conflict fails the worker instead of renaming again; a bridge is refused. A
+job in a container is served on the reservation's port of the node's LAN address, through
+its socket and the relay (the container's side, run here as a host process) to its port."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +19,10 @@ import ifaddr
 import pytest
 from gpufleet_contracts.endpoints import Reservation
 from gpufleet_contracts.reservations import ReservationView
+from gpufleet_devstack import free_port, wait_for_async
 from gpufleet_node_agent.host.mdns import BRIDGES, MdnsPublisher, parse_interfaces
+from gpufleet_node_agent.host.port_forward import PortForwards
+from gpufleet_node_agent.steps import serve
 from gpufleet_node_agent.steps.base import WorkerFailed
 from gpufleet_node_agent.steps.reservation import ReservationStep
 from gpufleet_node_agent.worker.spec import WorkerSpec
@@ -69,13 +75,14 @@ async def gone(zc: AsyncZeroconf, hostname: str) -> bool:
     return False
 
 
-def worker(tmp_path: Path, name: str) -> Worker:
+def worker(tmp_path: Path, name: str, runtime: str = "") -> Worker:
     spec = WorkerSpec(
         placement_id=f"p-{name}",
         job_id=f"j-{name}",
         worker=0,
         command=("true",),
         reservation=Reservation(region="lab", name=name),
+        runtime=runtime,
     )
     d = tmp_path / name
     d.mkdir()
@@ -153,3 +160,77 @@ def test_a_bridge_is_never_an_mdns_interface() -> None:
         with pytest.raises(ValueError, match="not the LAN"):
             parse_interfaces(f"eth0,{name}")
     assert parse_interfaces(" eth0 , enp3s0 ") == ["eth0", "enp3s0"]
+
+
+async def fetched(address: str, port: int) -> bytes | None:
+    """GET /hello.txt from address:port: the body, or None when nothing answers there."""
+    try:
+        r, w = await asyncio.open_connection(address, port)
+    except OSError:
+        return None
+    try:
+        w.write(b"GET /hello.txt HTTP/1.0\r\nHost: x\r\n\r\n")
+        await w.drain()
+        reply = await asyncio.wait_for(r.read(), 5)
+    finally:
+        w.close()
+    return reply.partition(b"\r\n\r\n")[2] if reply.startswith(b"HTTP/1.0 200") else None
+
+
+async def test_a_container_jobs_reserved_port_is_served_on_the_lan_through_its_socket(
+    browser: tuple[AsyncZeroconf, str, str], tmp_path: Path
+) -> None:
+    zc, interface, address = browser
+    port = free_port(address)
+    publisher = MdnsPublisher([interface])
+    forwards = PortForwards(lambda: [address])
+    step = ReservationStep(publisher, asker("gpufleet-served", port), forwards)
+    w = worker(tmp_path, "served")
+    (w.dir / serve.SERVE_DIR).mkdir()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hello.txt").write_text("served from the container\n")
+    # the container's side: the job listens on the port on its own loopback, the relay
+    # on its socket (here in the host's network namespace, on 127.0.0.1)
+    job = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    relay = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gpufleet_endpoint",
+        "relay",
+        "--uds",
+        str(serve.port_socket_path(w.dir)),
+        "--to",
+        f"127.0.0.1:{port}",
+        "--",
+        *job,
+        cwd=site,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        await step.setup(w)
+        await step.setup(w)  # again (an agent restart): as it is
+        assert await resolves(zc, "gpufleet-served") == [address]
+
+        async def answers() -> bool:
+            return await fetched(address, port) == b"served from the container\n"
+
+        await wait_for_async(answers, timeout=15)
+        await step.teardown(w)
+        await step.teardown(w)
+        assert await fetched(address, port) is None  # no longer served by the node
+        assert await fetched("127.0.0.1", port) is not None  # the job itself goes on
+
+        # a bare process listens on the node's port itself: the node serves nothing
+        bare = worker(tmp_path, "bare", runtime="process")
+        bare_port = free_port(address)
+        await ReservationStep(publisher, asker("gpufleet-bare", bare_port), forwards).setup(bare)
+        assert await fetched(address, bare_port) is None
+        with socket.socket() as own:
+            own.bind((address, bare_port))  # free for the job
+    finally:
+        relay.terminate()
+        await asyncio.wait_for(relay.wait(), 10)
+        await forwards.close_all()
+        await publisher.close()

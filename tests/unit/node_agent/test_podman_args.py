@@ -218,3 +218,30 @@ def test_attached_keys_are_bound_read_only_at_run_secrets_and_named_by_secrets_p
     c = container_spec(spec(key_types=["huggingface"]), WD, "m1", CONFIG)
     assert f"{WD}/secrets:/run/secrets:ro" in run_argv(c)
     assert c.env["SECRETS_PATH"] == "/run/secrets"
+
+
+def test_a_reserved_job_runs_under_the_relay_from_its_port_socket_still_without_network() -> None:
+    """R-RES-3: the node serves the reservation's port on its LAN to serve/port.sock; the
+    relay takes each connection on to the port the job listens on in its container."""
+    reserved = spec(reservation={"region": "lab", "name": "web"})
+    c = container_spec(reserved, WD, "m1", CONFIG, reserved_port=8080)
+    relay = ["python3", "/opt/gpufleet/run.py", "relay", "--uds", "/run/gpufleet/port.sock"]
+    assert c.command == [
+        *relay,
+        "--to",
+        "127.0.0.1:8080",
+        "--",
+        "python3",
+        "train.py",
+        "--epochs",
+        "3",
+    ]
+    argv = run_argv(c)
+    assert f"{WD}/serve:/run/gpufleet:rw" in argv
+    assert f"{WD}/endpoint:/opt/gpufleet:ro" in argv
+    assert argv[argv.index("--network") + 1] == "none"
+    # the port not known (yet): its own command; a job without a reservation: nothing added
+    assert container_spec(reserved, WD, "m1", CONFIG).command == list(reserved.command)
+    plain = container_spec(spec(), WD, "m1", CONFIG, reserved_port=8080)
+    assert plain.command == ["python3", "train.py", "--epochs", "3"]
+    assert not any(b.target == "/run/gpufleet" for b in plain.binds)

@@ -12,7 +12,7 @@ from typing import Any
 from gpufleet_bus.ask import Asker
 from gpufleet_bus.publish import emit
 from gpufleet_contracts.clock import Clock
-from gpufleet_contracts.datastores import GetNodeFacts, GetRegionFacts, NodeFacts, RegionFacts
+from gpufleet_contracts.datastores import GetNodeFacts, NodeFacts
 from gpufleet_contracts.errors import Refused
 from gpufleet_contracts.fields import name_problem
 from gpufleet_contracts.reservations import (
@@ -24,10 +24,12 @@ from gpufleet_contracts.reservations import (
     hostname_problem,
 )
 from gpufleet_store import Store, Transaction
+from gpufleet_store.duplicates import colliding_key
 from pymongo.errors import DuplicateKeyError
 
 from .inregion import InRegion
-from .shares import check_region, invalid
+from .regionfacts import checked_region
+from .shares import invalid
 
 COLLECTION = "reservations"
 
@@ -46,6 +48,10 @@ def check_reservation(body: AddReservation) -> None:
             raise invalid(field, "R-RES-3", problem, valid)
 
 
+# The unique keys of a reservation: its hostname + port (first), its name (its `_id` holds it).
+UNIQUE_KEYS = (("owner", "region", "hostname", "port"), ("_id",), ("owner", "region", "name"))
+
+
 class PortReservations:
     def __init__(self, store: Store, provisioner: Asker, clock: Clock) -> None:
         self.store = store
@@ -56,10 +62,7 @@ class PortReservations:
 
     async def add(self, account: str, body: AddReservation) -> ReservationView:
         check_reservation(body)
-        facts = await self.provisioner(
-            GetRegionFacts(owner=account, region=body.region), RegionFacts
-        )
-        check_region(facts, body.region)
+        facts = await checked_region(self.provisioner, account, body.region)
         now = self.clock()
         doc: dict[str, Any] = {
             "_id": f"{account}/{body.region}/{body.name}",
@@ -74,18 +77,7 @@ class PortReservations:
         }
 
         async def tx_body(tx: Transaction) -> None:
-            try:
-                await self.coll.insert_one(doc, session=tx.session)
-            except DuplicateKeyError as exc:
-                taken = "hostname" if "hostname" in str(exc) else "name"
-                says = (
-                    f"{body.hostname}:{body.port} is reserved already in region {body.region}"
-                    if taken == "hostname"
-                    else f"reservation {body.name!r} exists already in region {body.region}"
-                )
-                raise Refused.of_field(
-                    "conflict", says, field=taken, rule="R-RES-3", says="unique in its region"
-                ) from None
+            await self.coll.insert_one(doc, session=tx.session)
             emit(
                 tx,
                 ReservationAdded(
@@ -99,7 +91,21 @@ class PortReservations:
                 msg_id=f"reservation-added:{doc['_id']}:{now.timestamp()}",
             )
 
-        await self.store.transaction(tx_body)
+        try:
+            await self.store.transaction(tx_body)
+        except DuplicateKeyError as exc:
+            which = await colliding_key(exc, self.coll, doc, UNIQUE_KEYS)
+            if which is None:
+                raise
+            taken = "hostname" if which == 0 else "name"
+            says = (
+                f"{body.hostname}:{body.port} is reserved already in region {body.region}"
+                if taken == "hostname"
+                else f"reservation {body.name!r} exists already in region {body.region}"
+            )
+            raise Refused.of_field(
+                "conflict", says, field=taken, rule="R-RES-3", says="unique in its region"
+            ) from None
         return view(doc)
 
     async def list(self, account: str, region: str | None) -> list[ReservationView]:

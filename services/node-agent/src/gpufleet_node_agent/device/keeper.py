@@ -33,6 +33,7 @@ from gpufleet_contracts.health import HealthCheck, NodeHealth
 
 from ..worker.files import write_json_atomic
 from . import launch
+from .output import DeviceOutput, OutputUnavailable
 from .settings import DeviceSettings
 
 log = logging.getLogger("gpufleet.node_agent.device")
@@ -80,8 +81,11 @@ def inference_of(code: int) -> InferenceStatus:
 
 
 class DeviceKeeper:
-    def __init__(self, settings: DeviceSettings, report: Report, clock: Clock) -> None:
+    def __init__(
+        self, settings: DeviceSettings, report: Report, clock: Clock, output: DeviceOutput
+    ) -> None:
         self.settings = settings
+        self.output = output
         self.report = report
         self.clock = clock
         self.dir = settings.device_state_dir
@@ -142,6 +146,7 @@ class DeviceKeeper:
         """The agent stopping: its command goes with it (not an exit by itself)."""
         async with self.lock:
             await self._kill()
+            await self.output.release()
 
     async def apply(self, cmd: ApplyDeviceConfig) -> None:
         """Run this configuration (or none) from now on; the same deployment again (a
@@ -154,6 +159,7 @@ class DeviceKeeper:
             self.desired = Desired(cmd.deployment_id, cmd.config_name, cmd.config)
             self._save()
             if cmd.config is None:
+                await self.output.release()
                 await self._say(DeployState.idle, InferenceStatus.stopped)
                 return
             await self._say(DeployState.pending)
@@ -172,9 +178,13 @@ class DeviceKeeper:
             log.info("the inference command exited by itself (%s): not restarted", code)
             await self._say(DeployState.running, inference_of(code), f"exited with status {code}")
 
+    def running(self) -> bool:
+        """Whether the configuration's command runs now."""
+        return self.proc is not None and self.proc.returncode is None
+
     async def health(self, body: HealthCheck) -> NodeHealth:
         """This device's health: its profile's one SoC GPU and the deployment it runs."""
-        running = self.proc is not None and self.proc.returncode is None
+        running = self.running()
         return NodeHealth(
             service="device-agent",
             status="ok",
@@ -190,8 +200,11 @@ class DeviceKeeper:
     # --- the command -------------------------------------------------------------------
 
     async def _launch(self, spec: DeviceConfigSpec) -> None:
-        out = self.dir / "output"
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out = await self.output.take(spec)  # its own directory, or its datastore's path
+        except OutputUnavailable as exc:
+            await self._say(DeployState.failed, InferenceStatus.failed, exc.reason)
+            return
         model = self.settings.device_profile.value
         try:
             if self.settings.device_runtime == "podman":
@@ -215,7 +228,26 @@ class DeviceKeeper:
         except (OSError, RuntimeError) as exc:
             await self._say(DeployState.failed, InferenceStatus.failed, str(exc)[:500])
             return
-        await self._say(DeployState.running, InferenceStatus.running)
+        await self._settle(self.proc)
+
+    async def _settle(self, proc: asyncio.subprocess.Process) -> None:
+        """`running` once the command outlived the start grace; one that failed within it
+        failed the deployment (a rollout's canary then stops the rest), and is not run again
+        in this boot, as an exit by itself is not."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), self.settings.device_start_grace_s)
+        code = proc.returncode
+        if code is None:
+            await self._say(DeployState.running, InferenceStatus.running)
+            return
+        self.proc = None
+        self.desired.exit_code, self.desired.exit_boot = code, self.settings.boot_id()
+        self._save()
+        why = f"the start command exited with status {code}"
+        if code == 0:
+            await self._say(DeployState.running, InferenceStatus.stopped, why)
+        else:
+            await self._say(DeployState.failed, InferenceStatus.failed, why)
 
     async def _pull(self, image: str) -> None:
         proc = await asyncio.create_subprocess_exec(

@@ -23,6 +23,15 @@ class DeviceSettings(BaseSettings):
     # the boot id tells a reboot (the command runs again) from an agent restart
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     device_watch_s: float = 1.0
+    heartbeat_s: float = Field(default=15.0, gt=0, le=3600)  # its heartbeat's period
+    # a command that exits within this of its start failed its deployment (status != 0)
+    device_start_grace_s: float = Field(default=3.0, ge=0)
+    # the configuration's regional datastore, mounted as a node agent's are (mounts/):
+    # `kernel` (NFS/SMB) or `bind` (`<datastore_bind_root>/<address>/<root path>`, tests)
+    datastore_mounter: Literal["kernel", "bind"] = "kernel"
+    datastore_bind_root: Path | None = None
+    datastore_probe_s: float = Field(default=20.0, gt=0)
+    datastore_probe_timeout_s: float = Field(default=10.0, gt=0)
     join_token: str | None = Field(default=None, repr=False)
 
     def boot_id(self) -> str:

@@ -48,6 +48,7 @@ from ..builds import Builder
 from ..host.gpu_access import GpuAccess
 from ..host.mps import Mps
 from ..staging.registry import Fetchers, Uploaders
+from ..steps import reservation
 from ..steps.base import Step, WorkerFailed
 from ..steps.disk import DiskStep, filled_at
 from ..steps.image import ImageStep
@@ -279,6 +280,7 @@ class PodmanRuntime:
                     cpu_count=w.spec.cpu_count or 0,
                 ),
                 image=image,
+                reserved_port=reserved.port if (reserved := reservation.kept(w.dir)) else None,
             )
             if self.use_runc and Runc.unsuited(c) is None:
                 await self._start_runc(w, c, check=image is not None)

@@ -209,8 +209,9 @@ def key_binds(spec: WorkerSpec, worker_dir: Path) -> list[Bind]:
 
 def serve_binds(spec: WorkerSpec, worker_dir: Path) -> list[Bind]:
     """An endpoint's serve directory (read-write: its socket) and gpufleet's server code
-    with its routes (read-only); none for another job."""
-    if spec.serving is None:
+    with its routes (read-only), as a reserved job's (its port's socket, the relay); none
+    for another job."""
+    if spec.serving is None and not serve.relays_port(spec):
         return []
     return [
         Bind(worker_dir / serve.SERVE_DIR, serve.IN_SERVE, False),
@@ -271,11 +272,13 @@ def container_spec(
     mps_pipe: Path | None = None,
     limits: Limits | None = None,
     image: str | None = None,
+    reserved_port: int | None = None,
 ) -> ContainerSpec:
     """The container of the worker of `spec` (`job_env`: its env values), in `image` (the
     image step's: its environment, with its packages) or else its spec's image or the
     node's base image; `gpu`: how this node's real GPUs reach a container; `mps_pipe`: its
-    share's MPS pipes (the share step's)."""
+    share's MPS pipes (the share step's); `reserved_port`: its port reservation's, which
+    the job listens on (the reservation step's)."""
     gpu = gpu or GpuAccess.none()
     indices = list(spec.gpu_indices)
     ours = container_env(spec, gpu.real)
@@ -304,7 +307,7 @@ def container_spec(
     return ContainerSpec(
         name=container_name(spec.job_id, spec.worker, placement),
         image=image or (qualified(spec.image) if spec.image else config.image),
-        command=serve.command(spec, as_root=config.uid == 0),
+        command=serve.command(spec, as_root=config.uid == 0, reserved_port=reserved_port),
         labels=labels,
         env=env,
         binds=binds,

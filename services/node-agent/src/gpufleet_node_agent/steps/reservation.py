@@ -1,24 +1,48 @@
 """A worker attached to a port reservation (R-RES-3): its hostname published with mDNS by
 this node (host/mdns.py) from its setup until its teardown. The reservation's hostname and
 port come from the datastore service, which answers only for this node's region and owner;
-a rename on the LAN (`demo` taken: `demo-2`) is said in the worker's log."""
+a rename on the LAN (`demo` taken: `demo-2`) is said in the worker's log.
+
+A bare process listens on the node's port itself. A job in a container (which keeps no
+network) is served by the node: the reservation's port on the allowed interfaces carried
+to the worker's socket (host/port_forward.py), which the relay in its container takes on to
+the job's port (steps/serve.py); the reservation is kept in the worker's directory
+(`reservation.json`) for its container to be made with."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet_contracts.reservations import GetReservation, ReservationView
 
 from ..host.mdns import MdnsPublisher, PublishFailed
+from ..host.port_forward import ForwardFailed, PortForwards
 from ..noderpc import NotAnswered, NotThere, ask_service
 from ..staging.platform import Requester
+from ..worker.files import read_json, write_json_atomic
+from . import serve
 from .base import StepName, WorkerFailed
 
 if TYPE_CHECKING:
     from ..worker.workdir import Worker
 
 AskReservation = Callable[[str], Awaitable[ReservationView]]
+KEPT = "reservation.json"  # in the worker's directory: the reservation it serves on
+BARE = "process"  # the runtime of a bare process (runtimes/policy.py), which serves itself
+
+
+def kept(worker_dir: Path) -> ReservationView | None:
+    """The reservation the worker of `worker_dir` serves on, once its setup found it."""
+    doc = read_json(worker_dir / KEPT)
+    return ReservationView.model_validate(doc) if doc else None
+
+
+def node_serves(w: Worker) -> bool:
+    """Whether the node serves the worker's reserved port for it: a job in a container
+    (an endpoint is reached through the node's proxy, a bare process listens itself)."""
+    return w.spec.reservation is not None and w.spec.serving is None and w.runtime != BARE
 
 
 def reservation_asker(minion_id: str, request: Requester) -> AskReservation:
@@ -41,15 +65,24 @@ class ReservationStep:
     name = StepName.reservation
     marked = False  # publishing again is as cheap as a marker
 
-    def __init__(self, publisher: MdnsPublisher, ask: AskReservation) -> None:
+    def __init__(
+        self, publisher: MdnsPublisher, ask: AskReservation, forwards: PortForwards | None = None
+    ) -> None:
         self.publisher = publisher
         self.ask = ask
+        self.forwards = forwards
 
     async def setup(self, w: Worker) -> None:
         r = w.spec.reservation
         if r is None:
             return
         found = await self.ask(r.name)
+        write_json_atomic(w.file(KEPT), found.model_dump(mode="json"))
+        if self.forwards is not None and node_serves(w):
+            try:
+                await self.forwards.open(w.key, found.port, serve.port_socket_path(w.dir))
+            except ForwardFailed as exc:
+                raise WorkerFailed(f"reservation {r.name}: {exc}") from None
         try:
             done = await self.publisher.publish(w.key, found.hostname, found.port)
         except PublishFailed as exc:
@@ -62,4 +95,6 @@ class ReservationStep:
                 )
 
     async def teardown(self, w: Worker) -> None:
+        if self.forwards is not None:
+            await self.forwards.close(w.key)
         await self.publisher.withdraw(w.key)

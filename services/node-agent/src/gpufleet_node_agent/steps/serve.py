@@ -18,6 +18,10 @@ connections to 127.0.0.1:80 (gpufleet_endpoint.relay). A notebook runs JupyterLa
 socket in /opt/ml (its token from the job's env, JUPYTER_TOKEN), or its own command under
 the relay; the SHA-256 of its token is kept in the worker's directory (`notebook.json`,
 which the container does not see) from its start on, for the proxy to check callers with.
+
+A job in a container attached to a port reservation (R-RES-3) runs its command under the
+relay too, on serve/port.sock to 127.0.0.1:<the reservation's port>, where the job listens:
+the node carries the reservation's port on its LAN to that socket (host/port_forward.py).
 """
 
 from __future__ import annotations
@@ -48,10 +52,12 @@ if TYPE_CHECKING:
 SERVE_DIR = "serve"
 ENDPOINT_DIR = "endpoint"
 SOCKET = "http.sock"
+PORT_SOCKET = "port.sock"  # a reserved job's port (R-RES-3)
 ROUTES = "routes.json"
 LIB = "lib"
 IN_SERVE = "/run/gpufleet"  # the serve directory in the container
 IN_SOCKET = f"{IN_SERVE}/{SOCKET}"
+IN_PORT_SOCKET = f"{IN_SERVE}/{PORT_SOCKET}"
 IN_ENDPOINT = "/opt/gpufleet"
 IN_LIB = f"{IN_ENDPOINT}/{LIB}"
 IN_ROUTES = f"{IN_ENDPOINT}/{ROUTES}"
@@ -69,6 +75,16 @@ def socket_path(worker_dir: Path) -> Path:
     return worker_dir / SERVE_DIR / SOCKET
 
 
+def port_socket_path(worker_dir: Path) -> Path:
+    return worker_dir / SERVE_DIR / PORT_SOCKET
+
+
+def relays_port(spec: WorkerSpec) -> bool:
+    """A job (not an endpoint) attached to a port reservation: in a container, the node
+    serves its port through the relay."""
+    return spec.serving is None and spec.reservation is not None
+
+
 def is_notebook(serving: Serving | None) -> bool:
     return serving is not None and serving.kind is ServingKind.notebook
 
@@ -78,13 +94,29 @@ def runs_jupyter(spec: WorkerSpec) -> bool:
     return is_notebook(spec.serving) and spec.command == NOTEBOOK_COMMAND
 
 
-def command(spec: WorkerSpec, *, as_root: bool = False) -> list[str]:
+def command(
+    spec: WorkerSpec, *, as_root: bool = False, reserved_port: int | None = None
+) -> list[str]:
     """The container's command for the served worker of `spec`: the route server on the
     socket (the scheduler's `--port 80` command is not used), JupyterLab on the socket for a
     notebook without its own command (`as_root`: the container's user is root, which
-    Jupyter refuses unless told), or else the job's own command under the relay."""
+    Jupyter refuses unless told), or else the job's own command under the relay; a job with
+    a `reserved_port` under the relay from the port's socket to that port."""
     serving = spec.serving
     if serving is None:
+        if reserved_port is not None and relays_port(spec):
+            to = f"127.0.0.1:{reserved_port}"
+            return [
+                PYTHON,
+                IN_RUN,
+                "relay",
+                "--uds",
+                IN_PORT_SOCKET,
+                "--to",
+                to,
+                "--",
+                *spec.command,
+            ]
         return list(spec.command)
     if serving.kind is ServingKind.routes:
         return [PYTHON, IN_RUN, "--routes", IN_ROUTES, "--models", MODELS, "--uds", IN_SOCKET]
@@ -142,9 +174,9 @@ class ServeStep:
 
     async def setup(self, w: Worker) -> None:
         serving = w.spec.serving
-        if serving is None:
+        if serving is None and not relays_port(w.spec):
             return
-        if serving.kind is not ServingKind.routes and not w.spec.command:
+        if serving is not None and serving.kind is not ServingKind.routes and not w.spec.command:
             raise WorkerFailed("a served worker with its own server needs a command")
         if is_notebook(serving) and token_sha256(w.dir) is None:
             raise WorkerFailed(f"a notebook needs its token ({NOTEBOOK_TOKEN_ENV})")
@@ -153,9 +185,10 @@ class ServeStep:
         if os.geteuid() == 0:
             os.chown(serve, self.uid, self.uid)
         socket_path(w.dir).unlink(missing_ok=True)  # an earlier try's
+        port_socket_path(w.dir).unlink(missing_ok=True)
         endpoint = w.dir / ENDPOINT_DIR
         endpoint.mkdir(mode=0o755, exist_ok=True)
-        routes = [r.model_dump(mode="json") for r in serving.routes]
+        routes = [r.model_dump(mode="json") for r in serving.routes] if serving else []
         for name, text in ((ROUTES, json.dumps(routes)), (RUN, RUN_PY)):
             write_text_atomic(endpoint / name, text)
             os.chmod(endpoint / name, 0o644)
@@ -165,3 +198,5 @@ class ServeStep:
     async def teardown(self, w: Worker) -> None:
         if w.spec.serving is not None:
             socket_path(w.dir).unlink(missing_ok=True)
+        if relays_port(w.spec):
+            port_socket_path(w.dir).unlink(missing_ok=True)
