@@ -267,9 +267,11 @@ class System:
 
 
 def _running_system(
-    tmp_path_factory: pytest.TempPathFactory, agent_env: dict[str, str] | None = None
+    tmp_path_factory: pytest.TempPathFactory,
+    agent_env: dict[str, str] | None = None,
+    service_env: dict[str, str] | None = None,
 ) -> Iterator[System]:
-    system = System(tmp_path_factory.mktemp("system"), agent_env=agent_env)
+    system = System(tmp_path_factory.mktemp("system"), agent_env=agent_env, service_env=service_env)
     try:
         system.start()
         yield system

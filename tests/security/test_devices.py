@@ -1,6 +1,8 @@
 """Attack class: edge devices (R-DEV-1..3). A device's credential, made by the victim's own
-join token, may state only its own device's status: another device's subject is refused by
-the server. A node credential cannot state a device's status at all. The attacker's account
+join token, may state only its own device's status and heartbeat: another device's subject
+(or a compute node's heartbeat subject) is refused by the server, and a heartbeat naming
+another device on its own subject refreshes only its own. A node credential cannot state a
+device's status or heartbeat at all. The attacker's account
 finds none of the victim's devices or configurations ("not found", as unknown ones)."""
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet_contracts import subjects
-from gpufleet_contracts.devices import DeployState, DeviceStatusReported
+from gpufleet_contracts.devices import DeployState, DeviceHeartbeat, DeviceStatusReported
+from gpufleet_devstack import wait_for_async
 from gpufleet_node_agent.enrol import enrol
 
 from .attack import Client
@@ -32,6 +35,10 @@ def status(minion: str) -> DeviceStatusReported:
     return DeviceStatusReported(
         minion_id=minion, state=DeployState.running, inference="running", at=datetime.now(UTC)
     )
+
+
+def heartbeat(minion: str) -> DeviceHeartbeat:
+    return DeviceHeartbeat(minion_id=minion, at=datetime.now(UTC), period_s=5.0)
 
 
 async def test_a_device_states_only_its_own_status_and_other_accounts_see_nothing(
@@ -60,12 +67,29 @@ async def test_a_device_states_only_its_own_status_and_other_accounts_see_nothin
         # device a on device b's subject, and a node on a device's: refused by the server
         async with Client(system.nats.url, creds, name="device-a") as device_a:
             await device_a.js_send_refused(status(b).subject(), status(b))
+            await device_a.send_refused(heartbeat(b).subject(), heartbeat(b))
+            await device_a.send_refused(subjects.heartbeat(a), heartbeat(a))  # a node's
         async with Client(system.nats.url, evil_node, name="evil-node") as node_agent:
             await node_agent.js_send_refused(status(a).subject(), status(a))
+            await node_agent.send_refused(heartbeat(a).subject(), heartbeat(a))
         await asyncio.sleep(1.0)
         for m in (a, b):
             shown = await ask(me, "device-fleet", "show_device", {"device": m})
             assert (shown["state"], shown["inference"]) == ("provisioning", None), shown
+            assert (shown["presence"], shown["last_seen"]) == ("offline", None), shown
+
+        # b's heartbeat on a's own subject counts for a alone, once stored
+        async with Client(system.nats.url, creds, name="device-a") as device_a:
+            await device_a.send(heartbeat(a).subject(), heartbeat(b))
+            await device_a.send(heartbeat(a).subject(), heartbeat(a))
+
+        async def a_online() -> bool:
+            shown = await ask(me, "device-fleet", "show_device", {"device": a})
+            return bool(shown["presence"] == "online")
+
+        await wait_for_async(a_online, timeout=15)
+        shown = await ask(me, "device-fleet", "show_device", {"device": b})
+        assert (shown["presence"], shown["last_seen"]) == ("offline", None), shown
 
         # the attacker's account: the victim's device, configuration and region are unknown
         async with Client(system.nats.url, eve) as attacker:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -16,7 +15,14 @@ from fastapi.responses import StreamingResponse
 from gpufleet_client import ClientError
 from gpufleet_contracts.alerts import AlertList
 from gpufleet_contracts.billing import LedgerSeries, Period
-from gpufleet_contracts.identity import AccountView, CreateAccount, Plan
+from gpufleet_contracts.identity import (
+    AccountName,
+    AccountView,
+    CreateAccount,
+    Plan,
+    RemoveAccount,
+    RemovedAccount,
+)
 from gpufleet_contracts.jobs import CancelJob
 from gpufleet_contracts.jobviews import JobView
 from gpufleet_contracts.nodes import MaintenanceSet, SetMaintenance
@@ -58,7 +64,7 @@ class Snapshot(BaseModel):
 
 async def taken(person: Person) -> Snapshot:
     nodes, jobs = await asyncio.gather(reads.nodes(person), reads.jobs(person))
-    return Snapshot(fleet=views.fleet(nodes), queue=views.queue(jobs, datetime.now(UTC)))
+    return Snapshot(fleet=views.fleet(nodes), queue=views.queue(jobs))
 
 
 def sessions_of(request: Request) -> Sessions:
@@ -99,7 +105,7 @@ def router(sessions: Sessions, refresh_s: float) -> APIRouter:
 
     @api.get("/queue")
     async def queue(person: Signed) -> views.Queue:
-        return views.queue(await reads.jobs(person), datetime.now(UTC))
+        return views.queue(await reads.jobs(person))
 
     @api.get("/jobs/{job_id}")
     async def job(person: Signed, job_id: str, account: Account = None) -> views.JobPage:
@@ -137,6 +143,11 @@ def router(sessions: Sessions, refresh_s: float) -> APIRouter:
     async def add_account(person: Operator, body: NewAccount) -> AccountView:
         request = CreateAccount(account=body.account, plan=body.plan)
         return await (await person.client()).ask(request, AccountView)
+
+    @api.delete("/accounts/{account}")
+    async def remove_account(person: Operator, account: AccountName) -> RemovedAccount:
+        """Refused (409) while the account holds nodes; 404 once removed (provisioner)."""
+        return await (await person.client()).ask(RemoveAccount(account=account), RemovedAccount)
 
     @api.get("/snapshot")
     async def snapshot(person: Signed) -> Snapshot:

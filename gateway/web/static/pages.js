@@ -1,7 +1,7 @@
 // The console's pages: each takes what the API answered and returns the elements to show.
 
-import { forAccount, get, post } from "./api.js";
-import { duration, h, meter, pct, state, table, when } from "./dom.js";
+import { forAccount, get, post, remove } from "./api.js";
+import { h, meter, pct, state, table, waited, when } from "./dom.js";
 
 const link = (href, text) => h("a", { href, "data-link": true }, text);
 
@@ -70,7 +70,7 @@ export function queueTables(me, queue) {
   const queued = queue.queued.map((j) => h("tr", { "data-job": j.id },
     h("td", {}, j.position), h("td", {}, jobLink(me, j.id, j.owner)), h("td", {}, j.name),
     me.operator ? h("td", {}, j.owner) : null,
-    h("td", { class: "reason" }, j.reason || "-"), h("td", {}, duration(j.waiting_s))));
+    h("td", { class: "reason" }, j.reason || "-"), waited(j.queued_at)));
   const running = queue.running.map((j) => h("tr", { "data-job": j.id },
     h("td", {}, jobLink(me, j.id, j.owner)), h("td", {}, j.name),
     me.operator ? h("td", {}, j.owner) : null, h("td", {}, state(j.state)),
@@ -179,8 +179,25 @@ export async function adminPage(me, refresh) {
       }
     },
   }, name, plan, h("button", { type: "submit" }, "Add account"), message);
+  // Removing revokes every credential of the account and its name is never reused; the
+  // provisioner refuses it while the account still has nodes (the message says which).
+  const removeButton = (account) => h("button", {
+    class: "danger",
+    "data-account": account,
+    onclick: async () => {
+      const asked = `Remove account ${account}? Its users and console sessions are cut off at once, ` +
+        "and its name can never be used again.";
+      if (!window.confirm(asked)) return;
+      try {
+        await remove(`/api/accounts/${encodeURIComponent(account)}`);
+        refresh();
+      } catch (e) {
+        message.textContent = e.message;
+      }
+    },
+  }, "Remove");
   return [
     h("h1", {}, "Accounts"), form,
-    table(["Account"], accounts.map((a) => h("tr", {}, h("td", {}, a)))),
+    table(["Account", ""], accounts.map((a) => h("tr", {}, h("td", {}, a), h("td", {}, removeButton(a))))),
   ];
 }

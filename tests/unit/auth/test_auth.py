@@ -133,6 +133,7 @@ INBOX = "_INBOX.UKEY"
         "gpufleet.v1.evt.billing.usage_charged",
         "gpufleet.v1.evt.device.added",
         "gpufleet.v1.adm.provisioner.create_account",
+        "gpufleet.v1.adm.provisioner.remove_account",
         "gpufleet.v1.adm.scheduler.list_all_jobs",  # every account's jobs
         "$JS.API.STREAM.PURGE.GPUFLEET_EVENTS",
         "$JS.API.CONSUMER.CREATE.GPUFLEET_LOGS",

@@ -7,10 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 from gpufleet_node_agent.proxy.joined import JoinedWrites
-
-pytestmark = pytest.mark.unit
 
 
 class Recorded(asyncio.Transport):

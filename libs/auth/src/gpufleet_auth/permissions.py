@@ -200,6 +200,7 @@ SERVICES: dict[str, Grant] = {
             f"{S}.enroll.*",
             f"{S}.hb.*",
             f"{S}.svc.provisioner.redeem_console_code",
+            f"{S}.svc.provisioner.end_console_session",  # the gateway at a sign-out
             # a region's and a node's facts for regional resources (the datastore service's)
             f"{S}.svc.provisioner.region_facts",
             f"{S}.svc.provisioner.node_facts",
@@ -228,6 +229,13 @@ SERVICES: dict[str, Grant] = {
         ),
         # the devices' own reports (evt.device.status.<minion_id>)
         reads=(EVENTS, REPORTS),
+        # the devices' heartbeats (hb.device.<minion_id>); a region's device count, asked by
+        # the datastore service (R-RES-1), and who a device asking to mount a datastore is
+        sub=(
+            f"{S}.hb.device.*",
+            f"{S}.svc.device-fleet.region_devices",
+            f"{S}.svc.device-fleet.device_facts",
+        ),
     ),
     "datastore": _service(
         "datastore",
@@ -239,6 +247,8 @@ SERVICES: dict[str, Grant] = {
             f"{S}.evt.datastore.*",
             f"{S}.svc.provisioner.region_facts",
             f"{S}.svc.provisioner.node_facts",
+            f"{S}.svc.device-fleet.region_devices",  # a region's devices (R-RES-1)
+            f"{S}.svc.device-fleet.device_facts",  # a device asking to mount one
         ),
         reads=(EVENTS,),
         # a node's request for a datastore of its region (nrpc.datastore.<verb>.<minion_id>)
@@ -288,7 +298,9 @@ DEVICE = Grant(
     summary="one edge device's agent: only its own device's subjects",
     pub=(
         f"{S}.evt.device.status.{{minion_id}}",
-        f"{S}.hb.{{minion_id}}",
+        f"{S}.hb.device.{{minion_id}}",  # never a compute node's hb.<minion_id>
+        # its configuration's datastore, of its own region and owner (no SMB: no sealing key)
+        f"{S}.nrpc.datastore.mount_datastore.{{minion_id}}",
         f"{S}.dlq.node-{{minion_id}}._",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",
@@ -333,9 +345,13 @@ OPERATOR = Grant(
 
 GATEWAY = Grant(
     kind="gateway",
-    summary="the web console's gateway: redeems sign-in codes, nothing else; each person's "
-    "requests go on that person's own short-lived credential",
-    pub=(f"{S}.svc.provisioner.redeem_console_code",),
+    summary="the web console's gateway: redeems sign-in codes and ends their sessions at "
+    "sign-out, nothing else; each person's requests go on that person's own short-lived "
+    "credential",
+    pub=(
+        f"{S}.svc.provisioner.redeem_console_code",
+        f"{S}.svc.provisioner.end_console_session",
+    ),
     sub=(INBOX,),
     notes=(
         "a redeemed code gives the gateway the short-lived credential of the person who "

@@ -13,6 +13,7 @@
     gpufleet.v1.log.<minion_id>.<job_id>.<worker>  worker log chunks (the node's own stream)
     gpufleet.v1.dlq.<service>.<account>         refused messages kept for inspection (stream DLQ)
     gpufleet.v1.hb.<minion_id>                  node heartbeats (core NATS: losing one is harmless)
+    gpufleet.v1.hb.device.<minion_id>           device heartbeats (core NATS, device-fleet's)
     _INBOX.account.<account>.<public key>       a user's replies (an account's requests are
                                                 answered only under _INBOX.account.<account>)
     _INBOX.node.<minion_id>.<public key>        a node agent's replies

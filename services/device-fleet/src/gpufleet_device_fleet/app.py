@@ -3,33 +3,41 @@ is in the one wiring table below.
 
 Edge devices (Jetson) and their inference configurations (R-DEV-1..3): an account's devices
 and configurations on its own request subjects; rollouts driven by the devices' own reports
-(`evt.device.status.<minion_id>`) and a round for timeouts; commands to a device through the
-outbox on its own command subject.
+(`evt.device.status.<minion_id>`) and a round for timeouts; their heartbeats
+(`hb.device.<minion_id>`) stored once per round; commands to a device through the outbox on
+its own command subject; a region's device count (R-RES-1) and who a device is, for the
+datastore service.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet_bus import Delivery, Every, Ports, Service, ServiceRuntime
+from gpufleet_bus import Delivery, Every, Ports, Request, Service, ServiceRuntime
+from gpufleet_contracts import subjects
+from gpufleet_contracts.datastores import NodeFacts
 from gpufleet_contracts.devices import (
     AddDevice,
     AddDeviceConfig,
     ApplyDeviceConfig,
     CancelRollout,
+    CountRegionDevices,
     DeployConfig,
     DeviceAdded,
     DeviceConfigList,
     DeviceConfigView,
+    DeviceHeartbeat,
     DeviceList,
     DeviceRemoved,
     DeviceStatusReported,
     DeviceTokenIssued,
     DeviceView,
+    GetDeviceFacts,
     IssueDeviceToken,
     ListDeviceConfigs,
     ListDevices,
     ListRollouts,
+    RegionDevices,
     RemoveDevice,
     RemoveDeviceConfig,
     RolloutList,
@@ -45,6 +53,7 @@ from . import configs, deployments, devices
 from .configs import Configs
 from .deployments import Deployments
 from .devices import Devices
+from .heartbeats import Heartbeats
 from .regions import Provisioner
 
 SERVICE = "device-fleet"
@@ -54,6 +63,7 @@ INDEXES = {**devices.INDEXES, **configs.INDEXES, **deployments.INDEXES}
 class DeviceFleetSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_DEVICE_FLEET_", extra="ignore")
     tick_s: float = 5.0  # how often devices past their rollout's timeout are failed
+    heartbeats_s: float = 2.0  # how often the heartbeats heard are stored
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class DeviceFleet:
     devices: Devices
     configs: Configs
     deployments: Deployments
+    heartbeats: Heartbeats
 
 
 class Handlers:
@@ -73,6 +84,7 @@ class Handlers:
         self.devices = fleet.devices
         self.configs = fleet.configs
         self.deployments = fleet.deployments
+        self.heartbeats = fleet.heartbeats
 
     async def add_device(self, body: AddDevice, account: str) -> DeviceView:
         return await self.devices.add(body, account)
@@ -120,6 +132,16 @@ class Handlers:
         """A device's report: its state, inference status and its rollout's next step."""
         await self.deployments.reported(body, delivery.subject, delivery.received_at)
 
+    async def heartbeat(self, body: DeviceHeartbeat, delivery: Delivery) -> None:
+        """A device's heartbeat, for the device of its subject: last seen, telemetry."""
+        await self.heartbeats.heard(body, delivery)
+
+    async def region_devices(self, body: CountRegionDevices) -> RegionDevices:
+        return await self.devices.count_in(body.region_id)
+
+    async def device_facts(self, body: GetDeviceFacts) -> NodeFacts:
+        return await self.devices.facts(body.minion_id)
+
 
 def build_app(ports: Ports, settings: DeviceFleetSettings | None = None) -> Service[DeviceFleet]:
     settings = settings or DeviceFleetSettings()
@@ -129,6 +151,7 @@ def build_app(ports: Ports, settings: DeviceFleetSettings | None = None) -> Serv
         devices=found,
         configs=Configs(ports.db, ports.clock, provisioner, found),
         deployments=Deployments(ports.db, ports.clock),
+        heartbeats=Heartbeats(ports.db, ports.clock),
     )
     on = Handlers(fleet)
     rt = ServiceRuntime(SERVICE, ports, indexes=INDEXES)
@@ -149,8 +172,20 @@ def build_app(ports: Ports, settings: DeviceFleetSettings | None = None) -> Serv
             "list_rollouts": on.list_rollouts,
             "cancel_rollout": on.cancel_rollout,
         },
+        direct={
+            # a region's devices, asked by the datastore service (R-RES-1)
+            CountRegionDevices.SUBJECT: Request(
+                on.region_devices, description=CountRegionDevices.__doc__
+            ),
+            # who a device asking to mount a datastore is (the datastore service asks)
+            GetDeviceFacts.SUBJECT: Request(on.device_facts, description=GetDeviceFacts.__doc__),
+        },
         events={"device-status": on.status_reported},
-        every=[Every(settings.tick_s, fleet.deployments.round, "rollout-timeouts", at_start=False)],
+        signals={subjects.wildcard(DeviceHeartbeat.SUBJECT): on.heartbeat},
+        every=[
+            Every(settings.tick_s, fleet.deployments.round, "rollout-timeouts", at_start=False),
+            Every(settings.heartbeats_s, fleet.heartbeats.flush, "heartbeats", at_start=False),
+        ],
         publishes=[DeviceAdded, DeviceRemoved, ApplyDeviceConfig],
     )
     return rt.built(fleet)

@@ -8,6 +8,7 @@ import uuid
 
 from gpufleet_bus import emit
 from gpufleet_contracts.clock import Clock
+from gpufleet_contracts.datastores import NodeFacts
 from gpufleet_contracts.devices import (
     AddDevice,
     DeviceAdded,
@@ -16,9 +17,11 @@ from gpufleet_contracts.devices import (
     DeviceState,
     DeviceTokenIssued,
     DeviceView,
+    RegionDevices,
 )
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_store import Doc, Store, Transaction, now_ms
+from gpufleet_store.duplicates import colliding_key
 from pymongo import ASCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError
 
@@ -33,6 +36,7 @@ INDEXES = {
         IndexModel([("name_key", ASCENDING)], unique=True),
         IndexModel([("minion_key", ASCENDING)], unique=True),
         IndexModel([("owner", ASCENDING), ("region", ASCENDING)]),
+        IndexModel([("region_id", ASCENDING)]),
     ],
 }
 
@@ -96,7 +100,10 @@ class Devices:
         try:
             await self.store.transaction(tx_body)
         except DuplicateKeyError as exc:
-            which = "name" if "name_key" in str(exc) else "minion_id"
+            key = await colliding_key(exc, self.db.devices, doc, (("name_key",), ("minion_key",)))
+            if key is None:
+                raise
+            which = "name" if key == 0 else "minion_id"
             says = (
                 f"a device named {body.name!r} is already in region {body.region!r}"
                 if which == "name"
@@ -105,10 +112,10 @@ class Devices:
             raise Refused.of_field(
                 "conflict", says, field=which, rule="R-DEV-1", says="already in use"
             ) from None
-        return device_view(doc)
+        return device_view(doc, now)
 
     async def show(self, account: str, ref: str) -> DeviceView:
-        return device_view(await self.find(account, ref))
+        return device_view(await self.find(account, ref), self.clock())
 
     async def list(self, account: str, region: str | None, include_removed: bool) -> DeviceList:
         query: Doc = {"owner": account}
@@ -117,7 +124,8 @@ class Devices:
         if not include_removed:
             query["state"] = {"$ne": DeviceState.removed.value}
         docs = await self.db.devices.find(query).sort([("region", 1), ("name", 1)]).to_list(None)
-        return DeviceList(devices=[device_view(d) for d in docs])
+        now = self.clock()
+        return DeviceList(devices=[device_view(d, now) for d in docs])
 
     async def remove(self, account: str, ref: str) -> DeviceView:
         now = self.clock()
@@ -140,7 +148,7 @@ class Devices:
             )
             return {**doc, **update}
 
-        return device_view(await self.store.transaction(tx_body))
+        return device_view(await self.store.transaction(tx_body), now)
 
     async def token(self, account: str, ref: str, ttl_s: int) -> DeviceTokenIssued:
         """A one-time join token for the device (the provisioner signs its credential)."""
@@ -153,3 +161,18 @@ class Devices:
             expires_at=issued.expires_at,
             token=issued.token,
         )
+
+    async def count_in(self, region_id: str) -> RegionDevices:
+        """The region's devices that are not removed (R-RES-1, asked by the datastore)."""
+        n = await self.db.devices.count_documents(
+            {"region_id": region_id, "state": {"$ne": DeviceState.removed.value}}
+        )
+        return RegionDevices(region_id=region_id, devices=n)
+
+    async def facts(self, minion_id: str) -> NodeFacts:
+        """Who the live device `minion_id` is, for the datastore service (NotFound: none).
+        No sealing key: a device has none yet, so it mounts no SMB share."""
+        doc = await self.db.devices.find_one({"minion_key": minion_id})
+        if doc is None:
+            raise NotFound(f"device {minion_id!r} not found")
+        return NodeFacts(minion_id=minion_id, owner=doc["owner"], region=doc["region"])

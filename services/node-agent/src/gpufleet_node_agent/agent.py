@@ -24,9 +24,10 @@ from .environments import offer, parse_env_map
 from .host.gpu_access import GpuAccess, host_access
 from .host.gpuchecks import GpuChecks, gpus_in_use
 from .host.inventory import Inventory, offered_cpus, read_inventory
-from .host.mdns import MdnsPublisher, parse_interfaces
+from .host.mdns import MdnsPublisher, addresses_of, parse_interfaces
 from .host.metrics import NodeLabels, NodeMetrics
 from .host.mps import Mps, find_control
+from .host.port_forward import PortForwards
 from .host.telemetry import GpuSampler, HostSampler, NoGpus, gpu_sampler
 from .mounts.node import node_datastores
 from .proxy.app import ProxyApp
@@ -44,6 +45,7 @@ from .settings import AgentSettings, retired_settings
 from .staging.node import node_staging
 from .staging.platform import Requester
 from .staging.registry import Fetchers, Uploaders
+from .staging.tally import TransferTally
 from .steps.base import Step, WorkerFailed
 from .steps.datastores import DatastoresStep
 from .steps.outputs import prune_kept
@@ -191,13 +193,22 @@ class Agent:
         # The region's datastores its workers read and write, mounted while they need them
         # and healed by `heal_datastores` (mounts/keeper.py); the staging reads their roots.
         self.datastores = node_datastores(settings, bus_requester(broker), sealing_key)
-        fetchers, uploaders = node_staging(settings, bus_requester(broker), self.datastores.roots)
+        # The bytes they move, per job, for its /metrics (staging/tally.py).
+        self.transfers = TransferTally()
+        fetchers, uploaders = node_staging(
+            settings, bus_requester(broker), self.datastores.roots, self.transfers
+        )
         # Port reservations its workers serve on, published with mDNS (host/mdns.py).
-        self.mdns = MdnsPublisher(parse_interfaces(settings.mdns_interfaces))
+        # A container's reserved port is served by the node, on the same interfaces.
+        lan = parse_interfaces(settings.mdns_interfaces)
+        self.mdns = MdnsPublisher(lan)
+        self.forwards = PortForwards(lambda: addresses_of(lan))
         self.regional: tuple[Step, ...] = (
             DatastoresStep(self.datastores, track, wait_s=settings.datastore_wait_s),
             ReservationStep(
-                self.mdns, reservation_asker(settings.minion_id, bus_requester(broker))
+                self.mdns,
+                reservation_asker(settings.minion_id, bus_requester(broker)),
+                self.forwards,
             ),
         )
         self.workers = WorkerManager(
@@ -222,6 +233,7 @@ class Agent:
         self.metrics = NodeMetrics(
             NodeLabels(settings.minion_id, settings.region, settings.account),
             lambda: [w.spec for w in self.workers.active.values()],
+            self.transfers,
         )
         # The control plane's GPU checks (verified nodes), answered out of process.
         self.checks = GpuChecks(
@@ -343,6 +355,7 @@ class Agent:
                 log.info("stopped and reported %d worker(s)", count)
         await self.checks.stop()
         await self.mdns.close()  # its names withdrawn: no responder is left behind them
+        await self.forwards.close_all()
         if self.proxy is not None:
             await self.proxy[1].stop()
         tasks, self._tasks = self._tasks, []

@@ -22,10 +22,10 @@ from gpufleet_bus import Every, Ports, Request, Service, ServiceRuntime
 from gpufleet_bus.publish import Publisher
 from gpufleet_contracts import subjects
 from gpufleet_contracts.alerts import AlertFired, AlertResolved
-from gpufleet_contracts.console import CODE_TTL_S, RedeemConsoleCode
+from gpufleet_contracts.console import CODE_TTL_S, EndConsoleSession, RedeemConsoleCode
 from gpufleet_contracts.datastores import GetNodeFacts, GetRegionFacts
 from gpufleet_contracts.devices import IssueDeviceJoinToken
-from gpufleet_contracts.identity import AccountChanged, EnrollNode
+from gpufleet_contracts.identity import AccountChanged, AccountRemoved, EnrollNode
 from gpufleet_contracts.nodes import (
     CloudInstanceEvent,
     NodeHeartbeat,
@@ -109,7 +109,7 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
         burst=Bursting(records, cloud, identity),
     )
     nodes, providers, burst = prov.nodes, prov.providers, prov.burst
-    console = ConsoleSignIn(store, identity.issuer, ports.clock)
+    console = ConsoleSignIn(store, identity.issuer, ports.clock, identity.revoke_key)
     builtin = [
         from_builtin(r) for r in builtin_rules(maintenance=settings.alert_builtin_maintenance)
     ]
@@ -162,6 +162,7 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
         },
         admin={
             "create_account": identity.create_account,
+            "remove_account": identity.remove_account,
             "set_plan": identity.set_plan,
             "add_user": identity.add_user,
             "revoke_user": identity.revoke_user,
@@ -190,6 +191,8 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             RedeemConsoleCode.SUBJECT: Request(
                 console.redeem, description=RedeemConsoleCode.__doc__
             ),
+            # ... and ending a session at its person's sign-out
+            EndConsoleSession.SUBJECT: Request(console.end, description=EndConsoleSession.__doc__),
         },
         events={
             "register-node": prov.registration.register_node,
@@ -216,6 +219,7 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             RegionCreated,
             CloudInstanceEvent,
             AccountChanged,
+            AccountRemoved,
             AlertFired,
             AlertResolved,
         ],
