@@ -8,8 +8,9 @@ Writes (0600, the folder is git-ignored):
 - `nats-auth.conf`: the servers' decentralized-auth block (operator JWT, resolver, preload);
 - `ca.pem`, `nats-cert.pem`, `nats-key.pem`: a private CA and the NATS servers' certificate
   (names nats-1..3 and localhost), for client and route TLS;
-- `<service>.creds` for each service, `operator.creds` (the bootstrap container and you),
-  `local-dev.creds` (user `dev` of account `local`).
+- `<service>.creds` for each service, `gateway.creds` (the web console's gateway: it may only
+  redeem sign-in codes and end console sessions), `operator.creds` (the bootstrap container
+  and you), `local-dev.creds` (user `dev` of account `local`).
 Run again: existing files are kept (the same keys), missing ones are made.
 """
 
@@ -19,13 +20,14 @@ import argparse
 import datetime as dt
 import ipaddress
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from gpufleet_auth import Authority, write_secret
+from gpufleet_auth import Authority, Creds, write_secret
 
 SERVICES = ("scheduler", "provisioner", "billing", "device-fleet", "datastore")
 NATS_NAMES = ("nats-1", "nats-2", "nats-3", "localhost")
@@ -107,10 +109,15 @@ def generate(out: Path) -> list[Path]:
         path = out / f"{service}.creds"
         if not path.exists():
             made.append(issuer.service(service).write(path))
-    for name, creds in (("operator", issuer.operator), ("local-dev", None)):
+    others: dict[str, Callable[[], Creds]] = {
+        "gateway": lambda: issuer.gateway("console"),  # the console gateway, as `just up` has it
+        "operator": issuer.operator,
+        "local-dev": lambda: issuer.user("local", "dev"),
+    }
+    for name, issue in others.items():
         path = out / f"{name}.creds"
         if not path.exists():
-            made.append((creds() if creds else issuer.user("local", "dev")).write(path))
+            made.append(issue().write(path))
     return made
 
 
