@@ -1,9 +1,11 @@
-"""Attack class 4: forged facts (placements, worker starts and ends, charges, devices).
+"""Attack class 4: forged facts (placements, worker starts and ends, charges, devices,
+accounts).
 
 Only the scheduler states placements, only billing states charges, only device-fleet adds
-devices, and a worker's start and end count only from the node its placement named. The
-server refuses every such subject to users and to other nodes; what a node may publish on
-its own subject about someone else's worker is ignored by the scheduler and billing.
+and removes devices, only the provisioner removes accounts, and a worker's start and end
+count only from the node its placement named. The server refuses every such subject to
+users and to other nodes; what a node may publish on its own subject about someone else's
+worker is ignored by the scheduler and billing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pytest
 from gpufleet_bus.streams import stream_for
 from gpufleet_contracts import Message, subjects
 from gpufleet_contracts.billing import UsageCharged
-from gpufleet_contracts.devices import DeviceAdded
+from gpufleet_contracts.devices import DeviceAdded, DeviceRemoved
+from gpufleet_contracts.identity import AccountRemoved
 from gpufleet_contracts.jobs import (
     JobState,
     JobStateChanged,
@@ -116,6 +119,24 @@ def device(v: Victim) -> DeviceAdded:
     )
 
 
+def device_gone(v: Victim) -> DeviceRemoved:
+    """A device of the victim's declared removed: the provisioner would revoke its
+    enrolment (the victim's node, by its minion id)."""
+    return DeviceRemoved(
+        device_id="forged-device",
+        account=VICTIM_ACCOUNT,
+        region="local",
+        minion_id=VICTIM_NODE,
+        at=now(),
+    )
+
+
+def account_gone(v: Victim) -> AccountRemoved:
+    """The victim's account declared removed: its jobs would be cancelled, its devices
+    removed."""
+    return AccountRemoved(account=VICTIM_ACCOUNT, at=now())
+
+
 def job_state(v: Victim) -> JobStateChanged:
     return JobStateChanged(
         job_id=v.job_id, state=JobState.failed, previous=JobState.running, at=now()
@@ -143,6 +164,8 @@ FORGERIES: dict[str, tuple[str, Callable[[Victim], Message]]] = {
     "KeptWorkerFinished": (subjects.kept("finished", VICTIM_NODE), finished),
     "UsageCharged": (UsageCharged.SUBJECT, charged),
     "DeviceAdded": (DeviceAdded.SUBJECT, device),
+    "DeviceRemoved": (DeviceRemoved.SUBJECT, device_gone),
+    "AccountRemoved": (AccountRemoved.SUBJECT, account_gone),
     "JobStateChanged": (JobStateChanged.SUBJECT, job_state),
     "NodeStateChanged": (NodeStateChanged.SUBJECT, node_lost),
 }

@@ -77,7 +77,13 @@ async def test_the_command_runs_stays_stopped_when_it_exits_and_runs_again_after
 
         async with agent(f, minion, creds, state):
             await f.until("cam", state="active")
-            heard = await f.until("cam", presence="online")  # its first heartbeat, at start
+            await f.until("cam", presence="online")  # a status report or its first heartbeat
+
+            async def beat_stored() -> bool:  # heartbeats are stored in rounds (heartbeats.py)
+                return (await f.device("cam"))["telemetry"] is not None
+
+            await wait_for_async(beat_stored, timeout=10)
+            heard = await f.device("cam")
             assert heard["last_seen"] and heard["telemetry"]["ram_total_mb"]
             assert heard["telemetry"]["gpu"]["index"] == 0  # the simulated Jetson's SoC GPU
             rollout = await f.ask("deploy", {"devices": ["cam"]})

@@ -199,6 +199,17 @@ class Deployments:
 
         return await self._view(await self.store.transaction(tx_body))
 
+    async def cancel_all(self, tx: Transaction, account: str, now: datetime, reason: str) -> int:
+        """Every open rollout of `account` cancelled in `tx` (its account was removed): how
+        many. A removed device is told nothing (`_apply`)."""
+        docs = await self.db.rollouts.find(
+            {"owner": account, "phase": {"$in": OPEN}}, session=tx.session
+        ).to_list(None)
+        for doc in docs:
+            r, effects = rollout.cancel(rollout_of(doc), now, reason)
+            await self._apply(tx, doc, r, effects, now)
+        return len(docs)
+
     # --- a device's reports and the clock ---------------------------------------------
 
     async def reported(self, body: DeviceStatusReported, subject: str, at: datetime | None) -> None:

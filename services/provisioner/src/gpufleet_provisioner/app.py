@@ -200,6 +200,8 @@ def build_app(ports: Ports, settings: ProvisionerSettings | None = None) -> Serv
             "cloud-instance": burst.on_cloud_event,
             # a node's answer to its GPU check, on its own subject
             "gpu-checked": checks.reported,
+            # a device removed by device-fleet: its enrolment revoked
+            "device-removed": identity.device_removed,
         },
         signals={subjects.wildcard(NodeHeartbeat.SUBJECT): prov.liveness.heartbeat},
         metrics=[Source("nodes", ProvisionerMetrics(prov.liveness).collect)],

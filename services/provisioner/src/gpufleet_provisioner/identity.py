@@ -49,7 +49,7 @@ from gpufleet_bus.streams import (
 )
 from gpufleet_contracts import subjects
 from gpufleet_contracts.clock import Clock
-from gpufleet_contracts.devices import IssueDeviceJoinToken
+from gpufleet_contracts.devices import DeviceRemoved, IssueDeviceJoinToken
 from gpufleet_contracts.errors import NotFound, Refused
 from gpufleet_contracts.identity import (
     AccountChanged,
@@ -479,6 +479,7 @@ class Identity:
                         "public_key": cmd.public_key,
                         "state": "active",
                         "enrolled_at_ms": now_ms(self.clock()),
+                        "kind": spent.get("kind", "node"),  # the credential it was given
                     }
                 },
                 upsert=True,
@@ -525,11 +526,27 @@ class Identity:
 
     # --- revocation --------------------------------------------------------------------
 
-    async def revoke(self, minion_id: str, account: str | None = None) -> bool:
+    async def device_removed(self, evt: DeviceRemoved) -> None:
+        """device-fleet removed a device: the enrolment its join token gave is revoked (its
+        credential stops at once), if it is of the device's account, not a node's, and made
+        before the removal: the minion id may be a newer device's since, which a late or
+        redelivered event leaves alone. Nothing left to revoke changes nothing."""
+        if evt.minion_id is None:
+            return
+        scope: Doc = {"kind": {"$ne": "node"}, "enrolled_at_ms": {"$lte": now_ms(evt.at)}}
+        if await self.revoke(evt.minion_id, evt.account, scope):
+            log.warning(
+                "device %s of %s removed: its enrolment is revoked", evt.minion_id, evt.account
+            )
+
+    async def revoke(
+        self, minion_id: str, account: str | None = None, scope: Doc | None = None
+    ) -> bool:
         """Cut a node off: True if it had an active enrolment. With `account` (an
         account's own request) only that account's enrolment is revoked: another account's
-        node of the same minion id is left alone, consumer included."""
-        query: Doc = {"_id": minion_id, "state": "active"}
+        node of the same minion id is left alone, consumer included; `scope` narrows which
+        enrolment further."""
+        query: Doc = {"_id": minion_id, "state": "active", **(scope or {})}
         if account is not None:
             query["account"] = account
         doc = await self.db.enrolments.find_one_and_update(

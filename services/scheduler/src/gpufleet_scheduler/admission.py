@@ -58,6 +58,7 @@ class Admission:
                 return jobdoc.view(_created_by(existing, account))
         spec = notebooks.with_token(spec)  # a notebook's, sealed with its env from here on
         owner, project = await self.projects.resolve(spec.project, account)
+        await self.projects.check_live(spec.project, owner, account)  # R-TEN-1
         await self.projects.check_plan(owner, tenancy.regional_uses(spec))  # R-TEN-3
         await self._check_region(spec, owner)
         await self._check_environment(spec)

@@ -29,12 +29,13 @@ from gpufleet_contracts.nodes import NodeRegistered, NodeStateChanged
 from gpufleet_contracts.verification import NodeVerified
 from gpufleet_store import Doc, Transaction, now_ms
 
-from . import environments, jobdoc, sealing
+from . import environments, jobdoc, sealing, tenancy
 from .fleet import node_view
 from .passes import Passes
 from .state import HOLDING, OPEN_STATES, State
 
 MAX_REQUEUES = 3  # a worker whose node is lost this many times fails instead
+ACCOUNT_REMOVED = "account removed"  # the reason of a removed account's jobs' ends
 
 
 class Lifecycle:
@@ -55,20 +56,52 @@ class Lifecycle:
             now = st.clock()
 
             async def body(tx: Transaction) -> None:
-                for w in job["workers"]:
-                    if w["state"] == WorkerState.waiting.value:
-                        w["state"] = WorkerState.stopped.value
-                        w["reason"] = "cancelled while waiting"
-                    elif w["state"] in HOLDING:
-                        emit(tx, stop(job, w, "cancelled by user"), trace=job.get("trace"))
-                job["cancel_requested"] = True
-                await st.save(tx, job, now, "cancelled by user")
+                await self._cancel(tx, job, now, "cancelled while waiting", "cancelled by user")
 
             await st.store.transaction(body)
             await st.changed([job])
             st.committed(job["rev"])
         self.passes.request_pass()
         return jobdoc.view(await st.find_job(job_id, account))
+
+    async def account_removed(self, account: str) -> int:
+        """The provisioner removed `account`: every open job it owns or created is cancelled
+        as `cancel` cancels one (its waiting workers stop, its placed ones are told to), one
+        transaction each; how many. A job already cancelled is left alone, so a redelivery
+        changes nothing."""
+        st = self.state
+        cancelled = 0
+        async with st.lock:
+            now = st.clock()
+            query = {**tenancy.visible_to(account), "state": {"$in": OPEN_STATES}}
+            for job in await st.db.jobs.find(query).to_list(None):
+                if job.get("cancel_requested"):
+                    continue
+
+                async def body(tx: Transaction, job: Doc = job) -> None:
+                    await self._cancel(tx, job, now, ACCOUNT_REMOVED, ACCOUNT_REMOVED)
+
+                await st.store.transaction(body)
+                await st.changed([job])
+                st.committed(job["rev"])
+                cancelled += 1
+        if cancelled:
+            self.passes.request_pass()
+        return cancelled
+
+    async def _cancel(
+        self, tx: Transaction, job: Doc, now: datetime, waiting: str, reason: str
+    ) -> None:
+        """The open job `job` cancelled in `tx`: its waiting workers stopped (`waiting`),
+        its placed ones told to stop (`reason`), the job saved with `reason`."""
+        for w in job["workers"]:
+            if w["state"] == WorkerState.waiting.value:
+                w["state"] = WorkerState.stopped.value
+                w["reason"] = waiting
+            elif w["state"] in HOLDING:
+                emit(tx, stop(job, w, reason), trace=job.get("trace"))
+        job["cancel_requested"] = True
+        await self.state.save(tx, job, now, reason)
 
     # --- nodes ------------------------------------------------------------------------
 

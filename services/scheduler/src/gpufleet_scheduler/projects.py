@@ -4,9 +4,11 @@
 is created by `create_project` or by the first job that names it (a plain name: the acting
 account's own project). Projects are never deleted, so which exist is cached.
 
-`accounts`: `{_id: account, plan, changed_ms}`, each account's plan as the provisioner's
-`AccountChanged` events tell it (the provisioner owns accounts). An account no event has
-named (one nobody created: development without `just up`) is on plan `free`.
+`accounts`: `{_id: account, plan, changed_ms, removed_ms}`, each account's plan as the
+provisioner's `AccountChanged` events tell it (the provisioner owns accounts), and when its
+`AccountRemoved` came: no job is admitted for a removed account, as owner or creator. An
+account no event has named (one nobody created: development without `just up`) is on plan
+`free`.
 
 Writes are transactions (`Store.transaction`): one at a time per process, which nx-27017 needs.
 """
@@ -14,15 +16,18 @@ Writes are transactions (`Store.transaction`): one at a time per process, which 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gpufleet_contracts import FieldError
 from gpufleet_contracts.errors import Refused
-from gpufleet_contracts.identity import AccountChanged, Plan
+from gpufleet_contracts.identity import AccountChanged, AccountRemoved, Plan
 from gpufleet_contracts.projects import PROJECT_MEMBERS, parse_project, project_id
 from gpufleet_store import Doc, Store, Transaction, now_ms
 from pymongo import ASCENDING, IndexModel
 
 from . import tenancy
+
+REMOVED_READ_S = 1.0  # how stale this instance's list of removed accounts may be
 
 INDEXES = {
     # No index on `members`: nx-27017 then stops matching `{members: x}` at all
@@ -57,6 +62,8 @@ class Projects:
         self.db = store.db
         self._known: set[str] = set()  # project ids that exist (never deleted)
         self._ensuring: dict[str, asyncio.Future[None]] = {}
+        self._removed: frozenset[str] = frozenset()  # removed accounts, as last read
+        self._removed_read = -REMOVED_READ_S
 
     # --- plans -----------------------------------------------------------------------
 
@@ -69,14 +76,51 @@ class Projects:
             known = await self.db.accounts.find_one({"_id": evt.account}, session=s)
             if known is not None and int(known.get("changed_ms") or 0) > at:
                 return
-            doc = {"_id": evt.account, "plan": evt.plan.value, "changed_ms": at}
-            await self.db.accounts.replace_one({"_id": evt.account}, doc, upsert=True, session=s)
+            plan = {"plan": evt.plan.value, "changed_ms": at}  # its removal, if any, stays
+            await self.db.accounts.update_one(
+                {"_id": evt.account}, {"$set": plan}, upsert=True, session=s
+            )
 
         await self.store.transaction(body)
 
+    async def account_removed(self, evt: AccountRemoved) -> None:
+        """Record an account's removal (a redelivery keeps the first time)."""
+
+        async def body(tx: Transaction) -> None:
+            s = tx.session
+            known = await self.db.accounts.find_one({"_id": evt.account}, session=s)
+            if known is not None and known.get("removed_ms") is not None:
+                return
+            removed = {"removed_ms": now_ms(evt.at)}
+            await self.db.accounts.update_one(
+                {"_id": evt.account}, {"$set": removed}, upsert=True, session=s
+            )
+
+        await self.store.transaction(body)
+        self._removed |= {evt.account}
+
+    async def check_live(self, ref: str, owner: str, creator: str) -> None:
+        """R-TEN-1: a job in project `ref` of a removed account, or submitted by a removed
+        account (an EnqueueJob published before its removal and read after it), is not
+        admitted: the project answers as one that does not exist."""
+        if {owner, creator} & await self._removed_accounts():
+            raise _not_found(ref, "spec.project")
+
+    async def _removed_accounts(self) -> frozenset[str]:
+        """The removed accounts, read again at most every REMOVED_READ_S: a submission
+        pays no read of its own (another instance's removal is seen within that time)."""
+        if time.monotonic() - self._removed_read >= REMOVED_READ_S:
+            self._removed_read = time.monotonic()
+            docs = self.db.accounts.find({}, {"removed_ms": 1})
+            self._removed = frozenset(
+                [d["_id"] async for d in docs if d.get("removed_ms") is not None]
+            )
+        return self._removed
+
     async def plan_of(self, account: str) -> Plan:
         doc = await self.db.accounts.find_one({"_id": account})
-        return Plan(doc["plan"]) if doc else Plan.free
+        # an account this scheduler knows only as removed has no plan
+        return Plan(doc["plan"]) if doc and doc.get("plan") else Plan.free
 
     async def check_plan(self, owner: str, uses: list[tuple[str, str]]) -> None:
         """R-TEN-3 for a job of `owner`'s project that uses these regional resources."""
