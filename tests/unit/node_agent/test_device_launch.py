@@ -1,13 +1,18 @@
 """The device agent's pure parts: when a starting agent runs the command again (R-DEV-3), and
-the argv that runs a configuration through podman with the Jetson's devices, or simulated."""
+the argv that runs a configuration through podman with the Jetson's devices (and its attached
+keys' files), or simulated; a sealed box of keys opens with its request's key alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpufleet_contracts.devices import DeviceConfigSpec, InferenceStatus
+import pytest
+from gpufleet_auth.sealing import SealingKey, key_id, seal
+from gpufleet_contracts.devices import DeviceConfigSpec, DeviceKeys, InferenceStatus
+from gpufleet_contracts.jobs import SealedSecrets, SecretFields
 from gpufleet_node_agent.device import launch
 from gpufleet_node_agent.device.keeper import Desired, inference_of, runs_again
+from gpufleet_node_agent.device.keys import DeviceSecrets, KeysUnavailable, opened
 
 SPEC = DeviceConfigSpec(
     image="nvcr.io/nvidia/l4t-ml:r36",
@@ -53,3 +58,26 @@ def test_a_simulated_device_runs_the_command_as_a_process() -> None:
         "GPUFLEET_DEVICE_MODEL": "jetson-orin-nano",
         "GPUFLEET_OUTPUT": "/o",
     }
+
+
+def test_the_attached_keys_files_are_mounted_read_only_and_named_by_secrets_path() -> None:
+    keyed = DeviceSecrets(Path("/var/lib/d/secrets"))
+    argv = launch.podman_argv(SPEC, "m1", Path("/o"), [], "jetson-agx-orin", keyed)
+    assert "/var/lib/d/secrets:/run/secrets:ro" in argv and "SECRETS_PATH=/run/secrets" in argv
+    env = launch.simulated_env(SPEC, Path("/o"), {}, "jetson-orin-nano", keyed)
+    assert env["SECRETS_PATH"] == "/var/lib/d/secrets"
+    assert "SECRETS_PATH" not in launch.simulated_env(SPEC, Path("/o"), {}, "jetson-orin-nano")
+    assert not any("/run/secrets" in a for a in launch.podman_argv(SPEC, "m1", Path("/o"), [], "x"))
+
+
+def test_a_box_opens_with_the_request_s_key_alone() -> None:
+    key = SealingKey.generate()
+    fields = SecretFields(attached_keys={"huggingface": {"token": "hf-value"}})
+    box = seal(key.public_key, fields.model_dump_json().encode())
+    reply = DeviceKeys(
+        types=["huggingface"], sealed=SealedSecrets(key_id=key_id(key.public_key), box=box)
+    )
+    assert opened(reply, key).attached_keys == {"huggingface": {"token": "hf-value"}}
+    with pytest.raises(KeysUnavailable) as refused:
+        opened(reply, SealingKey.generate())
+    assert "hf-value" not in refused.value.reason

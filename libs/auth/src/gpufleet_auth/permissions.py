@@ -176,8 +176,10 @@ SERVICES: dict[str, Grant] = {
             f"{S}.svc.datastore.grant_relay",
             f"{S}.svc.datastore.complete_relay",
             f"{S}.svc.datastore.list_relayed",
+            # which configurations a device asking for its attached keys was told to run
+            f"{S}.svc.device-fleet.configs_told",
         ),
-        # a node's requests for its placements' platform objects
+        # a node's requests for its placements' platform objects; a device's for its keys
         sub=(f"{S}.nrpc.scheduler.*.*",),
         # every node's log stream (`job_logs`), hence any stream
         reads=(EVENTS, COMMANDS, REPORTS, ANY_STREAM),
@@ -235,6 +237,7 @@ SERVICES: dict[str, Grant] = {
             f"{S}.hb.device.*",
             f"{S}.svc.device-fleet.region_devices",
             f"{S}.svc.device-fleet.device_facts",
+            f"{S}.svc.device-fleet.configs_told",  # the scheduler, sealing a device's keys
         ),
     ),
     "datastore": _service(
@@ -301,6 +304,8 @@ DEVICE = Grant(
         f"{S}.hb.device.{{minion_id}}",  # never a compute node's hb.<minion_id>
         # its configuration's datastore, of its own region and owner (no SMB: no sealing key)
         f"{S}.nrpc.datastore.mount_datastore.{{minion_id}}",
+        # its configuration's attached keys, sealed to a key of its own (R-DEV-2)
+        f"{S}.nrpc.scheduler.device_keys.{{minion_id}}",
         f"{S}.dlq.node-{{minion_id}}._",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",

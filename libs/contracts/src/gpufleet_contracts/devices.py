@@ -22,8 +22,9 @@ from .datastores import NodeFacts
 from .errors import rule
 from .fields import EnvValue, Int, Name
 from .identity import NAME, JoinTokenIssued
+from .jobs import SealedSecrets
 from .jobspec import THIRD_PARTY_KEYS
-from .nodes import GpuSample
+from .nodes import GpuSample, SealingKey
 from .spec import env_names
 
 DeviceName = Annotated[Name, Field(min_length=1, max_length=limits.NAME_CHARS)]
@@ -99,12 +100,17 @@ class DeviceAdded(Event):
 
 
 class DeviceRemoved(Event):
+    """A device left its account's fleet (its own request, or its account's removal): billing
+    charges it no more after its day (R-BILL-3); the provisioner revokes the enrolment of
+    `minion_id` that the device's join token gave, if made before `at`."""
+
     TYPE = "gpufleet.device.removed.v1"
     SUBJECT = subjects.event("device", "removed")
     device_id: str
     account: str
     region: Name
     at: datetime
+    minion_id: str | None = None  # None: an event of a release that did not name it
 
 
 class DeviceStatusReported(Event):
@@ -488,6 +494,61 @@ class GetDeviceFacts(Command):
     TYPE = "gpufleet.device.device_facts.v1"
     SUBJECT = subjects.service_call("device-fleet", "device_facts")
     REPLY = NodeFacts
+    minion_id: str = Field(pattern=NAME)
+
+
+# --- a device's attached keys (nrpc.scheduler.device_keys.<minion_id>: that device's only) ---
+
+
+class DeviceKeys(BaseModel):
+    """The attached keys a device asked for, sealed (`SecretFields` as JSON: its image pull's
+    credential and its other keys) to the public key its request carried: no reply, event,
+    log or dead letter holds a value."""
+
+    types: list[str]
+    sealed: SealedSecrets
+
+
+class GetDeviceKeys(Command):
+    """A device agent's request for the account's attached keys its configuration names
+    (R-DEV-2), for the configuration of `image`. The scheduler reads the device from the
+    subject (only that device's credential may publish it), asks device-fleet which
+    configurations the device was told to run, and seals its owner's keys to `public_key`
+    (a fresh key of the agent's, kept in its memory only). Keys that no configuration of
+    this device attaches, or that its owner has not attached, are "not found"."""
+
+    TYPE = "gpufleet.scheduler.device_keys.v1"
+    SUBJECT = subjects.node_request("scheduler", "device_keys")
+    REPLY = DeviceKeys
+    image: str = Field(min_length=1, max_length=limits.ARG_CHARS)
+    types: list[str] = Field(min_length=1, max_length=len(THIRD_PARTY_KEYS))
+    public_key: SealingKey
+
+
+class DeviceConfigKeys(BaseModel):
+    """A configuration a device was told to run, as far as its keys go."""
+
+    image: str
+    keys: list[str]
+
+
+class DeviceConfigsTold(BaseModel):
+    """Who a device is (its owner) and the configurations it was told to run: the one of its
+    current deployment and the last one it ran to `running` (a revert goes back to it)."""
+
+    minion_id: str
+    owner: str
+    configs: list[DeviceConfigKeys]
+
+
+class GetDeviceConfigsTold(Command):
+    """Which configurations the live device `minion_id` was told to run (NotFound if there
+    is no such device): the scheduler asks before it seals a device's attached keys."""
+
+    READ = True
+    TYPE = "gpufleet.device.configs_told.v1"
+    SUBJECT = subjects.service_call("device-fleet", "configs_told")
+    REPLY = DeviceConfigsTold
     minion_id: str = Field(pattern=NAME)
 
 

@@ -25,6 +25,7 @@ from gpufleet_contracts.devices import (
     DeployConfig,
     DeviceAdded,
     DeviceConfigList,
+    DeviceConfigsTold,
     DeviceConfigView,
     DeviceHeartbeat,
     DeviceList,
@@ -32,6 +33,7 @@ from gpufleet_contracts.devices import (
     DeviceStatusReported,
     DeviceTokenIssued,
     DeviceView,
+    GetDeviceConfigsTold,
     GetDeviceFacts,
     IssueDeviceToken,
     ListDeviceConfigs,
@@ -47,9 +49,11 @@ from gpufleet_contracts.devices import (
     ShowDeviceConfig,
     ShowRollout,
 )
+from gpufleet_contracts.identity import AccountRemoved
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from . import configs, deployments, devices
+from .accounts import AccountRemoval
 from .configs import Configs
 from .deployments import Deployments
 from .devices import Devices
@@ -74,6 +78,7 @@ class DeviceFleet:
     configs: Configs
     deployments: Deployments
     heartbeats: Heartbeats
+    accounts: AccountRemoval
 
 
 class Handlers:
@@ -85,6 +90,7 @@ class Handlers:
         self.configs = fleet.configs
         self.deployments = fleet.deployments
         self.heartbeats = fleet.heartbeats
+        self.accounts = fleet.accounts
 
     async def add_device(self, body: AddDevice, account: str) -> DeviceView:
         return await self.devices.add(body, account)
@@ -136,22 +142,32 @@ class Handlers:
         """A device's heartbeat, for the device of its subject: last seen, telemetry."""
         await self.heartbeats.heard(body, delivery)
 
+    async def account_removed(self, body: AccountRemoved) -> None:
+        """The provisioner removed an account: its devices are removed and its rollouts
+        cancelled (accounts.py)."""
+        await self.accounts.removed(body)
+
     async def region_devices(self, body: CountRegionDevices) -> RegionDevices:
         return await self.devices.count_in(body.region_id)
 
     async def device_facts(self, body: GetDeviceFacts) -> NodeFacts:
         return await self.devices.facts(body.minion_id)
 
+    async def configs_told(self, body: GetDeviceConfigsTold) -> DeviceConfigsTold:
+        return await self.devices.told(body.minion_id)
+
 
 def build_app(ports: Ports, settings: DeviceFleetSettings | None = None) -> Service[DeviceFleet]:
     settings = settings or DeviceFleetSettings()
     provisioner = Provisioner(ports.broker)
     found = Devices(ports.db, ports.clock, provisioner)
+    rollouts = Deployments(ports.db, ports.clock)
     fleet = DeviceFleet(
         devices=found,
         configs=Configs(ports.db, ports.clock, provisioner, found),
-        deployments=Deployments(ports.db, ports.clock),
+        deployments=rollouts,
         heartbeats=Heartbeats(ports.db, ports.clock),
+        accounts=AccountRemoval(ports.db, found, rollouts),
     )
     on = Handlers(fleet)
     rt = ServiceRuntime(SERVICE, ports, indexes=INDEXES)
@@ -179,8 +195,12 @@ def build_app(ports: Ports, settings: DeviceFleetSettings | None = None) -> Serv
             ),
             # who a device asking to mount a datastore is (the datastore service asks)
             GetDeviceFacts.SUBJECT: Request(on.device_facts, description=GetDeviceFacts.__doc__),
+            # which configurations a device was told to run (the scheduler, sealing its keys)
+            GetDeviceConfigsTold.SUBJECT: Request(
+                on.configs_told, description=GetDeviceConfigsTold.__doc__
+            ),
         },
-        events={"device-status": on.status_reported},
+        events={"device-status": on.status_reported, "account-removed": on.account_removed},
         signals={subjects.wildcard(DeviceHeartbeat.SUBJECT): on.heartbeat},
         every=[
             Every(settings.tick_s, fleet.deployments.round, "rollout-timeouts", at_start=False),

@@ -5,6 +5,7 @@ daily fee (R-BILL-3). Touches the database and the outbox; asks the provisioner.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from gpufleet_bus import emit
 from gpufleet_contracts.clock import Clock
@@ -12,6 +13,7 @@ from gpufleet_contracts.datastores import NodeFacts
 from gpufleet_contracts.devices import (
     AddDevice,
     DeviceAdded,
+    DeviceConfigsTold,
     DeviceList,
     DeviceRemoved,
     DeviceState,
@@ -27,7 +29,7 @@ from pymongo.errors import DuplicateKeyError
 
 from .regions import RegionPort
 from .rules import check_region
-from .views import device_view
+from .views import configs_told, device_view
 
 INDEXES = {
     # `name_key` / `minion_key` hold the live device's keys; a removed device's are its id,
@@ -131,24 +133,41 @@ class Devices:
         now = self.clock()
 
         async def tx_body(tx: Transaction) -> Doc:
-            doc = await self.find(account, ref, tx)
-            update = {
-                "state": DeviceState.removed.value,
-                "removed_at_ms": now_ms(now),
-                "name_key": doc["_id"],
-                "minion_key": doc["_id"],
-            }
-            await self.db.devices.update_one(
-                {"_id": doc["_id"]}, {"$set": update}, session=tx.session
-            )
-            emit(
-                tx,
-                DeviceRemoved(device_id=doc["_id"], account=account, region=doc["region"], at=now),
-                msg_id=f"device-removed:{doc['_id']}",
-            )
-            return {**doc, **update}
+            return await self.removed(tx, await self.find(account, ref, tx), now)
 
         return device_view(await self.store.transaction(tx_body), now)
+
+    async def removed(self, tx: Transaction, doc: Doc, now: datetime) -> Doc:
+        """The live device `doc` removed in `tx`, with its `DeviceRemoved` (billing's fee
+        stops after its day; the provisioner revokes its enrolment); its keys are freed."""
+        update = {
+            "state": DeviceState.removed.value,
+            "removed_at_ms": now_ms(now),
+            "name_key": doc["_id"],
+            "minion_key": doc["_id"],
+        }
+        await self.db.devices.update_one({"_id": doc["_id"]}, {"$set": update}, session=tx.session)
+        emit(
+            tx,
+            DeviceRemoved(
+                device_id=doc["_id"],
+                account=doc["owner"],
+                region=doc["region"],
+                minion_id=doc["minion_id"],
+                at=now,
+            ),
+            msg_id=f"device-removed:{doc['_id']}",
+        )
+        return {**doc, **update}
+
+    async def remove_all(self, tx: Transaction, account: str, now: datetime) -> int:
+        """Every live device of `account` removed in `tx` (its account was removed): how
+        many. None is left to a redelivery, which removes nothing."""
+        live = {"owner": account, "state": {"$ne": DeviceState.removed.value}}
+        docs = await self.db.devices.find(live, session=tx.session).to_list(None)
+        for doc in docs:
+            await self.removed(tx, doc, now)
+        return len(docs)
 
     async def token(self, account: str, ref: str, ttl_s: int) -> DeviceTokenIssued:
         """A one-time join token for the device (the provisioner signs its credential)."""
@@ -176,3 +195,11 @@ class Devices:
         if doc is None:
             raise NotFound(f"device {minion_id!r} not found")
         return NodeFacts(minion_id=minion_id, owner=doc["owner"], region=doc["region"])
+
+    async def told(self, minion_id: str) -> DeviceConfigsTold:
+        """The configurations the live device `minion_id` was told to run, for the scheduler
+        sealing its attached keys (NotFound: no such device)."""
+        doc = await self.db.devices.find_one({"minion_key": minion_id})
+        if doc is None:
+            raise NotFound(f"device {minion_id!r} not found")
+        return configs_told(doc)

@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 
 from gpufleet_contracts.devices import (
     DeployState,
+    DeviceConfigKeys,
     DeviceConfigSpec,
+    DeviceConfigsTold,
     DeviceConfigView,
     DevicePresence,
     DeviceState,
@@ -22,6 +24,19 @@ from gpufleet_store import Doc, from_ms, now_ms
 
 from .presence import presence
 from .rollout import Rollout, Target
+
+
+def configs_told(doc: Doc) -> DeviceConfigsTold:
+    """The configurations a device was told to run: its current deployment's (`pending`) and
+    the last one it ran to `running` (`last_good`, what a revert goes back to); the keys
+    of no other configuration are the device's to have."""
+    told = []
+    for kept in (doc.get("pending"), doc.get("last_good")):
+        spec = (kept or {}).get("spec")
+        if spec:
+            s = DeviceConfigSpec.model_validate(spec)
+            told.append(DeviceConfigKeys(image=s.image, keys=s.keys))
+    return DeviceConfigsTold(minion_id=doc["minion_id"], owner=doc["owner"], configs=told)
 
 
 def device_view(doc: Doc, now: datetime) -> DeviceView:

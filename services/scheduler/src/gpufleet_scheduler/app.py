@@ -17,7 +17,8 @@ from gpufleet_bus import (
     publish,
 )
 from gpufleet_contracts import Message, subjects
-from gpufleet_contracts.identity import AccountChanged
+from gpufleet_contracts.devices import DeviceKeys, GetDeviceKeys
+from gpufleet_contracts.identity import AccountChanged, AccountRemoved
 from gpufleet_contracts.jobs import (
     CancelJob,
     EnqueueJob,
@@ -89,6 +90,7 @@ from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 
 from . import endpointkeys, keystore, projects
+from .devicekeys import DeviceKeyGrants
 from .endpointkeys import EndpointKeys
 from .leadership import Lease
 from .localdata import LocalRelay
@@ -138,6 +140,7 @@ class Handlers:
         local: LocalRelay,
         endpoint_keys: EndpointKeys,
         notebooks: Notebooks,
+        device_keys: DeviceKeyGrants,
     ) -> None:
         self.sched = sched
         self.broker = broker
@@ -146,6 +149,7 @@ class Handlers:
         self.local = local
         self.endpoint_keys = endpoint_keys
         self.notebooks = notebooks
+        self.device_keys = device_keys
 
     # --- requests (core NATS, an account's) ---
 
@@ -259,11 +263,21 @@ class Handlers:
         """The asking node put its placement's `local` output: the datastore checks it."""
         return await self.local.complete(body, subjects.node_rpc_node(subject) or "")
 
+    async def device_keys_of(self, body: GetDeviceKeys, subject: str) -> DeviceKeys:
+        """The asking device's configuration's attached keys, sealed to the key it sent."""
+        return await self.device_keys.give(body, subjects.node_rpc_node(subject) or "")
+
     # --- events (JetStream, durable) ---
 
     async def on_account_changed(self, body: AccountChanged) -> None:
         """The provisioner owns accounts; the scheduler keeps their plans (R-TEN-3)."""
         await self.sched.projects.account_changed(body)
+
+    async def on_account_removed(self, body: AccountRemoved) -> None:
+        """The provisioner removed an account: no job is admitted for it any more, and its
+        open jobs are cancelled (their workers stopped) with the reason "account removed"."""
+        await self.sched.projects.account_removed(body)
+        await self.sched.lifecycle.account_removed(body.account)
 
     async def on_node_registered(self, body: NodeRegistered) -> None:
         await self.sched.lifecycle.node_changed(body)
@@ -329,6 +343,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
         local,
         EndpointKeys(sched.state),
         Notebooks(sched.state),
+        DeviceKeyGrants(sched.state, Asker(broker)),
     )
 
     rt.wire(
@@ -383,9 +398,13 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             subjects.as_node(CompleteLocalUpload.SUBJECT, "*"): Request(
                 on.complete_local_upload, description=CompleteLocalUpload.__doc__
             ),
+            subjects.as_node(GetDeviceKeys.SUBJECT, "*"): Request(
+                on.device_keys_of, description=GetDeviceKeys.__doc__
+            ),
         },
         events={
             "account-changed": on.on_account_changed,
+            "account-removed": on.on_account_removed,
             "node-registered": on.on_node_registered,
             "node-state-changed": on.on_node_state_changed,
             "node-verified": on.on_node_verified,

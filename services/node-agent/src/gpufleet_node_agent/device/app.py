@@ -16,6 +16,7 @@ from ..mounts.keeper import DatastoreMounts
 from ..mounts.node import MOUNTS_DIR, asker, make_mounter, opener
 from .heartbeat import Heartbeat
 from .keeper import DeviceKeeper
+from .keys import DeviceKeyFiles
 from .output import DeviceOutput
 from .settings import DeviceSettings
 
@@ -45,8 +46,13 @@ def build_device_app(ports: Ports, settings: DeviceSettings) -> Service[DeviceKe
         asker(settings.minion_id, bus_requester(ports.broker)),
         opener(None),
     )
+    # its configuration's attached keys: asked of the scheduler on its own subject, sealed
+    # to a fresh key of this request's (keys.py)
+    keys = DeviceKeyFiles(
+        settings.device_state_dir, settings.minion_id, bus_requester(ports.broker)
+    )
     keeper = DeviceKeeper(
-        settings, report, ports.clock, DeviceOutput(settings.device_state_dir, mounts)
+        settings, report, ports.clock, DeviceOutput(settings.device_state_dir, mounts), keys
     )
     heartbeat = Heartbeat(settings, send, ports.clock, keeper.running)
     mid = settings.minion_id

@@ -30,9 +30,12 @@ from gpufleet_contracts.devices import (
     InferenceStatus,
 )
 from gpufleet_contracts.health import HealthCheck, NodeHealth
+from gpufleet_contracts.images import registry_of
 
+from ..images import write_auth_file
 from ..worker.files import write_json_atomic
 from . import launch
+from .keys import DeviceKeyFiles, DeviceSecrets, KeysUnavailable
 from .output import DeviceOutput, OutputUnavailable
 from .settings import DeviceSettings
 
@@ -82,10 +85,16 @@ def inference_of(code: int) -> InferenceStatus:
 
 class DeviceKeeper:
     def __init__(
-        self, settings: DeviceSettings, report: Report, clock: Clock, output: DeviceOutput
+        self,
+        settings: DeviceSettings,
+        report: Report,
+        clock: Clock,
+        output: DeviceOutput,
+        keys: DeviceKeyFiles,
     ) -> None:
         self.settings = settings
         self.output = output
+        self.keys = keys
         self.report = report
         self.clock = clock
         self.dir = settings.device_state_dir
@@ -146,6 +155,7 @@ class DeviceKeeper:
         """The agent stopping: its command goes with it (not an exit by itself)."""
         async with self.lock:
             await self._kill()
+            self.keys.release()
             await self.output.release()
 
     async def apply(self, cmd: ApplyDeviceConfig) -> None:
@@ -159,6 +169,7 @@ class DeviceKeeper:
             self.desired = Desired(cmd.deployment_id, cmd.config_name, cmd.config)
             self._save()
             if cmd.config is None:
+                self.keys.release()
                 await self.output.release()
                 await self._say(DeployState.idle, InferenceStatus.stopped)
                 return
@@ -202,21 +213,22 @@ class DeviceKeeper:
     async def _launch(self, spec: DeviceConfigSpec) -> None:
         try:
             out = await self.output.take(spec)  # its own directory, or its datastore's path
-        except OutputUnavailable as exc:
+            secrets = await self.keys.take(spec)  # its attached keys, asked sealed
+        except (OutputUnavailable, KeysUnavailable) as exc:
             await self._say(DeployState.failed, InferenceStatus.failed, exc.reason)
             return
         model = self.settings.device_profile.value
         try:
             if self.settings.device_runtime == "podman":
                 await self._say(DeployState.downloading)
-                await self._pull(spec.image)
+                await self._pull(spec.image, secrets)
                 argv = launch.podman_argv(
-                    spec, self.settings.minion_id, out, _video_devices(), model
+                    spec, self.settings.minion_id, out, _video_devices(), model, secrets
                 )
                 env = None
             else:
                 argv = launch.simulated_argv(spec)
-                env = launch.simulated_env(spec, out, dict(os.environ), model)
+                env = launch.simulated_env(spec, out, dict(os.environ), model, secrets)
             await self._say(DeployState.starting)
             self.proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -249,16 +261,21 @@ class DeviceKeeper:
         else:
             await self._say(DeployState.failed, InferenceStatus.failed, why)
 
-    async def _pull(self, image: str) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            "podman",
-            "pull",
-            "--quiet",
-            image,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await proc.communicate()
+    async def _pull(self, image: str, secrets: DeviceSecrets) -> None:
+        """Pull `image`, with its registry key's credential in a 0600 auth file that lives
+        for the pull only (images.py, as a worker's pull)."""
+        auth = secrets.registry_auth
+        authfile = self.dir / "registry-auth.json"
+        try:
+            write_auth_file(authfile, registry_of(image), auth.model_dump() if auth else None)
+            proc = await asyncio.create_subprocess_exec(
+                *("podman", "pull", "--quiet", "--authfile", str(authfile), image),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await proc.communicate()
+        finally:
+            authfile.unlink(missing_ok=True)
         if proc.returncode != 0:
             raise RuntimeError(f"image pull: {err.decode(errors='replace').strip()[-300:]}")
 

@@ -1,6 +1,7 @@
 """The argv that runs a configuration's start command (pure): in a container through podman,
 with the Jetson's GPU (CDI `nvidia.com/gpu=all`) and its video devices, the output directory
-mounted at the configuration's output path; or, simulated, as a host process."""
+mounted at the configuration's output path and its attached keys' files read-only at
+/run/secrets; or, simulated, as a host process."""
 
 from __future__ import annotations
 
@@ -8,18 +9,29 @@ from pathlib import Path
 
 from gpufleet_contracts.devices import DeviceConfigSpec
 
+from ..steps.keys import CONTAINER_PATH
+from .keys import DeviceSecrets
+
 
 def container_name(minion_id: str) -> str:
     return f"gpufleet-device-{minion_id}"
 
 
 def podman_argv(
-    spec: DeviceConfigSpec, minion_id: str, output_dir: Path, video: list[str], device_model: str
+    spec: DeviceConfigSpec,
+    minion_id: str,
+    output_dir: Path,
+    video: list[str],
+    device_model: str,
+    secrets: DeviceSecrets | None = None,
 ) -> list[str]:
+    secrets = secrets or DeviceSecrets()
     argv = ["podman", "run", "--rm", "--replace", "--name", container_name(minion_id)]
     argv += ["--device", "nvidia.com/gpu=all", *(a for v in video for a in ("--device", v))]
     argv += ["--volume", f"{output_dir}:{spec.output_path}:rw"]
-    for key, value in sorted(spec.env.items()):
+    if secrets.files is not None:
+        argv += ["--volume", f"{secrets.files}:{CONTAINER_PATH}:ro"]
+    for key, value in sorted({**spec.env, **secrets.env(container=True)}.items()):
         argv += ["--env", f"{key}={value}"]
     argv += [
         "--env",
@@ -35,13 +47,19 @@ def simulated_argv(spec: DeviceConfigSpec) -> list[str]:
 
 
 def simulated_env(
-    spec: DeviceConfigSpec, output_dir: Path, base: dict[str, str], device_model: str
+    spec: DeviceConfigSpec,
+    output_dir: Path,
+    base: dict[str, str],
+    device_model: str,
+    secrets: DeviceSecrets | None = None,
 ) -> dict[str, str]:
     """A simulated run's environment: the configuration's, its model, the Jetson model the
-    profile plays and its output path (the directory standing for the mount)."""
+    profile plays, its output path (the directory standing for the mount) and where its
+    attached keys' files are (`SECRETS_PATH`)."""
     return {
         **base,
         **spec.env,
+        **(secrets or DeviceSecrets()).env(container=False),
         "GPUFLEET_MODEL": spec.model,
         "GPUFLEET_DEVICE_MODEL": device_model,
         "GPUFLEET_OUTPUT": str(output_dir),

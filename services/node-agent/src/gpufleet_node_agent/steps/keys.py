@@ -26,7 +26,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..images import REGISTRY_FILE
 from ..worker.files import read_json
@@ -88,11 +88,19 @@ def materialize(worker_dir: Path, uid: int) -> str | None:
     keys = read_json(src)
     if keys is None:
         return None
-    d = worker_dir / SECRETS_DIR
+    error = write_keys(worker_dir / SECRETS_DIR, keys, uid)
+    if error is None:
+        src.unlink(missing_ok=True)
+    return error
+
+
+def write_keys(d: Path, keys: dict[str, Any], uid: int) -> str | None:
+    """`keys` ({type: {field: value}}) as `d/<type>/<field>` files for `uid` (`d` a small
+    tmpfs when the agent can mount); None, or why not (naming a path, never a value)."""
     try:
         d.mkdir(mode=0o700, exist_ok=True)
         if not _mount(d):
-            log.info("keys of %s are in a directory on disk until it ends", worker_dir.name)
+            log.info("keys of %s are in a directory on disk until it ends", d.parent.name)
         _writable(d)
         for key_type, fields in keys.items():
             if not _NAME.fullmatch(key_type) or not isinstance(fields, dict):
@@ -109,14 +117,17 @@ def materialize(worker_dir: Path, uid: int) -> str | None:
             os.chmod(sub, 0o500)
     except OSError as exc:  # its message names a path, never a value
         return f"cannot write the worker's attached keys: {exc.strerror or exc}"
-    src.unlink(missing_ok=True)
     return None
 
 
 def remove(worker_dir: Path) -> None:
     """The worker has ended: its keys are gone from the node (and keys.json, if left)."""
     (worker_dir / KEYS_FILE).unlink(missing_ok=True)
-    d = worker_dir / SECRETS_DIR
+    remove_keys(worker_dir / SECRETS_DIR)
+
+
+def remove_keys(d: Path) -> None:
+    """The key files under `d` gone (its tmpfs unmounted). Safe twice."""
     if os.path.ismount(d):
         # lazy: a container being removed may still hold the bind for a moment
         subprocess.run(["umount", "-l", str(d)], capture_output=True, check=False)
