@@ -4,7 +4,8 @@ machine's LAN interface and real multicast: its hostname resolves through an mDN
 a name another host of the LAN answers gets one rename (`-2`), said in the worker's log,
 and a second conflict fails the worker instead of renaming again; a bridge is refused. A
 job in a container is served on the reservation's port of the node's LAN address, through
-its socket and the relay (the container's side, run here as a host process) to its port."""
+its socket and the relay (the container's side, run here as a host process) to its port;
+an endpoint's port by the node's proxy there, its key checked."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import ifaddr
 import pytest
 from gpufleet_contracts.endpoints import Reservation
@@ -22,11 +24,20 @@ from gpufleet_contracts.reservations import ReservationView
 from gpufleet_devstack import free_port, wait_for_async
 from gpufleet_node_agent.host.mdns import BRIDGES, MdnsPublisher, parse_interfaces
 from gpufleet_node_agent.host.port_forward import PortForwards
+from gpufleet_node_agent.proxy.reserved import ReservedPorts
 from gpufleet_node_agent.steps import serve
 from gpufleet_node_agent.steps.base import WorkerFailed
 from gpufleet_node_agent.steps.reservation import ReservationStep
 from gpufleet_node_agent.worker.spec import WorkerSpec
 from gpufleet_node_agent.worker.workdir import Worker
+from unit.node_agent.proxykit import (
+    Scheduler,
+    Upstream,
+    endpoint_worker,
+    running_proxy,
+    short_dir,
+    socket_of,
+)
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf._services.info import AddressResolverIPv4
 from zeroconf.asyncio import AsyncZeroconf
@@ -234,3 +245,37 @@ async def test_a_container_jobs_reserved_port_is_served_on_the_lan_through_its_s
         await asyncio.wait_for(relay.wait(), 10)
         await forwards.close_all()
         await publisher.close()
+
+
+async def test_an_endpoints_reserved_port_is_served_on_the_lan_by_the_proxy(
+    browser: tuple[AsyncZeroconf, str, str],
+) -> None:
+    zc, interface, address = browser
+    port = free_port(address)
+    publisher = MdnsPublisher([interface])
+    sched = Scheduler()
+    key = sched.key_for("j1")
+    with short_dir() as root:
+        w = endpoint_worker(root, "j1", "p1")
+        w = Worker(
+            w.spec.model_copy(update={"reservation": Reservation(region="lab", name="api")}),
+            w.dir,
+        )
+        up = await Upstream(socket_of(w), name="endpoint").start()
+        try:
+            async with running_proxy([w], sched) as proxy:
+                ports = ReservedPorts(proxy.app, lambda: [address], lambda: True)
+                step = ReservationStep(publisher, asker("gpufleet-api", port), reserved=ports)
+                await step.setup(w)
+                assert await resolves(zc, "gpufleet-api") == [address]
+                url = f"http://{address}:{port}/hello"
+                async with httpx.AsyncClient(timeout=10) as c:
+                    assert (await c.get(url)).status_code == 401
+                    r = await c.get(url, headers={"authorization": f"Bearer {key}"})
+                    assert r.status_code == 200 and r.json()["name"] == "endpoint"
+                    assert r.json()["headers"]["host"] == f"{address}:{port}"
+                await step.teardown(w)
+                assert await fetched(address, port) is None  # its listener closed
+        finally:
+            await up.stop()
+            await publisher.close()

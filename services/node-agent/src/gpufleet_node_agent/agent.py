@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, cast
 
 from faststream.nats import NatsBroker
@@ -33,6 +33,7 @@ from .mounts.node import node_datastores
 from .proxy.app import ProxyApp
 from .proxy.auth import Verdicts
 from .proxy.hosts import UrlTemplate
+from .proxy.reserved import ReservedPorts
 from .proxy.served import Endpoints
 from .proxy.server import ProxyServer
 from .runtimes.podman import PodmanRuntime
@@ -122,19 +123,19 @@ def runtime_policy(settings: AgentSettings) -> RuntimePolicy:
 
 def endpoint_proxy(
     settings: AgentSettings,
-    workers: WorkerManager,
+    active: Callable[[], Iterable[Worker]],
     request: Requester,
     publisher: Publisher,
     clock: Clock,
-) -> tuple[Endpoints, ProxyServer] | None:
+) -> tuple[Endpoints, ProxyApp, ProxyServer] | None:
     """The proxy to the endpoints this node serves (proxy/), None with
-    GPUFLEET_PROXY_LISTEN=off: its endpoint workers as the manager has them, their keys
-    checked by the scheduler over `request`."""
+    GPUFLEET_PROXY_LISTEN=off: its endpoint workers as the manager has them (`active`),
+    their keys checked by the scheduler over `request`."""
     if settings.proxy_listen.strip().lower() == "off":
         return None
     template = UrlTemplate.parse(settings.proxy_template())
     endpoints = Endpoints(
-        lambda: workers.active.values(),
+        active,
         minion_id=settings.minion_id,
         publisher=publisher,
         template=template,
@@ -146,7 +147,7 @@ def endpoint_proxy(
     server = ProxyServer(
         app, settings.proxy_listen, cert=settings.proxy_cert, key=settings.proxy_key
     )
-    return endpoints, server
+    return endpoints, app, server
 
 
 def bus_requester(broker: NatsBroker, timeout_s: float = 10.0) -> Requester:
@@ -198,17 +199,37 @@ class Agent:
         fetchers, uploaders = node_staging(
             settings, bus_requester(broker), self.datastores.roots, self.transfers
         )
+        # Its endpoints' URLs (proxy/): the proxy over the manager's workers (made below),
+        # and the template registered once it listens (None: no proxy, or its port was
+        # taken).
+        self.proxy = endpoint_proxy(
+            settings,
+            lambda: self.workers.active.values(),
+            bus_requester(broker, 5.0),
+            self.publisher,
+            clock,
+        )
+        self.proxy_url: str | None = None
         # Port reservations its workers serve on, published with mDNS (host/mdns.py).
-        # A container's reserved port is served by the node, on the same interfaces.
+        # A container's reserved port is served by the node, on the same interfaces; an
+        # endpoint's by the proxy's app there (proxy/reserved.py).
         lan = parse_interfaces(settings.mdns_interfaces)
         self.mdns = MdnsPublisher(lan)
         self.forwards = PortForwards(lambda: addresses_of(lan))
+        self.reserved = (
+            None
+            if self.proxy is None
+            else ReservedPorts(
+                self.proxy[1], lambda: addresses_of(lan), lambda: self.proxy_url is not None
+            )
+        )
         self.regional: tuple[Step, ...] = (
             DatastoresStep(self.datastores, track, wait_s=settings.datastore_wait_s),
             ReservationStep(
                 self.mdns,
                 reservation_asker(settings.minion_id, bus_requester(broker)),
                 self.forwards,
+                self.reserved,
             ),
         )
         self.workers = WorkerManager(
@@ -243,12 +264,6 @@ class Agent:
             in_use=lambda: gpus_in_use(self.workers),
             clock=clock,
         )
-        # Its endpoints' URLs (proxy/): the proxy, and the template registered once it
-        # listens (None: no proxy, or its port was taken).
-        self.proxy = endpoint_proxy(
-            settings, self.workers, bus_requester(broker, 5.0), self.publisher, clock
-        )
-        self.proxy_url: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -356,8 +371,10 @@ class Agent:
         await self.checks.stop()
         await self.mdns.close()  # its names withdrawn: no responder is left behind them
         await self.forwards.close_all()
+        if self.reserved is not None:
+            await self.reserved.close_all()
         if self.proxy is not None:
-            await self.proxy[1].stop()
+            await self.proxy[2].stop()
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
@@ -367,7 +384,7 @@ class Agent:
     async def _start_proxy(self) -> None:
         if self.proxy is None:
             return
-        endpoints, server = self.proxy
+        endpoints, _, server = self.proxy
         try:
             await server.start()
         except OSError as exc:

@@ -19,6 +19,10 @@ opens it:
    whose query showed its token sets the proxy's cookie (NOTEBOOK_COOKIE, holding the
    token), so that the browser shows it on its later requests. A websocket is relayed
    (websocket.py); one refused in 1-3 gets that HTTP answer instead of its handshake.
+
+On a listener of one job (an endpoint's or notebook's reserved port: reserved.py) the job
+is the listener's (`JOB_SCOPE` in the ASGI scope, which the server makes and no caller can
+set: a header is never a key of the scope), not the Host's; 2-4 are the same.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ MAX_BODY = 100 * 2**20  # a request's body (a websocket's message), at most
 # What a cookie's value may hold (RFC 6265 cookie-octet): a token with anything else is not
 # put in one (it is shown on each request then).
 _COOKIE_OCTETS = frozenset(chr(c) for c in range(0x21, 0x7F)) - set('",;\\')
+JOB_SCOPE = "gpufleet.job"  # the job of a listener of one job (reserved.py), served over http
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -117,7 +122,8 @@ class ProxyApp:
 
     async def open(self, conn: HTTPConnection) -> Served | Response:
         """The ready worker a request (or websocket) goes to, or the answer it gets instead."""
-        job_id = self.template.job_of(conn.headers.get("host"))
+        fixed = conn.scope.get(JOB_SCOPE)
+        job_id = fixed if fixed is not None else self.template.job_of(conn.headers.get("host"))
         workers = self.endpoints.of(job_id) if job_id is not None else []
         if job_id is None or not workers:
             return not_found()
@@ -171,13 +177,18 @@ class ProxyApp:
             return None
         return unauthorized("not the notebook's token")
 
+    def scheme(self, conn: HTTPConnection) -> str:
+        """How the caller reached the proxy: the template's scheme, or http on a listener of
+        one job."""
+        return "http" if JOB_SCOPE in conn.scope else self.template.scheme
+
     def headers(self, conn: HTTPConnection, served: Served) -> upstream.Headers:
         """What the worker gets of the caller's headers (upstream.request_headers)."""
         client = conn.client.host if conn.client else ""
         return upstream.request_headers(
             conn.scope["headers"],
             client=client,
-            proto=self.template.scheme,
+            proto=self.scheme(conn),
             host=conn.headers.get("host") or "",
             credentials=served.notebook,
         )
@@ -191,7 +202,7 @@ class ProxyApp:
             return None
         if not set(token) <= _COOKIE_OCTETS:
             return None
-        secure = "; Secure" if self.template.scheme == "https" else ""
+        secure = "; Secure" if self.scheme(request) == "https" else ""
         return f"{NOTEBOOK_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{secure}".encode()
 
     async def _ready(self, job_id: str) -> Served | None:

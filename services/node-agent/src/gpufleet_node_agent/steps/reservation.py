@@ -7,7 +7,9 @@ A bare process listens on the node's port itself. A job in a container (which ke
 network) is served by the node: the reservation's port on the allowed interfaces carried
 to the worker's socket (host/port_forward.py), which the relay in its container takes on to
 the job's port (steps/serve.py); the reservation is kept in the worker's directory
-(`reservation.json`) for its container to be made with."""
+(`reservation.json`) for its container to be made with. An endpoint's or notebook's port is
+served by the node's proxy (proxy/reserved.py), which checks its callers' keys or token as
+on its URL."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from . import serve
 from .base import StepName, WorkerFailed
 
 if TYPE_CHECKING:
+    from ..proxy.reserved import ReservedPorts
     from ..worker.workdir import Worker
 
 AskReservation = Callable[[str], Awaitable[ReservationView]]
@@ -40,9 +43,14 @@ def kept(worker_dir: Path) -> ReservationView | None:
 
 
 def node_serves(w: Worker) -> bool:
-    """Whether the node serves the worker's reserved port for it: a job in a container
-    (an endpoint is reached through the node's proxy, a bare process listens itself)."""
+    """Whether the node carries the worker's reserved port to it: a job in a container
+    (an endpoint's is served by the proxy: `proxy_serves`; a bare process listens itself)."""
     return w.spec.reservation is not None and w.spec.serving is None and w.runtime != BARE
+
+
+def proxy_serves(w: Worker) -> bool:
+    """Whether the node's proxy serves the worker's reserved port: an endpoint or notebook."""
+    return w.spec.reservation is not None and w.spec.serving is not None
 
 
 def reservation_asker(minion_id: str, request: Requester) -> AskReservation:
@@ -60,17 +68,24 @@ def reservation_asker(minion_id: str, request: Requester) -> AskReservation:
 
 
 class ReservationStep:
-    """`ask(name)`: the reservation of this node's region, or WorkerFailed saying why not."""
+    """`ask(name)`: the reservation of this node's region, or WorkerFailed saying why not;
+    `forwards`: a container job's port carried to it; `reserved`: an endpoint's port served
+    by the proxy (None: the node has no proxy, and an endpoint with a reservation fails)."""
 
     name = StepName.reservation
     marked = False  # publishing again is as cheap as a marker
 
     def __init__(
-        self, publisher: MdnsPublisher, ask: AskReservation, forwards: PortForwards | None = None
+        self,
+        publisher: MdnsPublisher,
+        ask: AskReservation,
+        forwards: PortForwards | None = None,
+        reserved: ReservedPorts | None = None,
     ) -> None:
         self.publisher = publisher
         self.ask = ask
         self.forwards = forwards
+        self.reserved = reserved
 
     async def setup(self, w: Worker) -> None:
         r = w.spec.reservation
@@ -81,6 +96,16 @@ class ReservationStep:
         if self.forwards is not None and node_serves(w):
             try:
                 await self.forwards.open(w.key, found.port, serve.port_socket_path(w.dir))
+            except ForwardFailed as exc:
+                raise WorkerFailed(f"reservation {r.name}: {exc}") from None
+        if proxy_serves(w):
+            if self.reserved is None:
+                raise WorkerFailed(
+                    f"reservation {r.name}: this node has no endpoint proxy "
+                    "(GPUFLEET_PROXY_LISTEN=off) to serve its port"
+                )
+            try:
+                await self.reserved.open(w.key, w.job_id, found.port)
             except ForwardFailed as exc:
                 raise WorkerFailed(f"reservation {r.name}: {exc}") from None
         try:
@@ -97,4 +122,6 @@ class ReservationStep:
     async def teardown(self, w: Worker) -> None:
         if self.forwards is not None:
             await self.forwards.close(w.key)
+        if self.reserved is not None:
+            await self.reserved.close(w.key)
         await self.publisher.withdraw(w.key)
