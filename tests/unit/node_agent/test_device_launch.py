@@ -11,6 +11,7 @@ from gpufleet_auth.sealing import SealingKey, key_id, seal
 from gpufleet_contracts.devices import DeviceConfigSpec, DeviceKeys, InferenceStatus
 from gpufleet_contracts.jobs import SealedSecrets, SecretFields
 from gpufleet_node_agent.device import launch
+from gpufleet_node_agent.device.checkpoints import CheckpointsUnavailable, StagedCheckpoints, subdir
 from gpufleet_node_agent.device.keeper import Desired, inference_of, runs_again
 from gpufleet_node_agent.device.keys import DeviceSecrets, KeysUnavailable, opened
 
@@ -68,6 +69,35 @@ def test_the_attached_keys_files_are_mounted_read_only_and_named_by_secrets_path
     assert env["SECRETS_PATH"] == "/var/lib/d/secrets"
     assert "SECRETS_PATH" not in launch.simulated_env(SPEC, Path("/o"), {}, "jetson-orin-nano")
     assert not any("/run/secrets" in a for a in launch.podman_argv(SPEC, "m1", Path("/o"), [], "x"))
+
+
+def test_one_checkpoint_is_mounted_read_only_at_opt_ml_checkpoint() -> None:
+    one = StagedCheckpoints(Path("/var/lib/d/checkpoints"), {"yolo weights": ""})
+    argv = launch.podman_argv(SPEC, "m1", Path("/o"), [], "x", None, one)
+    assert "/var/lib/d/checkpoints:/opt/ml/checkpoint:ro" in argv
+    assert "ML_CHECKPOINT_PATH=/opt/ml/checkpoint" in argv
+    assert not any(a.startswith("ML_CHECKPOINT_PATH_") for a in argv)
+    env = launch.simulated_env(SPEC, Path("/o"), {}, "x", None, one)
+    assert env["ML_CHECKPOINT_PATH"] == "/var/lib/d/checkpoints"
+    assert not any("checkpoint" in a for a in launch.podman_argv(SPEC, "m1", Path("/o"), [], "x"))
+
+
+def test_several_checkpoints_each_at_its_name_as_a_job_s_are() -> None:
+    several = StagedCheckpoints(
+        Path("/c"), {"yolo weights": "yolo_weights", "acme/lut": "acme/lut"}
+    )
+    argv = launch.podman_argv(SPEC, "m1", Path("/o"), [], "x", None, several)
+    assert "ML_CHECKPOINT_PATH=/opt/ml/checkpoint" in argv
+    assert "ML_CHECKPOINT_PATH_YOLO_WEIGHTS=/opt/ml/checkpoint/yolo_weights" in argv
+    assert "ML_CHECKPOINT_PATH_ACME_LUT=/opt/ml/checkpoint/acme/lut" in argv
+    env = launch.simulated_env(SPEC, Path("/o"), {}, "x", None, several)
+    assert env["ML_CHECKPOINT_PATH_YOLO_WEIGHTS"] == "/c/yolo_weights"
+
+
+@pytest.mark.parametrize("name", ["..", "a/../b", "/abs", "a//b", "./a"])
+def test_a_checkpoint_name_never_leaves_the_checkpoints_directory(name: str) -> None:
+    with pytest.raises(CheckpointsUnavailable):
+        subdir(name)
 
 
 def test_a_box_opens_with_the_request_s_key_alone() -> None:

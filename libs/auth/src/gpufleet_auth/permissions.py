@@ -237,7 +237,8 @@ SERVICES: dict[str, Grant] = {
             f"{S}.hb.device.*",
             f"{S}.svc.device-fleet.region_devices",
             f"{S}.svc.device-fleet.device_facts",
-            f"{S}.svc.device-fleet.configs_told",  # the scheduler, sealing a device's keys
+            # the scheduler, sealing a device's keys or granting its checkpoints
+            f"{S}.svc.device-fleet.configs_told",
         ),
     ),
     "datastore": _service(
@@ -306,6 +307,8 @@ DEVICE = Grant(
         f"{S}.nrpc.datastore.mount_datastore.{{minion_id}}",
         # its configuration's attached keys, sealed to a key of its own (R-DEV-2)
         f"{S}.nrpc.scheduler.device_keys.{{minion_id}}",
+        # its configuration's checkpoints: a read grant of its owner's, named by it (R-DEV-2)
+        f"{S}.nrpc.scheduler.stage_device_checkpoint.{{minion_id}}",
         f"{S}.dlq.node-{{minion_id}}._",
         f"$JS.API.CONSUMER.INFO.{COMMANDS}.node-{{minion_id}}",
         f"$JS.API.CONSUMER.MSG.NEXT.{COMMANDS}.node-{{minion_id}}",

@@ -25,6 +25,7 @@ from .identity import NAME, JoinTokenIssued
 from .jobs import SealedSecrets
 from .jobspec import THIRD_PARTY_KEYS
 from .nodes import GpuSample, SealingKey
+from .platform import PlatformGrant
 from .spec import env_names
 
 DeviceName = Annotated[Name, Field(min_length=1, max_length=limits.NAME_CHARS)]
@@ -526,10 +527,11 @@ class GetDeviceKeys(Command):
 
 
 class DeviceConfigKeys(BaseModel):
-    """A configuration a device was told to run, as far as its keys go."""
+    """A configuration a device was told to run, as far as its keys and checkpoints go."""
 
     image: str
     keys: list[str]
+    checkpoints: list[str] = Field(default_factory=list)
 
 
 class DeviceConfigsTold(BaseModel):
@@ -543,13 +545,31 @@ class DeviceConfigsTold(BaseModel):
 
 class GetDeviceConfigsTold(Command):
     """Which configurations the live device `minion_id` was told to run (NotFound if there
-    is no such device): the scheduler asks before it seals a device's attached keys."""
+    is no such device): the scheduler asks before it seals a device's attached keys or
+    grants it a checkpoint."""
 
     READ = True
     TYPE = "gpufleet.device.configs_told.v1"
     SUBJECT = subjects.service_call("device-fleet", "configs_told")
     REPLY = DeviceConfigsTold
     minion_id: str = Field(pattern=NAME)
+
+
+# --- a device's checkpoints (nrpc.scheduler.stage_device_checkpoint.<minion_id>: its only) ---
+
+
+class StageDeviceCheckpoint(Command):
+    """A device agent's request for a checkpoint its configuration names (R-DEV-2): `name`
+    as the configuration says it (its owner's `<name>`, or another account's public
+    `<owner>/<name>`). The scheduler reads the device from the subject (only that device's
+    credential may publish it), asks device-fleet which configurations the device was told
+    to run and, when one of them names it, asks the datastore for a read grant of the
+    device's owner's object: a presigned GET, never logged. Anything else is "not found"."""
+
+    TYPE = "gpufleet.scheduler.stage_device_checkpoint.v1"
+    SUBJECT = subjects.node_request("scheduler", "stage_device_checkpoint")
+    REPLY = PlatformGrant
+    name: str = Field(min_length=1, max_length=limits.ARG_CHARS)
 
 
 # --- what device-fleet asks the provisioner (svc.provisioner.<verb>; its region facts are

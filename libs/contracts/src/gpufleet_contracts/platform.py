@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from . import subjects
 from .base import Command
@@ -95,7 +95,8 @@ class PlatformGrant(BaseModel):
 class GrantPlatformObject(Command):
     """A presigned URL of `account`'s object: `read` a ready object it owns (or a public
     `<owner>/<name>`), `write` a new one named after the job (`name`: the job's name; taken:
-    `<name>-<n>`), which stays `uploading` until CompletePlatformObject."""
+    `<name>-<n>`), which stays `uploading` until CompletePlatformObject. For a job's worker
+    (`job_id`), or a device's configuration (`device`: its minion id; `read` only)."""
 
     TYPE = "gpufleet.datastore.grant_platform_object.v1"
     SUBJECT = subjects.service_call("datastore", "grant_platform_object")
@@ -104,9 +105,18 @@ class GrantPlatformObject(Command):
     asset: PlatformAsset
     name: str = Field(min_length=1, max_length=OBJECT_NAME_CHARS * 2)
     mode: Literal["read", "write"]
-    job_id: str
+    job_id: str | None = None
+    device: str | None = None
     worker: Int = 0
     public: bool = False  # write: the new object is readable by every account
+
+    @model_validator(mode="after")
+    def _for_one(self) -> GrantPlatformObject:
+        if (self.job_id is None) == (self.device is None):
+            raise ValueError("a grant is for a job or for a device, one of them")
+        if self.device is not None and self.mode != "read":
+            raise ValueError("a device is granted reads only")
+        return self
 
 
 class CompletePlatformObject(Command):

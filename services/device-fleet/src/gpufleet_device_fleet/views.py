@@ -29,13 +29,13 @@ from .rollout import Rollout, Target
 def configs_told(doc: Doc) -> DeviceConfigsTold:
     """The configurations a device was told to run: its current deployment's (`pending`) and
     the last one it ran to `running` (`last_good`, what a revert goes back to); the keys
-    of no other configuration are the device's to have."""
+    and checkpoints of no other configuration are the device's to have."""
     told = []
     for kept in (doc.get("pending"), doc.get("last_good")):
         spec = (kept or {}).get("spec")
         if spec:
             s = DeviceConfigSpec.model_validate(spec)
-            told.append(DeviceConfigKeys(image=s.image, keys=s.keys))
+            told.append(DeviceConfigKeys(image=s.image, keys=s.keys, checkpoints=s.checkpoints))
     return DeviceConfigsTold(minion_id=doc["minion_id"], owner=doc["owner"], configs=told)
 
 

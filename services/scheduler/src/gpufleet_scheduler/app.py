@@ -17,7 +17,7 @@ from gpufleet_bus import (
     publish,
 )
 from gpufleet_contracts import Message, subjects
-from gpufleet_contracts.devices import DeviceKeys, GetDeviceKeys
+from gpufleet_contracts.devices import DeviceKeys, GetDeviceKeys, StageDeviceCheckpoint
 from gpufleet_contracts.identity import AccountChanged, AccountRemoved
 from gpufleet_contracts.jobs import (
     CancelJob,
@@ -90,6 +90,7 @@ from nats.js import JetStreamContext
 from pymongo import ASCENDING, IndexModel
 
 from . import endpointkeys, keystore, projects
+from .devicecheckpoints import DeviceCheckpointGrants
 from .devicekeys import DeviceKeyGrants
 from .endpointkeys import EndpointKeys
 from .leadership import Lease
@@ -141,6 +142,7 @@ class Handlers:
         endpoint_keys: EndpointKeys,
         notebooks: Notebooks,
         device_keys: DeviceKeyGrants,
+        device_checkpoints: DeviceCheckpointGrants,
     ) -> None:
         self.sched = sched
         self.broker = broker
@@ -150,6 +152,7 @@ class Handlers:
         self.endpoint_keys = endpoint_keys
         self.notebooks = notebooks
         self.device_keys = device_keys
+        self.device_checkpoints = device_checkpoints
 
     # --- requests (core NATS, an account's) ---
 
@@ -267,6 +270,12 @@ class Handlers:
         """The asking device's configuration's attached keys, sealed to the key it sent."""
         return await self.device_keys.give(body, subjects.node_rpc_node(subject) or "")
 
+    async def stage_device_checkpoint(
+        self, body: StageDeviceCheckpoint, subject: str
+    ) -> PlatformGrant:
+        """A presigned URL of a checkpoint the asking device's configuration names."""
+        return await self.device_checkpoints.give(body, subjects.node_rpc_node(subject) or "")
+
     # --- events (JetStream, durable) ---
 
     async def on_account_changed(self, body: AccountChanged) -> None:
@@ -344,6 +353,7 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
         EndpointKeys(sched.state),
         Notebooks(sched.state),
         DeviceKeyGrants(sched.state, Asker(broker)),
+        DeviceCheckpointGrants(Asker(broker)),
     )
 
     rt.wire(
@@ -400,6 +410,9 @@ def build_app(ports: Ports, settings: SchedulerSettings | None = None) -> Servic
             ),
             subjects.as_node(GetDeviceKeys.SUBJECT, "*"): Request(
                 on.device_keys_of, description=GetDeviceKeys.__doc__
+            ),
+            subjects.as_node(StageDeviceCheckpoint.SUBJECT, "*"): Request(
+                on.stage_device_checkpoint, description=StageDeviceCheckpoint.__doc__
             ),
         },
         events={

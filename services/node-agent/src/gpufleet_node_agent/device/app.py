@@ -14,6 +14,7 @@ from gpufleet_contracts.devices import ApplyDeviceConfig, DeviceHeartbeat, Devic
 from ..agent import bus_requester
 from ..mounts.keeper import DatastoreMounts
 from ..mounts.node import MOUNTS_DIR, asker, make_mounter, opener
+from .checkpoints import DeviceCheckpoints
 from .heartbeat import Heartbeat
 from .keeper import DeviceKeeper
 from .keys import DeviceKeyFiles
@@ -51,9 +52,16 @@ def build_device_app(ports: Ports, settings: DeviceSettings) -> Service[DeviceKe
     keys = DeviceKeyFiles(
         settings.device_state_dir, settings.minion_id, bus_requester(ports.broker)
     )
-    keeper = DeviceKeeper(
-        settings, report, ports.clock, DeviceOutput(settings.device_state_dir, mounts), keys
+    # its configuration's checkpoints: a read grant of each asked of the scheduler on its own
+    # subject, fetched from the platform store (checkpoints.py)
+    checkpoints = DeviceCheckpoints(
+        settings.device_state_dir,
+        settings.minion_id,
+        bus_requester(ports.broker),
+        settings.staging_ca_file,
     )
+    output = DeviceOutput(settings.device_state_dir, mounts)
+    keeper = DeviceKeeper(settings, report, ports.clock, output, keys, checkpoints)
     heartbeat = Heartbeat(settings, send, ports.clock, keeper.running)
     mid = settings.minion_id
     rt = ServiceRuntime(SERVICE, ports, infrastructure=False)

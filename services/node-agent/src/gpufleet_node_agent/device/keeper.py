@@ -35,6 +35,7 @@ from gpufleet_contracts.images import registry_of
 from ..images import write_auth_file
 from ..worker.files import write_json_atomic
 from . import launch
+from .checkpoints import CheckpointsUnavailable, DeviceCheckpoints
 from .keys import DeviceKeyFiles, DeviceSecrets, KeysUnavailable
 from .output import DeviceOutput, OutputUnavailable
 from .settings import DeviceSettings
@@ -91,10 +92,12 @@ class DeviceKeeper:
         clock: Clock,
         output: DeviceOutput,
         keys: DeviceKeyFiles,
+        checkpoints: DeviceCheckpoints,
     ) -> None:
         self.settings = settings
         self.output = output
         self.keys = keys
+        self.checkpoints = checkpoints
         self.report = report
         self.clock = clock
         self.dir = settings.device_state_dir
@@ -156,6 +159,7 @@ class DeviceKeeper:
         async with self.lock:
             await self._kill()
             self.keys.release()
+            await self.checkpoints.release()
             await self.output.release()
 
     async def apply(self, cmd: ApplyDeviceConfig) -> None:
@@ -170,6 +174,7 @@ class DeviceKeeper:
             self._save()
             if cmd.config is None:
                 self.keys.release()
+                await self.checkpoints.release()
                 await self.output.release()
                 await self._say(DeployState.idle, InferenceStatus.stopped)
                 return
@@ -214,7 +219,10 @@ class DeviceKeeper:
         try:
             out = await self.output.take(spec)  # its own directory, or its datastore's path
             secrets = await self.keys.take(spec)  # its attached keys, asked sealed
-        except (OutputUnavailable, KeysUnavailable) as exc:
+            if spec.checkpoints:
+                await self._say(DeployState.downloading)
+            checkpoints = await self.checkpoints.take(spec)  # granted reads, read-only
+        except (OutputUnavailable, KeysUnavailable, CheckpointsUnavailable) as exc:
             await self._say(DeployState.failed, InferenceStatus.failed, exc.reason)
             return
         model = self.settings.device_profile.value
@@ -223,12 +231,18 @@ class DeviceKeeper:
                 await self._say(DeployState.downloading)
                 await self._pull(spec.image, secrets)
                 argv = launch.podman_argv(
-                    spec, self.settings.minion_id, out, _video_devices(), model, secrets
+                    spec,
+                    self.settings.minion_id,
+                    out,
+                    _video_devices(),
+                    model,
+                    secrets,
+                    checkpoints,
                 )
                 env = None
             else:
                 argv = launch.simulated_argv(spec)
-                env = launch.simulated_env(spec, out, dict(os.environ), model, secrets)
+                env = launch.simulated_env(spec, out, dict(os.environ), model, secrets, checkpoints)
             await self._say(DeployState.starting)
             self.proc = await asyncio.create_subprocess_exec(
                 *argv,

@@ -32,6 +32,9 @@ class DeviceSettings(BaseSettings):
     datastore_bind_root: Path | None = None
     datastore_probe_s: float = Field(default=20.0, gt=0)
     datastore_probe_timeout_s: float = Field(default=10.0, gt=0)
+    # the CA the platform store's certificate is checked with (its checkpoints), if not a
+    # public one's (the node agent's GPUFLEET_STAGING_CA_FILE)
+    staging_ca_file: Path | None = None
     join_token: str | None = Field(default=None, repr=False)
 
     def boot_id(self) -> str:

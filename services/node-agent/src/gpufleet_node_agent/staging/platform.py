@@ -219,13 +219,17 @@ class Platform:
     # --- Fetcher, Uploader ----------------------------------------------------------------
 
     async def fetch(self, source: Source, dest: Path, t: Transfer) -> None:
-        import httpx
-
         assert isinstance(source, PlatformRef)
         what = f"{source.asset.value} {source.name}"
         if source.name is None:
             raise WorkerFailed(f"a platform {source.asset.value} source names no object")
         grant = await self._grant(t, source.asset, source.name, "read", what)
+        await self.fetch_granted(grant, dest, t, what)
+
+    async def fetch_granted(self, grant: PlatformGrant, dest: Path, t: Transfer, what: str) -> None:
+        """The object a read `grant` is for into `dest` (an archive unpacked, a file kept)."""
+        import httpx
+
         key = posixpath.basename(httpx.URL(grant.url).path)
         name = key if is_archive(key) else posixpath.basename(grant.name) or "object"
         await self.download(grant.url, name, dest, t, what)
