@@ -9,6 +9,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+from gpufleet_billing import running_totals
 from gpufleet_billing.app import BillingSettings, build_app
 from gpufleet_bus import Ports
 from gpufleet_contracts import Message, envelope_for, subjects
@@ -143,3 +144,10 @@ async def test_stop_mid_stream_then_replay_everything_gives_the_same_balances(
     async with running(rebuilt):
         replayed = await settled(store_for("billing", mongo_server.url, rebuilt_prefix))
     assert replayed == original
+    # /metrics' running sums (built at each start, moved with each insert) are the ledger's
+    for prefix in (db_prefix, rebuilt_prefix):
+        db = store_for("billing", mongo_server.url, prefix).db
+        assert await db[running_totals.TOTALS].count_documents({"_id": running_totals.MARKER})
+        summed = await running_totals.read(db)
+        assert summed.spent["buyer2"] == 7_511_806
+        assert set(summed.rows()) == set((await running_totals.whole_ledger(db)).rows())

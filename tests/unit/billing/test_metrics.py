@@ -5,7 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 from gpufleet_billing.fees import usage_postings
-from gpufleet_billing.metrics import ledger_families, ledger_totals
+from gpufleet_billing.metrics import ledger_families
+from gpufleet_billing.totals import ledger_totals
 
 PLACEMENTS = {
     "p1": {"minion_id": "m-1", "node_owner": "olga", "region": "eu"},

@@ -3,6 +3,8 @@ in the one wiring table below."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from gpufleet_bus import Batched, Delivery, Every, Ports, Service, ServiceRuntime
 from gpufleet_bus.accounts import on_its_own_subject
 from gpufleet_contracts import Message, subjects
@@ -33,6 +35,7 @@ from gpufleet_contracts.jobs import (
 from gpufleet_telemetry.exposition import Source
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from . import running_totals
 from .metrics import BillingMetrics
 from .queries import Queries, parse_time
 from .service import INDEXES, Billing
@@ -157,6 +160,8 @@ def build_app(ports: Ports, settings: BillingSettings | None = None) -> Service[
             "provider-enabled": billing.provider_enabled,
         },
         every=[clock],
+        # the series' running sums, built from the ledger once (running_totals.py)
+        prepare=[partial(running_totals.ensure, ports.db)],
         metrics=[Source("ledger", BillingMetrics(ports.db.db).collect)],
         publishes=[
             UsageCharged,

@@ -1,8 +1,9 @@
 """The ledger collection: append-only entries with unique keys (R-BILL-5).
 
 Entries are only ever inserted, never updated or deleted. A stage of a group is written in one
-transaction together with one event per entry in the outbox (msg id = entry key); a unique-key
-violation means another writer settled the same stage first, and the caller recomputes.
+transaction together with one event per entry in the outbox (msg id = entry key) and what the
+entries add to billing's series (running_totals.py); a unique-key violation means another
+writer settled the same stage first, and the caller recomputes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from gpufleet_telemetry.instruments import METRICS
 from pymongo import ASCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
 
+from . import running_totals
 from .events import event_for
 from .fees import Posting
 from .periods import to_ms
@@ -72,10 +74,12 @@ def stage_entries(
 
 
 async def insert(db: AsyncDatabase[Doc], tx: Transaction, entries: list[Doc]) -> None:
-    """Insert entries (of any stages) and queue one event each, in the transaction."""
+    """Insert entries (of any stages), add them to the running totals and queue one event
+    each, in the transaction."""
     if not entries:
         return
     await db.ledger.insert_many(entries, session=tx.session)
+    await running_totals.add(db, tx, entries)
     for e in entries:
         METRICS.ledger_entries.add(1, {"kind": str(e.get("kind"))})
     for e in entries:

@@ -1,58 +1,25 @@
 """Billing's Prometheus series (docs/metrics.md): what each account spent, what each node
-earned its owner and what each node's runs cost, summed exactly (integer micro-credits) from
-the ledger and exported in credits.
+earned its owner and what each node's runs cost, summed exactly (integer micro-credits) and
+exported in credits.
 
-The sums are taken over the whole ledger, at most once per `refresh_s` (a scrape in between
-gets the last sums): enough for a counter scraped every few seconds, and a bounded load on
-the store whatever the scrape rate. A node is named by its minion id (as the agent and the
-provisioner label it), found through the run's placement.
+The sums are read from the `ledger_totals` collection (running_totals.py: one document per
+series and labels, moved in the same transaction as the ledger entries it sums), so a scrape
+costs the same whatever the ledger's size; at most once per `refresh_s` (a scrape in between
+gets the last sums). The rules of what counts are totals.py's. A node is named by its minion
+id (as the agent and the provisioner label it), found through the run's placement.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from gpufleet_store import Doc
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from pymongo.asynchronous.database import AsyncDatabase
 
-from .fees import EARNINGS_PREFIX, PLATFORM, from_micro
-
-RUN_CHARGES = frozenset({"usage_fee", "market_price"})  # a payer's side of a run's charge
-NOT_SPENT = frozenset({"payout"})  # moves earnings to their account: no spending
-LEDGER_FIELDS = ("account", "kind", "amount_micro", "placement_id", "region")
-PLACEMENT_FIELDS = ("minion_id", "node_owner", "region")
-
-
-@dataclass
-class LedgerTotals:
-    spent: Counter[str] = field(default_factory=Counter)  # account -> micro
-    earned: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # account, node, region
-    node_cost: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # node, region, owner
-
-
-def ledger_totals(entries: Iterable[Doc], placements: Mapping[str, Doc]) -> LedgerTotals:
-    """Spent: an account's own entries but payouts, negated (a correction's refund lowers it).
-    Earned: an earnings sub-account's entries but payouts, by the run's node. Node cost: the
-    payers' side of the runs' usage and market charges, by node and its owner."""
-    out = LedgerTotals()
-    for e in entries:
-        account, kind, amount = str(e["account"]), str(e["kind"]), int(e["amount_micro"])
-        if kind in NOT_SPENT or account == PLATFORM:
-            continue
-        p = placements.get(str(e.get("placement_id") or ""), {})
-        node = str(p.get("minion_id", ""))
-        region = str(e.get("region") or p.get("region") or "")
-        if account.startswith(EARNINGS_PREFIX):
-            out.earned[(account.removeprefix(EARNINGS_PREFIX), node, region)] += amount
-            continue
-        out.spent[account] -= amount
-        if kind in RUN_CHARGES and p:
-            out.node_cost[(node, region, str(p.get("node_owner", "")))] += -amount
-    return out
+from . import running_totals
+from .fees import from_micro
+from .totals import LedgerTotals
 
 
 def ledger_families(totals: LedgerTotals) -> list[Metric]:
@@ -94,12 +61,4 @@ class BillingMetrics:
         return self._families
 
     async def totals(self) -> LedgerTotals:
-        entries = await self.db.ledger.find({}, dict.fromkeys(LEDGER_FIELDS, 1)).to_list(None)
-        wanted = {str(e["placement_id"]) for e in entries if e.get("placement_id")}
-        placements = {
-            str(p["_id"]): p
-            for p in await self.db.placements.find(
-                {"_id": {"$in": sorted(wanted)}}, dict.fromkeys(PLACEMENT_FIELDS, 1)
-            ).to_list(None)
-        }
-        return ledger_totals(entries, placements)
+        return await running_totals.read(self.db)

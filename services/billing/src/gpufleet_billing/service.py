@@ -39,7 +39,7 @@ from datetime import datetime
 
 from pymongo import ASCENDING, IndexModel
 
-from . import ledger
+from . import ledger, running_totals
 from .devices import Devices
 from .fees import PLATFORM
 from .payouts import Payouts
@@ -53,6 +53,7 @@ INDEXES = {
     "devices": [IndexModel([("account", ASCENDING)])],
     "payout_accounts": [],
     "cursors": [],
+    running_totals.TOTALS: [],
 }
 
 
