@@ -41,6 +41,7 @@ async def agent(
         datastore_mounter="bind",
         datastore_bind_root=bind_root or state.parent / "bind",
         datastore_probe_s=0.5,
+        device_start_grace_s=0.5,  # `running` once the command outlived it (3 s by default)
     )
     svc = build_device_app(
         Ports(make_broker("device-agent", bus, dead_letters_as=f"node-{minion}"), bus=bus),

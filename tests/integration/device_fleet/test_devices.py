@@ -105,7 +105,7 @@ class Fleet:
             got = await self.device(ref)
             return all(got.get(k) == v for k, v in want.items())
 
-        await wait_for_async(reached, timeout=10)
+        await wait_for_async(reached, timeout=20)  # a deployment stages, then waits out a grace
         return await self.device(ref)
 
     async def rollout(self, rid: str) -> dict[str, Any]:
