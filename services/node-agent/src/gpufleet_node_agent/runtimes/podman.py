@@ -146,7 +146,10 @@ class PodmanRuntime:
         self.notify: Callable[[], None] = _nothing
         self._ended: set[str] = set()  # conmon (or the runc supervisor) gone: how did it end?
         self._unwatched: set[str] = set()  # conmon cannot be watched: checked every round
-        self._gone: set[str] = set()  # launched, and missing from a listing: lost
+        self._gone: set[str] = set()  # launched, and missing from two listings: lost
+        # Missing from one listing: listed again next round before it is called lost (a
+        # listing taken as its container starts or is removed can miss a live or ended one).
+        self._missed: set[str] = set()
         self._stop_sent: set[str] = set()
         self._removed: set[str] = set()  # containers `podman rm` was asked to remove
         self._to_remove: list[str] = []  # ended ones, removed at the start of the next round
@@ -423,7 +426,7 @@ class PodmanRuntime:
                 self.convert_log(w)
             self._stop_if_asked(w)
         ours = {w.placement_id for w in workers}
-        news = (self._ended | self._unwatched) & ours
+        news = (self._ended | self._unwatched | self._missed) & ours
         if not workers or not (full or news):
             return
         listing = await self._list()
@@ -431,6 +434,7 @@ class PodmanRuntime:
         if listing is None:
             return
         ended: list[str] = []
+        missed: set[str] = set()
         for w in workers:
             name = self.container_of(w)
             c = listing.get(name)
@@ -439,8 +443,11 @@ class PodmanRuntime:
                     ended.append(name)  # a crash left it, say
                 continue
             if c is None:
-                if w.file(MARKER).exists():
+                if not w.file(MARKER).exists():
+                    continue
+                if w.placement_id in self._missed:
                     self._gone.add(w.placement_id)  # the manager reports it lost
+                missed.add(w.placement_id)
                 continue
             if str(c.get("State") or "").lower() in ALIVE_STATES:
                 continue
@@ -454,6 +461,7 @@ class PodmanRuntime:
         self._ended -= news
         self._unwatched &= {w.placement_id for w in workers if not w.file("exit.json").exists()}
         self._gone &= ours
+        self._missed = missed
         self._stop_sent &= ours
         self._removed &= set(listing)  # the ones gone from the listing are removed
         fresh = [n for n in ended if n not in self._removed]
